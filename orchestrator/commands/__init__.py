@@ -1,0 +1,1 @@
+"""One module per noun/verb group; each defines register(app). Commands stay thin."""
