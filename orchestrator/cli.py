@@ -44,7 +44,8 @@ _register_commands()
 def main() -> None:
     """Console-script entry point: run the app, turning DfoError into a message and an exit code."""
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
     except DfoError as err:
         from .commands.common import print_error
 
