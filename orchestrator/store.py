@@ -1,0 +1,371 @@
+"""The run registry: one SQLite file ($DFO_HOME/dfo.db) holding runs, pushes, events and samples.
+
+WAL mode and a busy timeout let several dfo processes write at once; every write is one short
+`BEGIN IMMEDIATE` transaction, so concurrent writers queue instead of failing or losing rows.
+The schema is built by numbered migrations recorded in `schema_version`; later features add tables by
+appending to MIGRATIONS (never by editing an applied one).
+
+Timestamps: runs/events/pushes use RFC 3339 UTC text; samples and gpu_samples use `ts` as float Unix
+seconds (many rows, plotted and compared numerically).
+
+This module must not do remote calls, rendering or decisions, and it never stores secret values: callers
+pass commands without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+from .errors import DfoError, RefusedError, UnknownRun
+
+RUN_STATES = ("launching", "running", "exited", "crashed", "stopped", "lost")
+ACTIVE_STATES = ("launching", "running")
+BUSY_TIMEOUT_MS = 15000
+
+
+def utc_now() -> str:
+    """Now as RFC 3339 UTC text with milliseconds, e.g. 2026-11-29T11:40:03.123Z."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def dfo_home() -> Path:
+    """$DFO_HOME, else $XDG_STATE_HOME/dfo, else ~/.local/state/dfo."""
+    if os.environ.get("DFO_HOME"):
+        return Path(os.environ["DFO_HOME"]).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state).expanduser() / "dfo"
+
+
+# ---------------------------------------------------------------------------------------------- schema
+
+def _m001_initial(db: sqlite3.Connection) -> None:
+    db.execute(
+        """CREATE TABLE runs (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            target TEXT NOT NULL,
+            host TEXT,
+            variant TEXT,
+            command TEXT,                 -- as launched, never with secret values
+            pid INTEGER,
+            proc_starttime INTEGER,       -- /proc/PID/stat field 22, for identity checks
+            started_at TEXT,
+            ended_at TEXT,
+            log_path TEXT,
+            exit_path TEXT,
+            workspace TEXT,
+            trainer_hash TEXT,
+            parent TEXT,                  -- the run this one fell back from
+            chain TEXT,                   -- JSON list: the fallback chain still ahead
+            batch TEXT,
+            state TEXT NOT NULL DEFAULT 'launching',
+            exit_code INTEGER,
+            decision TEXT,                -- JSON (DESIGN.md decision shape)
+            log_offset INTEGER NOT NULL DEFAULT 0
+        )"""
+    )
+    db.execute("CREATE INDEX runs_state ON runs(state)")
+    db.execute("CREATE INDEX runs_batch ON runs(batch)")
+    db.execute(
+        "CREATE TABLE pushes (id INTEGER PRIMARY KEY, target TEXT NOT NULL, hash TEXT NOT NULL,"
+        " at TEXT NOT NULL, bytes INTEGER NOT NULL DEFAULT 0)"
+    )
+    db.execute("CREATE INDEX pushes_target ON pushes(target, id)")
+    db.execute(
+        "CREATE TABLE events (id INTEGER PRIMARY KEY, run TEXT, at TEXT NOT NULL, kind TEXT NOT NULL, data TEXT)"
+    )
+    db.execute("CREATE INDEX events_run ON events(run, id)")
+    db.execute(
+        "CREATE TABLE samples (id INTEGER PRIMARY KEY, run TEXT NOT NULL, step INTEGER, ts REAL,"
+        " tok_s REAL, loss REAL, phase TEXT, extra TEXT)"
+    )
+    db.execute("CREATE INDEX samples_run ON samples(run, step)")
+    db.execute(
+        "CREATE TABLE gpu_samples (id INTEGER PRIMARY KEY, run TEXT, target TEXT, ts REAL, gpu_index INTEGER,"
+        " mem_used_mib REAL, mem_total_mib REAL, util_pct REAL)"
+    )
+    db.execute("CREATE INDEX gpu_samples_run ON gpu_samples(run, ts)")
+    db.execute("CREATE INDEX gpu_samples_target ON gpu_samples(target, ts)")
+
+
+MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
+    ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
+]
+"""Applied in order; version N is MIGRATIONS[N-1]. Append only."""
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+@dataclass
+class Run:
+    """One row of `runs`, with chain/decision decoded from JSON."""
+
+    name: str
+    target: str
+    host: str | None = None
+    variant: str | None = None
+    command: str | None = None
+    pid: int | None = None
+    proc_starttime: int | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    log_path: str | None = None
+    exit_path: str | None = None
+    workspace: str | None = None
+    trainer_hash: str | None = None
+    parent: str | None = None
+    chain: list[str] = field(default_factory=list)
+    batch: str | None = None
+    state: str = "launching"
+    exit_code: int | None = None
+    decision: dict[str, Any] | None = None
+    log_offset: int = 0
+    id: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE_STATES
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+RUN_COLUMNS = tuple(f.name for f in fields(Run) if f.name != "id")
+JSON_COLUMNS = ("chain", "decision")
+
+
+def _encode_run_fields(values: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = set(values) - set(RUN_COLUMNS)
+    if unknown:
+        raise ValueError(f"unknown run field(s): {', '.join(sorted(unknown))}")
+    if "state" in values and values["state"] not in RUN_STATES:
+        raise ValueError(f"run state must be one of {RUN_STATES}, got {values['state']!r}")
+    return {k: (json.dumps(v) if k in JSON_COLUMNS and v is not None else v) for k, v in values.items()}
+
+
+def _decode_run(row: sqlite3.Row) -> Run:
+    values = dict(row)
+    values["chain"] = json.loads(values["chain"]) if values["chain"] else []
+    values["decision"] = json.loads(values["decision"]) if values["decision"] else None
+    return Run(**values)
+
+
+SAMPLE_COLUMNS = ("step", "ts", "tok_s", "loss", "phase")
+GPU_SAMPLE_COLUMNS = ("ts", "index", "mem_used_mib", "mem_total_mib", "util_pct")
+
+
+# ---------------------------------------------------------------------------------------------- store
+
+class Store:
+    """The registry. `Store()` opens $DFO_HOME/dfo.db; `Store(":memory:")` is a private in-memory one for tests.
+
+    One connection per Store, guarded by a lock so watch threads may share it.
+    """
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        if path is None:
+            path = dfo_home() / "dfo.db"
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            if self.path != ":memory:":
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            raise DfoError(f"run registry {self.path}: {exc}", hint="move the file aside or set DFO_HOME") from exc
+
+    @classmethod
+    def in_memory(cls) -> "Store":
+        return cls(":memory:")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One IMMEDIATE transaction: takes the write lock up front, so it waits (busy_timeout) instead of failing."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    # -- migrations
+
+    def _migrate(self) -> None:
+        with self._write() as db:
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT, applied_at TEXT)"
+            )
+        for version, (name, apply) in enumerate(MIGRATIONS, start=1):
+            with self._write() as db:  # checked inside the transaction: two processes never both apply it
+                if db.execute("SELECT 1 FROM schema_version WHERE version = ?", (version,)).fetchone():
+                    continue
+                apply(db)
+                db.execute("INSERT INTO schema_version VALUES (?, ?, ?)", (version, name, utc_now()))
+
+    def schema_version(self) -> int:
+        return self._query("SELECT COALESCE(MAX(version), 0) FROM schema_version")[0][0]
+
+    # -- runs
+
+    def add_run(self, run: Run) -> Run:
+        """Insert a run. Raises RefusedError if the name is taken (names are never reused)."""
+        values = _encode_run_fields({k: v for k, v in run.as_dict().items() if k != "id"})
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        try:
+            with self._write() as db:
+                db.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", tuple(values.values()))
+        except sqlite3.IntegrityError as exc:
+            raise RefusedError(f"a run named {run.name!r} already exists", hint="choose another --name") from exc
+        return self.get_run(run.name)
+
+    def update_run(self, name: str, **changes: Any) -> Run:
+        """Set some fields of a run and return it. Raises UnknownRun."""
+        values = _encode_run_fields(changes)
+        if values:
+            assignments = ", ".join(f"{k} = ?" for k in values)
+            with self._write() as db:
+                cursor = db.execute(f"UPDATE runs SET {assignments} WHERE name = ?", (*values.values(), name))
+            if cursor.rowcount == 0:
+                raise UnknownRun(f"no run named {name!r} in the registry", hint="see `dfo runs`")
+        return self.get_run(name)
+
+    def delete_run(self, name: str) -> None:
+        """Forget a run that never started (a failed launch). Its events stay."""
+        with self._write() as db:
+            db.execute("DELETE FROM runs WHERE name = ?", (name,))
+
+    def find_run(self, name: str) -> Run | None:
+        rows = self._query("SELECT * FROM runs WHERE name = ?", (name,))
+        return _decode_run(rows[0]) if rows else None
+
+    def get_run(self, name: str) -> Run:
+        run = self.find_run(name)
+        if run is None:
+            raise UnknownRun(f"no run named {name!r} in the registry", hint="see `dfo runs`")
+        return run
+
+    def list_runs(self, *, active: bool | None = None, batch: str | None = None, target: str | None = None) -> list[Run]:
+        """Runs, oldest first, optionally only active (launching/running) or finished ones, of a batch or target."""
+        clause, params = _where(batch=batch, target=target)
+        if active is not None:
+            states = f"state {'IN' if active else 'NOT IN'} ({', '.join('?' for _ in ACTIVE_STATES)})"
+            clause = f"{clause} AND {states}" if clause else f" WHERE {states}"
+            params.extend(ACTIVE_STATES)
+        return [_decode_run(r) for r in self._query(f"SELECT * FROM runs{clause} ORDER BY id", params)]
+
+    def set_offset(self, run: str, offset: int) -> None:
+        """Remember how far into the run's log the watcher has read."""
+        self.update_run(run, log_offset=offset)
+
+    # -- events
+
+    def add_event(self, run: str | None, kind: str, data: Mapping[str, Any] | None = None, *, at: str | None = None) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO events (run, at, kind, data) VALUES (?, ?, ?, ?)",
+                (run, at or utc_now(), kind, json.dumps(dict(data)) if data is not None else None),
+            )
+
+    def events(self, run: str | None = None, *, kind: str | None = None) -> list[dict[str, Any]]:
+        """Events in insertion order, as dicts {run, at, kind, data}."""
+        clause, params = _where(run=run, kind=kind)
+        rows = self._query(f"SELECT run, at, kind, data FROM events{clause} ORDER BY id", params)
+        return [{**dict(r), "data": json.loads(r["data"]) if r["data"] else None} for r in rows]
+
+    # -- pushes
+
+    def record_push(self, target: str, hash: str, nbytes: int) -> None:
+        """Note that `target` has package `hash`; nbytes is what was transferred (0 when it was already there)."""
+        with self._write() as db:
+            db.execute("INSERT INTO pushes (target, hash, at, bytes) VALUES (?, ?, ?, ?)", (target, hash, utc_now(), nbytes))
+
+    def last_push(self, target: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT target, hash, at, bytes FROM pushes WHERE target = ? ORDER BY id DESC LIMIT 1", (target,))
+        return dict(rows[0]) if rows else None
+
+    def pushes(self, target: str | None = None) -> list[dict[str, Any]]:
+        clause, params = _where(target=target)
+        return [dict(r) for r in self._query(f"SELECT target, hash, at, bytes FROM pushes{clause} ORDER BY id", params)]
+
+    # -- samples
+
+    def add_samples(self, run: str, samples: Iterable[Mapping[str, Any]]) -> int:
+        """Store parsed metric lines (step, ts, tok_s, loss, phase; other keys go to `extra`). Returns the count."""
+        rows = [
+            (run, *(s.get(c) for c in SAMPLE_COLUMNS), _extra(s, SAMPLE_COLUMNS))
+            for s in samples
+        ]
+        if rows:
+            with self._write() as db:
+                db.executemany(
+                    "INSERT INTO samples (run, step, ts, tok_s, loss, phase, extra) VALUES (?, ?, ?, ?, ?, ?, ?)", rows
+                )
+        return len(rows)
+
+    def samples(self, run: str) -> list[dict[str, Any]]:
+        rows = self._query("SELECT step, ts, tok_s, loss, phase, extra FROM samples WHERE run = ? ORDER BY id", (run,))
+        return [{**{k: r[k] for k in SAMPLE_COLUMNS}, **(json.loads(r["extra"]) if r["extra"] else {})} for r in rows]
+
+    def add_gpu_samples(self, target: str, samples: Iterable[Mapping[str, Any]], *, run: str | None = None) -> int:
+        """Store GPU samples ({ts, index, mem_used_mib, mem_total_mib, util_pct}) of a target (and run). Returns the count."""
+        rows = [(run, target, *(s.get(c) for c in GPU_SAMPLE_COLUMNS)) for s in samples]
+        if rows:
+            with self._write() as db:
+                db.executemany(
+                    "INSERT INTO gpu_samples (run, target, ts, gpu_index, mem_used_mib, mem_total_mib, util_pct)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    rows,
+                )
+        return len(rows)
+
+    def gpu_samples(self, *, run: str | None = None, target: str | None = None) -> list[dict[str, Any]]:
+        clause, params = _where(run=run, target=target)
+        rows = self._query(
+            f"SELECT run, target, ts, gpu_index AS 'index', mem_used_mib, mem_total_mib, util_pct FROM gpu_samples{clause}"
+            " ORDER BY id",
+            params,
+        )
+        return [dict(r) for r in rows]
+
+
+def _extra(sample: Mapping[str, Any], known: Sequence[str]) -> str | None:
+    rest = {k: v for k, v in sample.items() if k not in known}
+    return json.dumps(rest) if rest else None
+
+
+def _where(**equal: Any) -> tuple[str, list[Any]]:
+    """A ` WHERE a = ? AND b = ?` clause for the conditions that are not None (column names are ours, not input)."""
+    used = {k: v for k, v in equal.items() if v is not None}
+    clause = " WHERE " + " AND ".join(f"{k} = ?" for k in used) if used else ""
+    return clause, list(used.values())

@@ -1,0 +1,131 @@
+"""The run registry: schema, run records, events/pushes/samples, and two real processes writing at once."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from orchestrator.errors import RefusedError, UnknownRun
+from orchestrator.store import MIGRATIONS, Run, Store, dfo_home
+
+
+@pytest.fixture
+def store():
+    with Store.in_memory() as s:
+        yield s
+
+
+def test_default_location_follows_dfo_home_then_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv("DFO_HOME", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert dfo_home() == tmp_path / "state" / "dfo"
+    monkeypatch.setenv("DFO_HOME", str(tmp_path / "home"))
+    assert dfo_home() == tmp_path / "home"
+    with Store() as s:
+        assert s.path == str(tmp_path / "home" / "dfo.db")
+    assert (tmp_path / "home" / "dfo.db").exists()
+
+
+def test_file_store_uses_wal_and_records_every_migration(tmp_path):
+    path = tmp_path / "dfo.db"
+    with Store(path) as s:
+        assert s.schema_version() == len(MIGRATIONS)
+    with Store(path) as s:  # reopening applies nothing twice
+        assert s.schema_version() == len(MIGRATIONS)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == len(MIGRATIONS)
+
+
+def test_run_round_trip_and_json_fields(store):
+    store.add_run(Run(name="r1", target="ct200", variant="nographs", chain=["eager"], batch="b1"))
+    run = store.update_run("r1", state="running", pid=42, decision={"decision": "steady", "at_step": 3})
+    assert (run.state, run.pid, run.chain, run.decision["decision"]) == ("running", 42, ["eager"], "steady")
+    assert run.active
+
+
+def test_taken_name_is_refused(store):
+    store.add_run(Run(name="r1", target="a"))
+    with pytest.raises(RefusedError, match="already exists"):
+        store.add_run(Run(name="r1", target="b"))
+    assert store.get_run("r1").target == "a"
+
+
+def test_unknown_run_and_bad_state_are_rejected(store):
+    with pytest.raises(UnknownRun):
+        store.get_run("nope")
+    with pytest.raises(UnknownRun):
+        store.update_run("nope", state="running")
+    store.add_run(Run(name="r1", target="a"))
+    with pytest.raises(ValueError, match="state"):
+        store.update_run("r1", state="sleeping")
+
+
+def test_list_runs_filters_by_activity_batch_and_target(store):
+    store.add_run(Run(name="a", target="t1", state="running", batch="b"))
+    store.add_run(Run(name="b", target="t2", state="exited", batch="b"))
+    store.add_run(Run(name="c", target="t1", state="launching"))
+    assert [r.name for r in store.list_runs(active=True)] == ["a", "c"]
+    assert [r.name for r in store.list_runs(active=False)] == ["b"]
+    assert [r.name for r in store.list_runs(batch="b", active=True)] == ["a"]
+    assert [r.name for r in store.list_runs(target="t1")] == ["a", "c"]
+
+
+def test_events_pushes_samples_and_offsets(store):
+    store.add_run(Run(name="r", target="t"))
+    store.add_event("r", "launched", {"pid": 7})
+    store.add_event(None, "push", {"hash": "x"})
+    assert [e["kind"] for e in store.events("r")] == ["launched"]
+    assert store.events("r")[0]["data"] == {"pid": 7}
+    assert store.last_push("t") is None
+    store.record_push("t", "h1", 100)
+    store.record_push("t", "h2", 0)
+    assert store.last_push("t")["hash"] == "h2"
+    n = store.add_samples("r", [{"step": i, "ts": 1.0 + i, "tok_s": 10.0 * i, "acc": 0.5} for i in range(3)])
+    assert n == 3
+    assert store.samples("r")[2] == {"step": 2, "ts": 3.0, "tok_s": 20.0, "loss": None, "phase": None, "acc": 0.5}
+    store.add_gpu_samples("t", [{"ts": 1.0, "index": 0, "mem_used_mib": 5, "mem_total_mib": 80, "util_pct": 99}], run="r")
+    assert store.gpu_samples(run="r")[0]["index"] == 0
+    store.set_offset("r", 1234)
+    assert store.get_run("r").log_offset == 1234
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys
+    from orchestrator.store import Run, Store
+    path, tag, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    s = Store(path)
+    for i in range(n):
+        name = f"{tag}-{i}"
+        s.add_run(Run(name=name, target=tag))
+        s.update_run(name, state="running", pid=i)
+        s.add_event(name, "launched", {"i": i})
+        s.add_samples(name, [{"step": k, "ts": float(k), "tok_s": 1.0} for k in range(5)])
+    s.close()
+    """
+)
+
+
+def test_two_processes_writing_at_once_lose_nothing(tmp_path):
+    path = tmp_path / "dfo.db"
+    n = 150
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(path), tag, str(n)], stderr=subprocess.PIPE)
+        for tag in ("p1", "p2")
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    with Store(path) as s:
+        runs = s.list_runs(active=True)
+        assert len(runs) == 2 * n
+        assert {r.target for r in runs} == {"p1", "p2"}
+        assert len(s.events(kind="launched")) == 2 * n
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert db.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 2 * n * 5
