@@ -1,0 +1,360 @@
+"""The inventory: which hosts and containers exist, which variants can run, and the watch thresholds.
+
+Loads YAML into pydantic models (unknown keys are errors) and turns every validation problem into one line
+that names the file, the dotted key path, what is expected and what was found. Resolves a target name
+(`ct200`) into a TargetSpec with all defaults applied.
+
+This module must not reach any machine: it only reads the inventory file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+import types
+import typing
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from .errors import InvalidName, InventoryError, UnknownTarget, UnknownVariant
+from .names import check_name
+
+CTID_MIN, CTID_MAX = 100, 999_999_999
+BUILTIN_NAME = "default.yaml"
+METRIC_GROUPS = ("tok_s", "step")
+
+
+def _ctid(value: Any) -> Any:
+    """Accept an int (or None) in Proxmox's VMID range; say so plainly otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not CTID_MIN <= value <= CTID_MAX:
+        raise ValueError(f"expected an integer from {CTID_MIN} to {CTID_MAX}, got {value!r}")
+    return value
+
+
+def _compiled_regex(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"expected a valid regular expression, got {pattern!r} ({exc})") from None
+    return pattern
+
+
+Ctid = Annotated[Optional[int], BeforeValidator(_ctid)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GpuIdle(_Strict):
+    """A GPU counts as idle when both of these hold."""
+
+    max_memory_mib: int = Field(1024, ge=0)
+    max_util_pct: float = Field(10, ge=0, le=100)
+
+
+class Defaults(_Strict):
+    user: Optional[str] = "root"  # null: let ~/.ssh/config (or the local user name) decide
+    workspace: str = "/workspace"
+    python: str = "python3"
+    connect_timeout: float = Field(10, gt=0)
+    gpu_idle: GpuIdle = GpuIdle()
+    min_free_disk_gb: float = Field(5, ge=0)
+
+
+class Container(_Strict):
+    ctid: Ctid = None  # null: run on the host itself, no pct
+    gpus: list[Annotated[int, Field(ge=0)]] = []  # empty: every GPU the container sees
+    workspace: Optional[str] = None
+    python: Optional[str] = None
+
+
+class Host(_Strict):
+    address: Optional[str] = None  # an IP, a DNS name or an ~/.ssh/config alias
+    port: Optional[int] = Field(None, ge=1, le=65535)  # None: ~/.ssh/config, else 22
+    user: Optional[str] = None
+    transport: Literal["ssh", "local"] = "ssh"
+    containers: dict[str, Container] = {}
+
+
+class Variant(_Strict):
+    compile: Optional[Literal["eager", "nographs", "notrees", "trees", "localtls"]] = None
+    topology: Literal["threaded", "procsplit"] = "threaded"
+    preset: Optional[str] = None
+    args: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    command: Optional[str] = None  # a user's own trainer, run in the workspace
+    metrics: Optional[Annotated[str, BeforeValidator(_compiled_regex)]] = None
+    baseline_tok_s: Optional[float] = Field(None, gt=0)
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics_has_groups(cls, pattern: Optional[str]) -> Optional[str]:
+        if pattern is not None and not set(METRIC_GROUPS) & set(re.compile(pattern).groupindex):
+            raise ValueError(f"expected a regex with a named group (?P<tok_s>...) or (?P<step>...), got {pattern!r}")
+        return pattern
+
+    @model_validator(mode="after")
+    def _command_or_builtin(self) -> "Variant":
+        if self.command is not None:
+            given = [key for key in ("compile", "preset") if getattr(self, key) is not None]
+            given += ["args"] if self.args else []
+            if given:
+                raise ValueError(f"expected either command or compile/preset/args, got command with {', '.join(given)}")
+        elif self.compile is None:
+            raise ValueError("expected compile (built-in trainer) or command (your own trainer), got neither")
+        return self
+
+
+class Watch(_Strict):
+    first_step_grace_s: float = Field(900, gt=0)
+    min_steady_steps: int = Field(60, ge=1)
+    min_steady_seconds: float = Field(60, ge=0)
+    stall_factor: float = Field(10, gt=1)
+    stall_floor_s: float = Field(120, gt=0)
+    too_slow_tolerance: float = Field(0.10, ge=0, lt=1)
+    baseline_tok_s: Optional[float] = Field(None, gt=0)
+
+
+class Signature(_Strict):
+    id: str
+    pattern: Annotated[str, BeforeValidator(_compiled_regex)]
+    meaning: str
+    next: Optional[str] = None
+
+
+class Inventory(_Strict):
+    defaults: Defaults = Defaults()
+    hosts: dict[str, Host]
+    variants: dict[str, Variant] = {}
+    fallback: list[str] = []
+    secrets: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = []
+    watch: Watch = Watch()
+    signatures: list[Signature] = []
+    _source: str = PrivateAttr("<memory>")  # the file it came from, for messages
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def target_names(self) -> list[str]:
+        return [name for host in self.hosts.values() for name in host.containers]
+
+    def target(self, name: str) -> "TargetSpec":
+        """The resolved target `name` (a container name); UnknownTarget lists the known ones."""
+        check_name(name, "target")
+        for host_name, host in self.hosts.items():
+            if name in host.containers:
+                return _resolve(self.defaults, host_name, host, name, host.containers[name])
+        known = ", ".join(self.target_names()) or "none"
+        raise UnknownTarget(f"unknown target {name!r} in {self.source}; known targets: {known}")
+
+    def variant(self, name: str) -> Variant:
+        """The variant `name`; UnknownVariant lists the known ones."""
+        check_name(name, "variant")
+        if name not in self.variants:
+            known = ", ".join(self.variants) or "none"
+            raise UnknownVariant(f"unknown variant {name!r} in {self.source}; known variants: {known}")
+        return self.variants[name]
+
+
+VariantSpec = Variant
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Everything needed to reach one target and judge its GPUs, with defaults applied."""
+
+    name: str
+    host: str
+    transport: str
+    address: Optional[str]
+    port: Optional[int]
+    user: Optional[str]
+    ctid: Optional[int]
+    gpus: tuple[int, ...]
+    workspace: str
+    python: str
+    gpu_idle: GpuIdle
+    min_free_disk_gb: float
+    connect_timeout: float
+
+
+def _resolve(defaults: Defaults, host_name: str, host: Host, name: str, container: Container) -> TargetSpec:
+    workspace = container.workspace or defaults.workspace
+    python = container.python or defaults.python
+    if host.transport == "local":
+        # This machine: `~` means the user running dfo, and an unset python is the one running dfo.
+        workspace = os.path.expanduser(workspace)
+        if container.python is None and "python" not in defaults.model_fields_set:
+            python = sys.executable
+    return TargetSpec(
+        name=name,
+        host=host_name,
+        transport=host.transport,
+        address=host.address,
+        port=host.port,
+        user=host.user if host.user is not None else defaults.user,
+        ctid=container.ctid,
+        gpus=tuple(container.gpus),
+        workspace=workspace,
+        python=python,
+        gpu_idle=defaults.gpu_idle,
+        min_free_disk_gb=defaults.min_free_disk_gb,
+        connect_timeout=defaults.connect_timeout,
+    )
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_inventory(path: Optional[Path] = None) -> Inventory:
+    """Load `path`, else $DFO_INVENTORY, else the built-in inventory (host `local`, target `here`)."""
+    if path is None and os.environ.get("DFO_INVENTORY"):
+        path = Path(os.environ["DFO_INVENTORY"])
+    if path is None:
+        text = resources.files("orchestrator.builtin").joinpath(BUILTIN_NAME).read_text()
+        return parse_inventory(text, source=f"<built-in {BUILTIN_NAME}>")
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise InventoryError([f"{path}: file not found (pass an existing file with -i, or unset DFO_INVENTORY)"]) from None
+    except OSError as exc:
+        raise InventoryError([f"{path}: cannot read: {exc.strerror}"]) from None
+    return parse_inventory(text, source=str(path))
+
+
+def parse_inventory(text: str, *, source: str = "<memory>") -> Inventory:
+    """Validate YAML text; InventoryError carries one `SOURCE: key.path: problem` line per problem."""
+    data = _parse_yaml(text, source)
+    try:
+        inventory = Inventory.model_validate(data)
+    except ValidationError as exc:
+        raise InventoryError([f"{source}: {line}" for line in _describe(exc)]) from None
+    inventory._source = source
+    problems = _cross_checks(inventory)
+    if problems:
+        raise InventoryError([f"{source}: {line}" for line in problems])
+    return inventory
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise InventoryError([f"{source}: {where}YAML syntax error: {problem}"]) from None
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else type(data).__name__
+        raise InventoryError([f"{source}: expected a mapping with at least 'hosts:', got {got}"])
+    return data
+
+
+def _describe(exc: ValidationError) -> list[str]:
+    lines = []
+    for error in exc.errors(include_url=False):
+        loc = [str(part) for part in error["loc"]]
+        if error["type"] == "extra_forbidden":
+            parent, key = loc[:-1], loc[-1]
+            lines.append(f"{_dotted(parent)}: unknown key {key!r}{_suggestion(parent, key)}")
+        else:
+            lines.append(f"{_dotted(loc)}: {_expected(error)}")
+    return lines
+
+
+def _dotted(loc: list[str]) -> str:
+    return ".".join(loc) if loc else "(top level)"
+
+
+def _expected(error: dict) -> str:
+    msg = error["msg"]
+    if error["type"] == "missing":
+        return "required key is missing"
+    if msg.startswith("Value error, "):
+        return msg.removeprefix("Value error, ")
+    if msg.startswith("Input should be "):
+        msg = "expected " + msg.removeprefix("Input should be ")
+    return f"{msg}, got {error['input']!r}"
+
+
+def _suggestion(parent: list[str], key: str) -> str:
+    close = difflib.get_close_matches(key, _fields_at(parent), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _fields_at(loc: list[str]) -> list[str]:
+    """The keys the model allows at `loc` (walking dict[str, X] and list[X] levels by their values)."""
+    annotation: Any = Inventory
+    for part in loc:
+        annotation = _unwrap(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            field = annotation.model_fields.get(part)
+            if field is None:
+                return []
+            annotation = field.annotation
+        elif typing.get_origin(annotation) in (dict, list):
+            annotation = typing.get_args(annotation)[-1]
+        else:
+            return []
+    annotation = _unwrap(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return list(annotation.model_fields)
+    return []
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Optional[X] -> X."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return args[0] if len(args) == 1 else annotation
+    return annotation
+
+
+def _cross_checks(inventory: Inventory) -> list[str]:
+    """Problems pydantic cannot see alone: names, unique containers, fallback and addresses."""
+    problems = []
+    seen: dict[str, str] = {}
+    for host_name, host in inventory.hosts.items():
+        problems += _name_problem(f"hosts.{host_name}", host_name, "host")
+        if host.transport == "ssh" and not host.address:
+            problems.append(f"hosts.{host_name}.address: required for transport ssh (an IP, DNS name or ~/.ssh/config alias)")
+        for name in host.containers:
+            problems += _name_problem(f"hosts.{host_name}.containers.{name}", name, "container")
+            if name in seen:
+                problems.append(f"hosts.{host_name}.containers.{name}: container name already used on host {seen[name]!r}; target names must be unique across hosts")
+            seen.setdefault(name, host_name)
+    for name in inventory.variants:
+        problems += _name_problem(f"variants.{name}", name, "variant")
+    for index, name in enumerate(inventory.fallback):
+        if name not in inventory.variants:
+            known = ", ".join(inventory.variants) or "none"
+            problems.append(f"fallback.{index}: unknown variant {name!r}; known variants: {known}")
+    return problems
+
+
+def _name_problem(path: str, name: str, kind: str) -> list[str]:
+    try:
+        check_name(name, kind)
+    except InvalidName as exc:
+        return [f"{path}: {exc}"]
+    return []

@@ -1,0 +1,221 @@
+"""Preflight: is each target ready for a run? One row per check per target, all targets in parallel.
+
+Checks, in order: ssh (host reachable and authenticated), container (pct status), nvidia_smi (answers, with
+each GPU), gpus_idle (under the inventory's gpu_idle thresholds), compute_apps (none running), workspace
+(exists, writable, free disk) and python (runs; its torch version). Round trips per target: one to the host
+(`pct status`, which also proves SSH) and one script inside the container for everything else.
+
+A failure of one target never hides another: every target gets its rows, and a check that cannot run
+because an earlier one failed is reported as skipped. This module must not start, stop or change anything
+on a target beyond a temporary file in the workspace that proves it is writable.
+"""
+
+from __future__ import annotations
+
+import shlex
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from . import gpu
+from .connections import Connections
+from .errors import CommandFailed, ContainerError, DfoError
+from .inventory import TargetSpec
+from .remote.base import Target
+from .remote.pct import PctTarget
+
+CHECKS = ("ssh", "container", "nvidia_smi", "gpus_idle", "compute_apps", "workspace", "python")
+SECTION = "@@dfo-preflight "
+HOST_TIMEOUT_SLACK_S = 20.0
+PYTHON_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    skipped: bool = False
+
+
+@dataclass
+class TargetReport:
+    target: str
+    host: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "host": self.host, "ok": self.ok, "checks": [asdict(c) for c in self.checks]}
+
+
+def preflight(connections: Connections, target_names: list[str], *, nvidia_smi_timeout: float = 10.0) -> list[TargetReport]:
+    """Check every target in parallel (one thread each); reports come back in the order asked."""
+    specs = [connections.inventory.target(name) for name in target_names]  # bad names fail before any I/O
+    if not specs:
+        return []
+    with ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="preflight") as pool:
+        return list(pool.map(lambda spec: check_target(connections, spec, nvidia_smi_timeout), specs))
+
+
+def check_target(connections: Connections, spec: TargetSpec, nvidia_smi_timeout: float = 10.0) -> TargetReport:
+    """All rows for one target; never raises."""
+    report = TargetReport(spec.name, spec.host)
+    try:
+        report.checks += _reach(connections, spec)
+        if report.ok:
+            report.checks += _inside(connections.container(spec.name), spec, nvidia_smi_timeout)
+    except Exception as exc:  # a bug or an unforeseen error must not hide the other targets' rows
+        message = str(exc) if isinstance(exc, DfoError) else f"{type(exc).__name__}: {exc}"
+        failed_at = next((name for name in CHECKS if name not in {c.name for c in report.checks}), "error")
+        report.checks.append(Check(failed_at, False, message))
+    done = {check.name for check in report.checks}
+    reason = next((check.name for check in report.checks if not check.ok), "an earlier check")
+    report.checks += [Check(name, False, f"skipped: {reason} failed", skipped=True) for name in CHECKS if name not in done]
+    report.checks.sort(key=lambda check: CHECKS.index(check.name) if check.name in CHECKS else len(CHECKS))
+    return report
+
+
+def _reach(connections: Connections, spec: TargetSpec) -> list[Check]:
+    """The ssh and container rows, from one round trip to the host."""
+    where = f"{spec.user + '@' if spec.user else ''}{spec.address}{':' + str(spec.port) if spec.port else ''}"
+    ssh_ok = Check("ssh", True, "local (this machine, no SSH)" if spec.transport == "local" else f"{where} authenticated")
+    try:
+        host = connections.host(spec.host)
+        if spec.ctid is None:
+            host.run(["true"], timeout=spec.connect_timeout + HOST_TIMEOUT_SLACK_S, check=True)
+            return [ssh_ok, Check("container", True, "no container (ctid: null): runs on the host", skipped=True)]
+        status = PctTarget(host, spec.ctid, name=spec.name).status(timeout=spec.connect_timeout + HOST_TIMEOUT_SLACK_S)
+    except (ContainerError, CommandFailed) as exc:
+        return [ssh_ok, Check("container", False, str(exc))]
+    except DfoError as exc:
+        return [Check("ssh", False, str(exc))]
+    if status != "running":
+        return [ssh_ok, Check("container", False, f"ct {spec.ctid} is {status} (run `pct start {spec.ctid}` on host {spec.host})")]
+    return [ssh_ok, Check("container", True, f"ct {spec.ctid} running")]
+
+
+def _inside(target: Target, spec: TargetSpec, nvidia_smi_timeout: float) -> list[Check]:
+    """The remaining rows, from one script run inside the container."""
+    script = inside_script(spec, nvidia_smi_timeout)
+    timeout = 2 * nvidia_smi_timeout + PYTHON_TIMEOUT_S + HOST_TIMEOUT_SLACK_S
+    sections = split_sections(target.run(script, timeout=timeout).stdout)
+    return [
+        *_gpu_checks(sections, spec, nvidia_smi_timeout),
+        _workspace_check(sections.get("workspace", (1, "")), spec),
+        _python_check(sections.get("python", (1, "no answer")), spec),
+    ]
+
+
+def inside_script(spec: TargetSpec, nvidia_smi_timeout: float) -> str:
+    """One sh script printing `@@dfo-preflight NAME RC` after each section's output."""
+    gpus = shlex.join(gpu.query_argv(gpu.QUERY_FIELDS, timeout=nvidia_smi_timeout))
+    apps = shlex.join(gpu.query_argv(gpu.APP_FIELDS, timeout=nvidia_smi_timeout, apps=True))
+    ws = shlex.quote(spec.workspace)
+    torch_version = (
+        "import sys\ntry:\n from importlib.metadata import version; t = version('torch')\n"
+        "except Exception:\n t = 'torch not installed'\nprint(sys.version.split()[0], t, sep='|')"
+    )
+    python = f"timeout -k 2 {PYTHON_TIMEOUT_S} {shlex.quote(spec.python)} -c {shlex.quote(torch_version)}"
+    return "\n".join(
+        [
+            f"{gpus} 2>&1; rc=$?; echo; echo '{SECTION}gpus' $rc",
+            f"if [ $rc = 0 ]; then {apps} 2>&1; echo; echo '{SECTION}apps' $?; fi",
+            f"if [ ! -d {ws} ]; then echo missing; elif t=$(mktemp {ws}/.dfo-preflight.XXXXXX 2>/dev/null);"
+            f" then rm -f \"$t\"; echo writable; df -Pk {ws} | tail -n 1; else echo unwritable; fi",
+            f"echo '{SECTION}workspace' 0",
+            f"{python} 2>&1; echo; echo '{SECTION}python' $?",
+        ]
+    )
+
+
+def split_sections(output: str) -> dict[str, tuple[int, str]]:
+    """{section: (exit code, its output)} from the script's marked output."""
+    sections, lines = {}, []
+    for line in output.splitlines():
+        if line.startswith(SECTION):
+            name, rc = line[len(SECTION) :].split()
+            sections[name] = (int(rc), "\n".join(lines).strip())
+            lines = []
+        else:
+            lines.append(line)
+    return sections
+
+
+def _gpu_checks(sections: dict[str, tuple[int, str]], spec: TargetSpec, timeout: float) -> list[Check]:
+    where = None  # each row already sits under its target
+    rc, text = sections.get("gpus", (1, "no answer"))
+    try:
+        if rc != 0:
+            raise gpu.error_for(rc, text, where=where, timeout=timeout)
+        gpus = gpu.parse_gpus(text, where=where)
+        apps_rc, apps_text = sections.get("apps", (1, "no answer"))
+        apps = gpu.parse_compute_apps(apps_text, where=where) if apps_rc == 0 else gpu.error_for(apps_rc, apps_text, where=where, timeout=timeout)
+    except gpu.NvidiaSmiError as exc:
+        return [Check("nvidia_smi", False, exc.message)]
+    if not gpus:
+        return [Check("nvidia_smi", False, "nvidia-smi answered but listed no GPU")]
+    rows = [Check("nvidia_smi", True, "; ".join(describe_gpu(g) for g in gpus)), gpus_idle_check(gpus, spec)]
+    if isinstance(apps, gpu.NvidiaSmiError):
+        return rows + [Check("compute_apps", False, apps.message)]
+    return rows + [compute_apps_check(apps)]
+
+
+def describe_gpu(g: gpu.Gpu) -> str:
+    util = "?" if g.util_pct is None else f"{g.util_pct}%"
+    return f"{g.index} {g.name} {_mib(g.mem_used_mib)}/{_mib(g.mem_total_mib)} MiB {util}"
+
+
+def _mib(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def gpus_idle_check(gpus: list[gpu.Gpu], spec: TargetSpec) -> Check:
+    """Idle when memory used and utilization are at or under the inventory's thresholds."""
+    limits = spec.gpu_idle
+    by_index = {g.index: g for g in gpus}
+    wanted = list(spec.gpus) or sorted(by_index)
+    absent = [index for index in wanted if index not in by_index]
+    if absent:
+        return Check("gpus_idle", False, f"GPU {', '.join(map(str, absent))} not visible (sees {', '.join(map(str, sorted(by_index)))})")
+    busy = [
+        f"GPU {g.index} {_mib(g.mem_used_mib)} MiB {'?' if g.util_pct is None else g.util_pct}%"
+        for g in (by_index[i] for i in wanted)
+        if (g.mem_used_mib or 0) > limits.max_memory_mib or (g.util_pct or 0) > limits.max_util_pct
+    ]
+    if busy:
+        return Check("gpus_idle", False, f"busy: {'; '.join(busy)} (limits {limits.max_memory_mib} MiB, {limits.max_util_pct:g}%)")
+    return Check("gpus_idle", True, f"GPU {', '.join(map(str, wanted))} idle")
+
+
+def compute_apps_check(apps: list[gpu.ComputeApp]) -> Check:
+    if not apps:
+        return Check("compute_apps", True, "none")
+    listed = "; ".join(f"pid {a.pid} {a.process_name} {_mib(a.used_memory_mib)} MiB" for a in apps)
+    return Check("compute_apps", False, f"{len(apps)} running: {listed}")
+
+
+def _workspace_check(section: tuple[int, str], spec: TargetSpec) -> Check:
+    lines = section[1].splitlines()
+    state = lines[0] if lines else "no answer"
+    if state == "missing":
+        return Check("workspace", False, f"{spec.workspace} does not exist (create it: mkdir -p {spec.workspace})")
+    if state != "writable":
+        return Check("workspace", False, f"{spec.workspace} is not writable ({state})")
+    free_gb = int(lines[1].split()[3]) / 1024**2 if len(lines) > 1 else 0.0
+    detail = f"{spec.workspace} writable, {free_gb:.1f} GB free"
+    if free_gb < spec.min_free_disk_gb:
+        return Check("workspace", False, f"{detail} (needs {spec.min_free_disk_gb:g} GB: free some space)")
+    return Check("workspace", True, detail)
+
+
+def _python_check(section: tuple[int, str], spec: TargetSpec) -> Check:
+    rc, text = section
+    if rc != 0 or "|" not in text:
+        last = text.splitlines()[-1] if text.strip() else f"exit {rc}"
+        return Check("python", False, f"{spec.python} does not run: {last}")
+    version, torch = text.splitlines()[-1].split("|", 1)
+    torch = torch if torch == "torch not installed" else f"torch {torch}"
+    return Check("python", True, f"{spec.python} {version}, {torch}")

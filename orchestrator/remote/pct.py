@@ -1,0 +1,105 @@
+"""PctTarget: a Proxmox LXC container reached through another target's `pct` (`pct exec CTID -- argv`).
+
+pct's own failures exit 255 like ssh's do, so they are told apart by their stderr text and mapped to
+ContainerMissing / ContainerNotRunning with a message naming the fix. `put` stages the file on the host,
+`pct push`es it and verifies the result inside the container, because a failed push can exit 0.
+
+This module must not import any networking library: it only composes commands for the inner target.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from ..errors import CommandFailed, ContainerMissing, ContainerNotRunning, TransferError
+from .base import DEFAULT_TIMEOUT, Command, Result, Stream, Target, as_argv
+from .local import file_sha256
+
+MISSING_RE = re.compile(r"Configuration file '[^']*' does not exist")
+NOT_RUNNING_RE = re.compile(r"container '\d+' not running!|can only push files to a running CT")
+STATUS_RE = re.compile(r"^status:\s*(\S+)", re.MULTILINE)
+STATUS_TIMEOUT = 30.0
+
+
+class PctTarget(Target):
+    """Container `ctid` on the host `inner` reaches. `name` is the container's inventory name."""
+
+    def __init__(self, inner: Target, ctid: int, name: str | None = None) -> None:
+        self.inner = inner
+        self.ctid = int(ctid)
+        self.name = name or f"{inner.name}/{ctid}"
+
+    def exec_argv(self, cmd: Command) -> list[str]:
+        """The host-side argv that runs `cmd` inside the container."""
+        return ["pct", "exec", str(self.ctid), "--", *as_argv(cmd)]
+
+    def run(
+        self,
+        cmd: Command,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        input: bytes | None = None,
+        check: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> Result:
+        inner_cmd = as_argv(cmd)
+        if env:  # pct exec does not forward the caller's environment reliably: set it inside
+            inner_cmd = ["env", *(f"{key}={value}" for key, value in env.items()), *inner_cmd]
+        result = self.inner.run(self.exec_argv(inner_cmd), timeout=timeout, input=input)
+        self.raise_for_pct(result)
+        if check and result.failed:
+            raise CommandFailed(result, where=self.name)
+        return result
+
+    def raise_for_pct(self, result: Result) -> None:
+        """Raise ContainerMissing / ContainerNotRunning when pct itself (not the command) failed."""
+        if result.ok:
+            return
+        host = self.inner.name
+        if MISSING_RE.search(result.stderr):
+            raise ContainerMissing(
+                f"container {self.ctid} does not exist on host {host}",
+                where=self.name,
+                hint=f"check the ctid in the inventory against `pct list` on {host}",
+            )
+        if NOT_RUNNING_RE.search(result.stderr):
+            raise ContainerNotRunning(
+                f"container {self.ctid} is not running", where=self.name, hint=f"run `pct start {self.ctid}` on host {host}"
+            )
+
+    def status(self, *, timeout: float = STATUS_TIMEOUT) -> str:
+        """'running' or 'stopped' (pct status); ContainerMissing when there is no such container."""
+        result = self.inner.run(["pct", "status", str(self.ctid)], timeout=timeout)
+        self.raise_for_pct(result)
+        match = STATUS_RE.search(result.stdout)
+        if result.failed or not match:
+            raise CommandFailed(result, where=self.inner.name, what=f"pct status {self.ctid}")
+        return match.group(1)
+
+    def put(self, local: Path, remote: str, *, mode: int = 0o644, timeout: float = 120.0) -> None:
+        staged = self.inner.run(["mktemp", "/tmp/dfo-push.XXXXXXXX"], timeout=timeout, check=True).stdout.strip()
+        try:
+            self.inner.put(local, staged, mode=0o600, timeout=timeout)
+            push = self.inner.run(
+                ["pct", "push", str(self.ctid), staged, remote, "--perms", f"{mode:o}"], timeout=timeout
+            )
+            self.raise_for_pct(push)
+            if push.failed:
+                raise TransferError(f"pct push to {remote} failed: {push.tail(3)}", where=self.name)
+        finally:
+            self.inner.run(["rm", "-f", staged], timeout=timeout)
+        self._verify(local, remote, timeout)
+
+    def _verify(self, local: Path, remote: str, timeout: float) -> None:
+        script = f"sha256sum {shlex.quote(remote)} 2>/dev/null || wc -c < {shlex.quote(remote)}"
+        found = self.run(script, timeout=timeout).stdout.split()
+        expected = (file_sha256(local), str(Path(local).stat().st_size))
+        if not found or found[0] not in expected:
+            raise TransferError(
+                f"{remote} did not arrive intact (pct push exited 0)", where=self.name, hint="check free space in the container"
+            )
+
+    def stream(self, cmd: Command) -> Stream:
+        return self.inner.stream(self.exec_argv(cmd))
