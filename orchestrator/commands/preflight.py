@@ -1,0 +1,75 @@
+"""`dfo preflight` (is each target ready for a run?) and `dfo hostkey trust` (record a host's SSH key).
+
+Renders only: the checks live in orchestrator/preflight.py, host keys in orchestrator/remote/ssh.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from ..connections import Connections
+from ..errors import UsageError
+from ..inventory import load_inventory
+from ..preflight import TargetReport, preflight
+from .common import InventoryOpt, JsonOpt, console, print_json
+
+PREFLIGHT_EXAMPLE = "Example: dfo preflight --host ct200 --host ct201 -i inventory/lab.yaml"
+TRUST_EXAMPLE = "Example: dfo hostkey trust pve1 -i inventory/lab.yaml"
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "preflight",
+        help="Check targets in parallel: SSH, container running, nvidia-smi, GPUs idle, workspace, python/torch.",
+        epilog=PREFLIGHT_EXAMPLE,
+    )(preflight_command)
+    hostkey_app = typer.Typer(help="Manage SSH host keys in ~/.ssh/known_hosts.", no_args_is_help=True)
+    hostkey_app.command("trust", help="Record an unknown host's key (prints its fingerprint).", epilog=TRUST_EXAMPLE)(
+        trust_command
+    )
+    app.add_typer(hostkey_app, name="hostkey")
+
+
+def preflight_command(
+    hosts: list[str] = typer.Option(..., "--host", help="Target (container name) to check; repeat for more."),
+    inventory: Optional[Path] = InventoryOpt,
+    as_json: bool = JsonOpt,
+    accept_new_host_key: bool = typer.Option(
+        False, "--accept-new-host-key", help="Record the key of a host not yet in known_hosts (like ssh's accept-new)."
+    ),
+) -> int:
+    inv = load_inventory(inventory)
+    with Connections(inv, accept_new_host_keys=accept_new_host_key) as connections:
+        reports = preflight(connections, hosts)
+    if as_json:
+        print_json([report.to_json() for report in reports])
+    else:
+        console.print(report_table(reports))
+    return 0 if all(report.ok for report in reports) else 1
+
+
+def report_table(reports: list[TargetReport]) -> Table:
+    table = Table(title="preflight")
+    for column in ("target", "check", "", "detail"):
+        table.add_column(column, overflow="fold")
+    for report in reports:
+        for index, check in enumerate(report.checks):
+            mark = "[dim]skip[/]" if check.skipped else ("[green]ok[/]" if check.ok else "[bold red]FAIL[/]")
+            table.add_row(report.target if index == 0 else "", check.name, mark, check.detail, end_section=index == len(report.checks) - 1)
+    return table
+
+
+def trust_command(host: str = typer.Argument(..., help="Inventory host (or target) name."), inventory: Optional[Path] = InventoryOpt) -> None:
+    from ..remote.ssh import trust_host_key
+
+    inv = load_inventory(inventory)
+    host_name = host if host in inv.hosts else inv.target(host).host
+    entry = inv.hosts[host_name]
+    if entry.transport != "ssh":
+        raise UsageError(f"host {host_name!r} uses transport {entry.transport}: it has no SSH host key")
+    fingerprint = trust_host_key(entry.address, port=entry.port, timeout=inv.defaults.connect_timeout)
+    console.print(f"recorded host key of {host_name} ({entry.address}): {fingerprint}")
