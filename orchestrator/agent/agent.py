@@ -1,0 +1,451 @@
+#!/usr/bin/env python3
+"""dfo's watch agent: runs inside a container while dfo watches, speaks framed records on stdout.
+
+Shipped into containers as `dfo_agent.py` inside the trainer package and started over the kept-open
+channel (`python3 dfo_agent.py`). It follows the watched logs from the offsets dfo gives it, reports a
+run's process state (identity-checked by /proc/PID/stat starttime) and its exit file, samples the GPUs
+with ONE long-lived `nvidia-smi -lms 1000`, and sends a heartbeat every second. Commands arrive on stdin,
+one JSON object per line: {"cmd": "follow", "run", "log", "exit", "pid", "starttime", "offset"} and
+{"cmd": "unfollow", "run"}. `--once CMD...` prints one snapshot for the follow commands given as arguments
+(`--once -`: read them from stdin) and exits: that is poll mode's single round trip.
+
+What it must not do: import anything outside the standard library (it runs on whatever python3 the
+container has, 3.8 or newer, as one file), open a port, spawn a process per update, or outlive dfo: when
+stdin closes it kills its sampler and exits.
+
+The record framing lives here because this file must stand alone; orchestrator/agent/protocol.py
+re-exports `encode_record` and holds the decoder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+AGENT_VERSION = 1
+MAX_LOG_CHUNK = 64 * 1024  # bytes per `log` record: a flood arrives as many small records
+FLOOD_BUDGET = 1024 * 1024  # bytes per run per tick: the rest waits a tick, so heartbeats keep flowing
+ONCE_BUDGET = 8 * 1024 * 1024  # bytes per run in one --once snapshot; the next poll continues
+TICK_S = 0.25
+HEARTBEAT_S = 1.0
+GPU_RETRY_S = 30.0
+GPU_STALE_S = 15.0  # a sampler silent this long is taken as wedged
+GPU_ONCE_TIMEOUT_S = 10.0
+GPU_QUERY = "index,memory.used,memory.total,utilization.gpu"
+GPU_SAMPLER = ["nvidia-smi", "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits", "-lms", "1000"]
+GPU_ONCE = ["nvidia-smi", "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"]
+
+
+def encode_record(header: dict, payload: bytes | None = None) -> bytes:
+    """One record: a JSON header line, then exactly header["len"] raw bytes when there is a payload."""
+    if payload is not None:
+        header = dict(header, len=len(payload))
+    line = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
+    return line + payload if payload is not None else line
+
+
+# ---------------------------------------------------------------- process identity
+
+
+def read_proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, starttime in clock ticks) of a live PID, or None if there is no such process."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return fields[0], int(fields[19])
+
+
+def pid_is_run(pid: int | None, starttime: int | None) -> bool:
+    """Whether PID still is the run's process: alive, not a zombie, and (if known) started when the run did."""
+    if pid is None:
+        return False
+    stat = read_proc_stat(pid)
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    return starttime is None or stat[1] == starttime
+
+
+def read_exit_code(path: str | None) -> int | None:
+    """The integer in the run's exit file, or None while the file is absent or still empty."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- following one run
+
+
+class Follow:
+    """One watched run: where its log has been read to, and the process state last reported."""
+
+    def __init__(self, cmd: dict) -> None:
+        self.run = str(cmd["run"])
+        self.log = str(cmd["log"])
+        self.exit = cmd.get("exit")
+        self.pid = cmd.get("pid")
+        self.starttime = cmd.get("starttime")
+        self.offset = int(cmd.get("offset") or 0)
+        self.inode: int | None = None
+        self.reported: tuple | None = None
+
+    def log_records(self, budget: int) -> list[bytes]:
+        """Records for what the log gained since the offset (at most `budget` bytes), or its truncation."""
+        try:
+            st = os.stat(self.log)
+        except OSError:
+            return []
+        records = []
+        replaced = self.inode is not None and st.st_ino != self.inode
+        self.inode = st.st_ino
+        if st.st_size < self.offset or replaced:
+            records.append(encode_record({"t": "truncated", "run": self.run, "size": st.st_size}))
+            self.offset = 0
+        if st.st_size > self.offset:
+            records.extend(self.read_chunks(min(st.st_size - self.offset, budget)))
+        return records
+
+    def read_chunks(self, want: int) -> list[bytes]:
+        records = []
+        with open(self.log, "rb") as f:
+            f.seek(self.offset)
+            while want > 0:
+                data = f.read(min(want, MAX_LOG_CHUNK))
+                if not data:
+                    break
+                records.append(encode_record({"t": "log", "run": self.run, "off": self.offset}, data))
+                self.offset += len(data)
+                want -= len(data)
+        return records
+
+    def proc_record(self, always: bool = False) -> bytes | None:
+        """A `proc` record when the run's state changed since the last one (or always, for a snapshot)."""
+        exit_code = read_exit_code(self.exit)
+        alive = exit_code is None and pid_is_run(self.pid, self.starttime)
+        if not alive and exit_code is None:
+            exit_code = read_exit_code(self.exit)  # the wrapper writes it just before its PID goes away
+        state = (alive, exit_code)
+        if state == self.reported and not always:
+            return None
+        self.reported = state
+        return encode_record({"t": "proc", "run": self.run, "alive": alive, "exit_code": exit_code})
+
+
+# ---------------------------------------------------------------- GPU sampling
+
+
+def parse_gpu_value(text: str) -> int | None:
+    """A number from nvidia-smi's csv, None for [N/A] / [Not Supported] / anything else unreadable."""
+    try:
+        return int(float(text.strip()))
+    except ValueError:
+        return None
+
+
+def parse_gpu_line(line: str) -> dict | None:
+    """`0, 1024, 143771, 37` -> {index, mem_used_mib, mem_total_mib, util_pct}; None if not such a line."""
+    parts = line.split(",")
+    if len(parts) != 4:
+        return None
+    values = [parse_gpu_value(p) for p in parts]
+    if values[0] is None:
+        return None
+    return {"index": values[0], "mem_used_mib": values[1], "mem_total_mib": values[2], "util_pct": values[3]}
+
+
+def gpu_record(gpus: list) -> bytes:
+    return encode_record({"t": "gpu", "ts": time.time(), "gpus": gpus})
+
+
+def gpu_error_record(text: str, code: int | None) -> bytes:
+    return encode_record({"t": "gpu_error", "text": text.strip()[:500] or "nvidia-smi failed", "code": code})
+
+
+def kill_with_parent() -> None:
+    """In the sampler's child: ask Linux to SIGKILL it if the agent dies without cleaning up."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+class GpuSampler:
+    """The one long-lived nvidia-smi: lines become `gpu` records, failures a rare retry and a `gpu_error`."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.buffer = b""
+        self.group: list = []
+        self.group_at = 0.0
+        self.last_sample = 0.0
+        self.junk: list = []
+        self.retry_at = 0.0
+
+    def start(self, now: float) -> bytes | None:
+        """Start nvidia-smi if it is not running and a retry is due; a `gpu_error` if it cannot start."""
+        if self.proc is not None or now < self.retry_at:
+            return None
+        self.buffer, self.group, self.junk = b"", [], []
+        try:
+            self.proc = subprocess.Popen(
+                GPU_SAMPLER, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                preexec_fn=kill_with_parent,
+            )
+        except OSError as exc:
+            self.retry_at = now + GPU_RETRY_S
+            return gpu_error_record("cannot start nvidia-smi: %s" % exc.strerror, 127)
+        os.set_blocking(self.proc.stdout.fileno(), False)
+        self.last_sample = now
+        return None
+
+    def fileno(self) -> int | None:
+        return self.proc.stdout.fileno() if self.proc is not None else None
+
+    def on_readable(self, now: float) -> list[bytes]:
+        """Read what nvidia-smi printed; at EOF, reap it and report why it stopped."""
+        try:
+            data = os.read(self.fileno(), 65536)
+        except BlockingIOError:
+            return []
+        if not data:
+            return self.stopped(now)
+        self.buffer += data
+        *lines, self.buffer = self.buffer.split(b"\n")
+        records = []
+        for raw in lines:
+            records.extend(self.on_line(raw.decode("utf-8", "replace"), now))
+        return records
+
+    def on_line(self, line: str, now: float) -> list[bytes]:
+        if not line.strip():
+            return []
+        gpu = parse_gpu_line(line)
+        if gpu is None:
+            self.junk.append(line.strip())
+            return []
+        records = []
+        if self.group and gpu["index"] <= self.group[-1]["index"]:
+            records.append(self.flush())  # the index went back: a new sample began
+        if not self.group:
+            self.group_at = now
+        self.group.append(gpu)
+        self.last_sample = now
+        return records
+
+    def flush(self) -> bytes:
+        record, self.group = gpu_record(self.group), []
+        return record
+
+    def on_tick(self, now: float) -> list[bytes]:
+        """Finish a sample whose lines all arrived; report and stop a sampler that went silent."""
+        if self.group and now - self.group_at >= TICK_S:
+            return [self.flush()]
+        if self.proc is not None and now - self.last_sample > GPU_STALE_S:
+            self.stop()
+            self.retry_at = now + GPU_RETRY_S
+            return [gpu_error_record("nvidia-smi gave no sample for %d s (wedged driver?)" % GPU_STALE_S, None)]
+        return []
+
+    def stopped(self, now: float) -> list[bytes]:
+        code = self.proc.wait(timeout=5)
+        self.proc.stdout.close()
+        self.proc = None
+        self.retry_at = now + GPU_RETRY_S
+        records = [self.flush()] if self.group else []
+        text = " ".join(self.junk) or "nvidia-smi exited"
+        return records + [gpu_error_record(text, code)]
+
+    def stop(self) -> None:
+        """Kill the sampler and reap it. Idempotent."""
+        if self.proc is None:
+            return
+        self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass  # stuck in the driver; PDEATHSIG or init reaps it
+        self.proc.stdout.close()
+        self.proc = None
+
+
+def gpu_snapshot() -> bytes:
+    """One nvidia-smi sample with a timeout, for --once."""
+    try:
+        done = subprocess.run(
+            GPU_ONCE, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            timeout=GPU_ONCE_TIMEOUT_S,
+        )
+    except OSError as exc:
+        return gpu_error_record("cannot start nvidia-smi: %s" % exc.strerror, 127)
+    except subprocess.TimeoutExpired:
+        return gpu_error_record("nvidia-smi gave no answer in %d s (wedged driver?)" % GPU_ONCE_TIMEOUT_S, None)
+    text = done.stdout.decode("utf-8", "replace")
+    gpus = [parse_gpu_line(line) for line in text.splitlines() if line.strip()]
+    if done.returncode != 0 or not gpus or None in gpus:
+        return gpu_error_record(text, done.returncode)
+    return gpu_record(gpus)
+
+
+# ---------------------------------------------------------------- the agent
+
+
+def hello_record() -> bytes:
+    return encode_record(
+        {"t": "hello", "version": AGENT_VERSION, "pid": os.getpid(), "ts": time.time(),
+         "python": "%d.%d" % sys.version_info[:2]}
+    )
+
+
+class Agent:
+    """The streaming agent: commands in on stdin, records out on stdout, until stdin closes."""
+
+    def __init__(self, stdin_fd: int, out) -> None:
+        self.stdin_fd = stdin_fd
+        self.out = out
+        self.follows: dict = {}
+        self.sampler = GpuSampler()
+        self.selector = selectors.DefaultSelector()
+        self.sampler_fd: int | None = None
+        self.command_buffer = b""
+        self.next_heartbeat = 0.0
+
+    def send(self, records: list) -> None:
+        if records:
+            self.out.write(b"".join(r for r in records if r))
+            self.out.flush()
+
+    def run(self) -> int:
+        self.selector.register(self.stdin_fd, selectors.EVENT_READ)
+        try:
+            self.send([hello_record()])
+            while self.step():
+                pass
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # dfo went away mid-write: same as stdin closing
+        finally:
+            self.sampler.stop()
+        return 0
+
+    def step(self) -> bool:
+        """One turn of the loop; False once stdin closed."""
+        now = time.time()
+        self.send([self.sampler.start(now)])
+        self.watch_sampler_fd()
+        backlog = self.send_progress(now)
+        for key, _ in self.selector.select(0 if backlog else TICK_S):
+            if key.fd == self.stdin_fd:
+                if not self.read_commands():
+                    return False
+            else:
+                self.send(self.sampler.on_readable(time.time()))
+        self.watch_sampler_fd()  # a sampler that stopped leaves the selector before its fd number is reused
+        return True
+
+    def watch_sampler_fd(self) -> None:
+        fd = self.sampler.fileno()
+        if fd == self.sampler_fd:
+            return
+        if self.sampler_fd is not None:
+            self.selector.unregister(self.sampler_fd)
+        if fd is not None:
+            self.selector.register(fd, selectors.EVENT_READ)
+        self.sampler_fd = fd
+
+    def send_progress(self, now: float) -> bool:
+        """Log bytes, process changes, finished GPU samples and the heartbeat; True if a log has more."""
+        records = []
+        backlog = False
+        for follow in list(self.follows.values()):
+            records.extend(follow.log_records(FLOOD_BUDGET))
+            records.append(follow.proc_record())
+            backlog = backlog or self.has_more(follow)
+        records.extend(self.sampler.on_tick(now))
+        if now >= self.next_heartbeat:
+            records.append(encode_record({"t": "hb", "ts": now}))
+            self.next_heartbeat = now + HEARTBEAT_S
+        self.send(records)
+        return backlog
+
+    @staticmethod
+    def has_more(follow: Follow) -> bool:
+        try:
+            return os.stat(follow.log).st_size > follow.offset
+        except OSError:
+            return False
+
+    def read_commands(self) -> bool:
+        data = os.read(self.stdin_fd, 65536)
+        if not data:
+            return False
+        self.command_buffer += data
+        *lines, self.command_buffer = self.command_buffer.split(b"\n")
+        self.send([self.apply(line) for line in lines if line.strip()])
+        return True
+
+    def apply(self, line: bytes) -> bytes | None:
+        """Carry out one command line; an `error` record if it is not one."""
+        try:
+            cmd = json.loads(line)
+            if cmd["cmd"] == "follow":
+                self.follows[str(cmd["run"])] = Follow(cmd)
+            elif cmd["cmd"] == "unfollow":
+                self.follows.pop(str(cmd["run"]), None)
+            else:
+                raise ValueError("unknown command %r" % cmd["cmd"])
+        except (ValueError, KeyError, TypeError) as exc:
+            return encode_record({"t": "error", "text": "bad command %r: %s" % (line[:200], exc)})
+        return None
+
+
+def snapshot(commands: list) -> list:
+    """--once: hello, each followed run's new log bytes and process state, one GPU sample."""
+    records = [hello_record()]
+    for line in commands:
+        try:
+            follow = Follow(json.loads(line))
+        except (ValueError, KeyError, TypeError) as exc:
+            records.append(encode_record({"t": "error", "text": "bad command %r: %s" % (line[:200], exc)}))
+            continue
+        records.extend(follow.log_records(ONCE_BUDGET))
+        records.append(follow.proc_record(always=True))
+    records.append(gpu_snapshot())
+    return records
+
+
+def exit_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds through Agent.run's finally, which kills the sampler
+
+
+def main(argv: list) -> int:
+    out = sys.stdout.buffer
+    if argv[:1] == ["--once"]:
+        commands = argv[1:]
+        if commands == ["-"]:
+            commands = [line for line in sys.stdin.read().splitlines() if line.strip()]
+        out.write(b"".join(snapshot(commands)))
+        out.flush()
+        return 0
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, exit_on_signal)
+    return Agent(sys.stdin.fileno(), out).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

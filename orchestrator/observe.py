@@ -1,0 +1,359 @@
+"""Watching containers from the workstation: one agent channel per container, turned into Observations.
+
+An Observer keeps one long-lived channel (`target.stream(agent_cmd)`) to the agent in one container, tells it
+which runs to follow (`follow()` may be called at any time, e.g. when a fallback launches a new run), and
+puts Observations on a queue that several observers can share, so the watch loop multiplexes containers by
+reading one queue (one reader thread per channel). It tracks each run's offset so a log line is reported
+once, never twice, never lost: a partial last line is held back until its newline; after a dropped channel
+(EOF, error, or no heartbeat for `heartbeat_timeout`) it reconnects with exponential backoff, re-follows from
+the stored offsets and reports the gap. A PollObserver gives the same Observations from one `agent --once`
+round trip per interval, for hosts where a long-lived channel is not wanted.
+
+What it must not do: parse metric lines, decide anything, touch the store, or signal a run. Closing an
+observer closes its channel (the agent then exits); the runs it watched keep running.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from orchestrator.agent.protocol import FrameDecoder, ProtocolError, Record
+from orchestrator.errors import CommandTimeout, DfoError
+from orchestrator.remote.base import Stream, Target
+
+MAX_PARTIAL_LINE = 1024 * 1024  # a "line" with no newline after this many bytes is reported as it is
+READ_SLICE_S = 0.5  # how long one read waits, so close() and heartbeat checks are prompt
+
+KINDS = ("connected", "lines", "truncated", "proc", "gpu", "gpu_error", "disconnected", "gap", "error")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One thing dfo learnt about a container or one of its runs.
+
+    kind:
+      connected     the agent answered (data: its hello: version, pid, ts, python)
+      lines         complete new log lines of `run` (lines, in order; offset: byte offset just past the last
+                    one, which is where a later watch resumes)
+      truncated     `run`'s log shrank or was replaced; reading restarts at 0 (data: size)
+      proc          `run`'s process changed state (data: alive, exit_code or None)
+      gpu           one GPU sample (data: ts, gpus: [{index, mem_used_mib, mem_total_mib, util_pct}])
+      gpu_error     nvidia-smi failed or is missing (data: text, code)
+      disconnected  the channel dropped; reconnecting (data: reason)
+      gap           the channel is back after a drop (data: duration_s, the time without news)
+      error         the agent or the byte stream reported a problem (data: text)
+    """
+
+    source: str
+    kind: str
+    run: str | None = None
+    lines: tuple[str, ...] = ()
+    offset: int | None = None
+    data: dict = field(default_factory=dict)
+    at: float = 0.0
+
+
+@dataclass(frozen=True)
+class FollowSpec:
+    """What identifies a run to the agent: its log, exit file, PID and the PID's starttime."""
+
+    run: str
+    log: str
+    exit: str | None = None
+    pid: int | None = None
+    starttime: int | None = None
+
+
+class RunTracker:
+    """One followed run on the workstation side: bytes consumed up to the last newline, the partial rest."""
+
+    def __init__(self, spec: FollowSpec, offset: int) -> None:
+        self.spec = spec
+        self.consumed = offset  # byte offset just past the last complete line reported
+        self.partial = b""  # bytes after `consumed` that do not yet end in a newline
+        self.proc_state: tuple | None = None
+
+    def follow_command(self) -> dict:
+        """The agent command that resumes this run at its consumed offset (a held partial line is re-read)."""
+        self.partial = b""
+        return {"cmd": "follow", **vars(self.spec), "offset": self.consumed}
+
+    def take(self, off: int, payload: bytes) -> tuple[list[str], str | None]:
+        """Complete lines made by `payload` (starting at byte `off`), and a complaint if bytes were missed."""
+        expected = self.consumed + len(self.partial)
+        complaint = None
+        if off < expected:  # already seen (a resend after a reconnect): keep only what is new
+            payload = payload[expected - off :]
+        elif off > expected:
+            complaint = f"{self.spec.run}: {off - expected} log bytes at offset {expected} were never received"
+            self.consumed, self.partial = off, b""
+        return self.split_lines(self.partial + payload), complaint
+
+    def split_lines(self, data: bytes) -> list[str]:
+        *complete, rest = data.split(b"\n")
+        if len(rest) > MAX_PARTIAL_LINE:
+            complete, rest = complete + [rest], b""
+        self.consumed += len(data) - len(rest)
+        self.partial = rest
+        return [line.decode("utf-8", errors="replace").rstrip("\r") for line in complete]
+
+    def restart(self) -> None:
+        self.consumed, self.partial = 0, b""
+
+    def proc_changed(self, alive: bool, exit_code: int | None) -> bool:
+        changed = (alive, exit_code) != self.proc_state
+        self.proc_state = (alive, exit_code)
+        return changed
+
+
+class ObserverBase:
+    """What both observers share: the followed runs, the output queue, the background thread and the
+    connected/disconnected bookkeeping that turns a drop into `disconnected` and then `gap`."""
+
+    def __init__(self, target: Target, agent_cmd: list[str], *, sink: queue.Queue | None = None) -> None:
+        self.target = target
+        self.agent_cmd = list(agent_cmd)
+        self.source = target.name
+        self.observations: queue.Queue = sink if sink is not None else queue.Queue()
+        self.runs: dict[str, RunTracker] = {}
+        self.lock = threading.RLock()
+        self.stopping = threading.Event()
+        self.connected = False
+        self.last_news = time.time()  # when the channel last said anything
+        self.lost_at: float | None = None  # last news before the current drop
+        self.thread = threading.Thread(target=self._serve, name=f"observe-{self.source}", daemon=True)
+
+    # -- public
+
+    def start(self) -> "ObserverBase":
+        self.thread.start()
+        return self
+
+    def follow(self, run: str, log: str, exit: str | None = None, pid: int | None = None,
+               starttime: int | None = None, offset: int = 0) -> None:
+        """Watch `run` from byte `offset` of its log (the offset of the last line already handled)."""
+        with self.lock:
+            self.runs[run] = RunTracker(FollowSpec(run, log, exit, pid, starttime), offset)
+            self._on_follow(self.runs[run].follow_command())
+
+    def unfollow(self, run: str) -> None:
+        with self.lock:
+            if self.runs.pop(run, None) is not None:
+                self._on_follow({"cmd": "unfollow", "run": run})
+
+    def offsets(self) -> dict[str, int]:
+        """Per run, the byte offset just past the last complete line reported (what to store to resume)."""
+        with self.lock:
+            return {run: tracker.consumed for run, tracker in self.runs.items()}
+
+    def get(self, timeout: float | None = None) -> Observation | None:
+        """The next Observation from this observer's queue, or None after `timeout` seconds."""
+        try:
+            return self.observations.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop watching (the runs keep running) and wait for the thread, which closes its channel within
+        READ_SLICE_S. Idempotent."""
+        self.stopping.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
+
+    def __enter__(self) -> "ObserverBase":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- for subclasses
+
+    def _serve(self) -> None:
+        raise NotImplementedError
+
+    def _on_follow(self, command: dict) -> None:
+        """A follow/unfollow command was made (called with the lock held)."""
+
+    def _resume_commands(self) -> list[dict]:
+        with self.lock:
+            return [tracker.follow_command() for tracker in self.runs.values()]
+
+    def _emit(self, kind: str, run: str | None = None, **fields) -> None:
+        self.observations.put(Observation(self.source, kind, run, at=time.time(), **fields))
+
+    def _lost(self, reason: str) -> None:
+        """The channel dropped or a round trip failed."""
+        if self.connected or self.lost_at is None:
+            self.lost_at = self.last_news
+        self.connected = False
+        self._emit("disconnected", data={"reason": reason})
+
+    def _handle(self, record: Record) -> None:
+        self.last_news = time.time()
+        handler = getattr(self, "_on_" + record.type, None)
+        if handler is not None:
+            with self.lock:
+                handler(record.header, record.payload)
+
+    def _on_hello(self, header: dict, payload: bytes | None) -> None:
+        if self.connected:
+            return
+        self.connected = True
+        self._emit("connected", data={k: v for k, v in header.items() if k != "t"})
+        if self.lost_at is not None:
+            self._emit("gap", data={"duration_s": round(self.last_news - self.lost_at, 3)})
+            self.lost_at = None
+
+    def _on_log(self, header: dict, payload: bytes | None) -> None:
+        tracker = self.runs.get(header.get("run"))
+        if tracker is None:
+            return  # unfollowed while the record was on its way
+        lines, complaint = tracker.take(int(header["off"]), payload or b"")
+        if complaint:
+            self._emit("error", tracker.spec.run, data={"text": complaint})
+        if lines:
+            self._emit("lines", tracker.spec.run, lines=tuple(lines), offset=tracker.consumed)
+
+    def _on_truncated(self, header: dict, payload: bytes | None) -> None:
+        tracker = self.runs.get(header.get("run"))
+        if tracker is not None:
+            tracker.restart()
+            self._emit("truncated", tracker.spec.run, data={"size": header.get("size")})
+
+    def _on_proc(self, header: dict, payload: bytes | None) -> None:
+        tracker = self.runs.get(header.get("run"))
+        alive, exit_code = bool(header.get("alive")), header.get("exit_code")
+        if tracker is not None and tracker.proc_changed(alive, exit_code):
+            self._emit("proc", tracker.spec.run, data={"alive": alive, "exit_code": exit_code})
+
+    def _on_gpu(self, header: dict, payload: bytes | None) -> None:
+        self._emit("gpu", data={"ts": header.get("ts"), "gpus": header.get("gpus") or []})
+
+    def _on_gpu_error(self, header: dict, payload: bytes | None) -> None:
+        self._emit("gpu_error", data={"text": header.get("text"), "code": header.get("code")})
+
+    def _on_error(self, header: dict, payload: bytes | None) -> None:
+        self._emit("error", data={"text": header.get("text")})
+
+
+class Observer(ObserverBase):
+    """Streams from one long-lived agent channel, reconnecting with exponential backoff when it drops."""
+
+    def __init__(self, target: Target, agent_cmd: list[str], *, sink: queue.Queue | None = None,
+                 heartbeat_timeout: float = 5.0, backoff_initial: float = 0.5, backoff_max: float = 30.0) -> None:
+        super().__init__(target, agent_cmd, sink=sink)
+        self.heartbeat_timeout = heartbeat_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.stream: Stream | None = None
+
+    def _serve(self) -> None:
+        delay = self.backoff_initial
+        while not self.stopping.is_set():
+            reason = self._one_connection()
+            if self.stopping.is_set():
+                return
+            if self.connected:
+                delay = self.backoff_initial  # it worked for a while: start the backoff afresh
+            self._lost(reason)
+            self.stopping.wait(delay)
+            delay = min(delay * 2, self.backoff_max)
+
+    def _one_connection(self) -> str:
+        """Open the channel, re-follow every run, pump records until it drops; why it dropped."""
+        try:
+            stream = self.target.stream(self.agent_cmd)
+        except DfoError as exc:
+            return str(exc)
+        try:
+            with self.lock:
+                self.stream = stream
+                self._write(b"".join(encode_command(c) for c in self._resume_commands()))
+            return self._pump(stream)
+        finally:
+            with self.lock:
+                self.stream = None
+            stream.close()
+
+    def _pump(self, stream: Stream) -> str:
+        decoder = FrameDecoder()
+        last_data = time.monotonic()
+        while not self.stopping.is_set():
+            try:
+                data = stream.read(65536, timeout=READ_SLICE_S)
+            except CommandTimeout:
+                if time.monotonic() - last_data > self.heartbeat_timeout:
+                    return f"no heartbeat from the agent for {self.heartbeat_timeout:g} s"
+                continue
+            except DfoError as exc:
+                return str(exc)
+            if not data:
+                return f"agent channel closed (exit {stream.exit_code()})"
+            last_data = time.monotonic()
+            try:
+                records = decoder.feed(data)
+            except ProtocolError as exc:
+                self._emit("error", data={"text": str(exc)})
+                return str(exc)
+            for record in records:
+                self._handle(record)
+        return "closed"
+
+    def _on_follow(self, command: dict) -> None:
+        if self.stream is not None:
+            self._write(encode_command(command))
+
+    def _write(self, data: bytes) -> None:
+        """Send commands; a dead channel is noticed (and healed) by the reader, so failures are ignored."""
+        if not data or self.stream is None:
+            return
+        try:
+            self.stream.write(data)
+        except (DfoError, OSError):
+            pass
+
+
+class PollObserver(ObserverBase):
+    """The same Observations from one `agent --once` round trip per `interval` seconds."""
+
+    def __init__(self, target: Target, agent_cmd: list[str], *, interval: float = 5.0,
+                 sink: queue.Queue | None = None, round_trip_timeout: float = 30.0) -> None:
+        super().__init__(target, agent_cmd, sink=sink)
+        self.interval = interval
+        self.round_trip_timeout = round_trip_timeout
+
+    def _serve(self) -> None:
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            try:
+                self.poll_once()
+            except (DfoError, ProtocolError) as exc:
+                self._lost(str(exc))
+            self.stopping.wait(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def poll_once(self) -> None:
+        """One round trip: the agent's snapshot for every followed run, handled as it arrives."""
+        commands = [json.dumps(c) for c in self._resume_commands()]
+        deadline = time.monotonic() + self.round_trip_timeout
+        decoder = FrameDecoder()
+        with self.target.stream(self.agent_cmd + ["--once", *commands]) as stream:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommandTimeout(f"agent --once gave no full answer in {self.round_trip_timeout:g} s",
+                                         where=self.source)
+                data = stream.read(65536, timeout=left)
+                if not data:
+                    break
+                for record in decoder.feed(data):
+                    self._handle(record)
+        if decoder.pending:
+            raise ProtocolError(f"agent --once ended inside a record ({decoder.pending} bytes left over)")
+
+
+def encode_command(command: dict) -> bytes:
+    return json.dumps(command, separators=(",", ":")).encode() + b"\n"
