@@ -8,11 +8,13 @@ import shutil
 
 import pytest
 
-from harness import write_inventory  # noqa: F401  (re-exported for tests that import it from here)
+from harness import STANDIN_BIN, write_inventory  # noqa: F401  (write_inventory re-exported for tests)
+from harness.lxc import ContainerFactory, LxcContainer
 from harness.ssh_home import SshHome
 from harness.sshd import SshServer
 
 HOST_ALIAS = "testhost"
+PCT_NODE = "testnode"
 
 
 def _require_root(what: str) -> None:
@@ -20,12 +22,25 @@ def _require_root(what: str) -> None:
         pytest.skip(f"{what} needs root")
 
 
+@pytest.fixture(scope="session")
+def lxc_path(tmp_path_factory):
+    """This session's LXCPATH: every test container lives here, never in /var/lib/lxc."""
+    return tmp_path_factory.mktemp("lxc")
+
+
+@pytest.fixture(scope="session")
+def pct_standin_env(lxc_path) -> dict[str, str]:
+    """What the pct stand-in reads to find this session's containers and name its node."""
+    return {"PCT_STANDIN_LXCPATH": str(lxc_path), "PCT_STANDIN_NODE": PCT_NODE}
+
+
 @pytest.fixture
-def sshd(tmp_path_factory) -> SshServer:
-    """A running OpenSSH server on a free 127.0.0.1 port, stopped (by PID) at teardown."""
+def sshd(tmp_path_factory, pct_standin_env) -> SshServer:
+    """A running OpenSSH server on a free 127.0.0.1 port, stopped (by PID) at teardown. Its sessions have the
+    stand-ins (pct, nvidia-smi) first on PATH and reach this session's containers."""
     if not os.path.exists("/usr/sbin/sshd"):
         pytest.skip("openssh-server is not installed (scripts/test.sh installs it)")
-    server = SshServer(tmp_path_factory.mktemp("sshd"))
+    server = SshServer(tmp_path_factory.mktemp("sshd"), env=dict(pct_standin_env))
     server.start()
     yield server
     server.stop()
@@ -40,3 +55,29 @@ def ssh_home(sshd, tmp_path_factory, monkeypatch) -> SshHome:
     monkeypatch.setenv("HOME", str(home.home))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
     return home
+
+
+@pytest.fixture
+def pct_env(monkeypatch, pct_standin_env) -> None:
+    """Put the stand-ins (pct, nvidia-smi) first on this process's PATH, for local targets."""
+    monkeypatch.setenv("PATH", f"{STANDIN_BIN}:{os.environ.get('PATH', '')}")
+    for key, value in pct_standin_env.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.fixture
+def containers(lxc_path, pct_env) -> ContainerFactory:
+    """Factory: `containers(vmid=None, start=True, gpus=None) -> LxcContainer` (real LXC, destroyed at teardown).
+    Each container's nvidia-smi shows two idle H200s unless `gpus` says otherwise."""
+    _require_root("LXC containers")
+    if not shutil.which("lxc-start") or not os.path.exists("/usr/bin/busybox"):
+        pytest.skip("lxc and busybox-static are not installed (scripts/test.sh installs them)")
+    factory = ContainerFactory(lxc_path)
+    yield factory
+    factory.destroy_all()
+
+
+@pytest.fixture
+def container(containers) -> LxcContainer:
+    """One running container (the first free VMID from 200 up)."""
+    return containers()

@@ -44,3 +44,9 @@ def test_stopped_server_refuses_connections(ssh_home, sshd):
     result = ssh(ssh_home, "true")
     assert result.returncode == 255
     assert "refused" in result.stderr
+
+
+def test_pct_standin_reaches_containers_through_an_ssh_session(ssh_home, container):
+    result = ssh(ssh_home, f"pct status {container.name}; pct exec {container.name} -- nvidia-smi -L")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[:2] == ["status: running", f"GPU 0: NVIDIA H200 (UUID: {container.nvidia_smi().gpus[0].uuid})"]
