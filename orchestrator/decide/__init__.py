@@ -1,0 +1,18 @@
+"""decide/: pure decisions about a training run. Observations in, Decision out; no I/O, no clock.
+
+    from orchestrator.decide import RunJudge, DecideConfig, StepObs, TickObs, replay, next_variant
+"""
+
+from .config import DecideConfig
+from .judge import Decision, RunJudge, describe_gpus
+from .observations import EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, TickObs, observation_from_record
+from .policy import action_for, next_variant
+from .replay import replay
+from .signatures import BUILTIN, Catalogue, MatchTracker, Signature
+from .steady import SteadyDetector, SteadyEstimate
+
+__all__ = [
+    "BUILTIN", "Catalogue", "DecideConfig", "Decision", "EventObs", "ExitObs", "GpuObs", "LineObs", "MatchTracker",
+    "Observation", "RunJudge", "Signature", "SteadyDetector", "SteadyEstimate", "StepObs", "TickObs",
+    "action_for", "describe_gpus", "next_variant", "observation_from_record", "replay",
+]

@@ -1,0 +1,272 @@
+"""RunJudge: the state machine that turns one run's observations into a Decision.
+
+    undecided (waiting for the first step / warming up) --> steady --> exited (exit 0: fine)
+         |                                                    |
+         +--> crash | stall | too_slow  <---------------------+   (the first of these is final)
+
+Crash: a fatal catalogue signature, a worker-thread traceback (even while the PID lives), a bare traceback
+that ends the run (non-zero exit, or the log ends after it), a non-zero exit, a NaN/inf loss, event=error.
+Stall: judged on the caller's clock (TickObs): no first step within `first_step_grace_s` of the start, or no
+new step for max(stall_factor x median gap between step lines, stall_floor_s); GPU samples go into the
+evidence. Too slow: only once steady, when the interval's upper bound < (1 - tolerance) x baseline.
+Pure: no I/O, no clock; `feed` is cheap except once per block of steps (see steady.py).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Sequence
+
+from ..logfmt import format_ts
+from .config import DecideConfig
+from .observations import EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, TickObs
+from .policy import action_for, next_variant
+from .signatures import PSEUDO, Catalogue, Match, MatchTracker, Signature
+from .steady import SteadyDetector
+
+FINAL_VERDICTS = frozenset({"crash", "stall", "too_slow"})
+GAP_HISTORY = 50  # the stall threshold follows the median of the last 50 gaps between step lines
+
+
+@dataclass
+class Decision:
+    """DESIGN.md's decision JSON plus `interval`, `reason`, `evidence` and `next_variant`.
+
+    `next_run` stays None here: the caller names the next run after `next_variant`."""
+
+    decision: str  # steady | crash | stall | too_slow | exited | undecided
+    run: str
+    at_step: int | None
+    at_ts: str | None
+    signature: str | None
+    steady_tok_s: float | None
+    warmup_end_step: int | None
+    action: str  # keep | fallback | stop | none
+    next_run: str | None
+    interval: list[float] | None
+    reason: str
+    evidence: dict = field(default_factory=dict)
+    next_variant: str | None = None
+
+    @property
+    def final(self) -> bool:
+        """True once the watcher has nothing more to wait for on this run."""
+        return self.decision != "undecided"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def describe_gpus(samples: Sequence[GpuObs]) -> str | None:
+    """One line on what the GPUs did while the log was silent (idle, busy without progress, released)."""
+    if not samples:
+        return None
+    latest = samples[-1].gpus
+    if not latest:
+        return None
+    utils = [g.get("util_pct") for g in latest if g.get("util_pct") is not None]
+    mems = [g.get("mem_used_mib") for g in latest if g.get("mem_used_mib") is not None]
+    if mems and max(mems) < 1024:
+        return "GPU memory is back near zero: the process has likely gone"
+    if utils and min(utils) >= 95:
+        return f"GPUs at {min(utils):.0f}%+ utilisation with no progress: likely a hung collective"
+    if utils and max(utils) <= 5:
+        return "GPUs idle with memory still held: the process hangs outside GPU work"
+    return f"GPUs partly busy (utilisation {', '.join(f'{u:.0f}%' for u in utils)})" if utils else None
+
+
+class RunJudge:
+    """Feed observations of one run in time order; each `feed` returns the current Decision."""
+
+    def __init__(
+        self,
+        config: DecideConfig | None = None,
+        baseline_tok_s: float | None = None,
+        *,
+        run: str = "",
+        variant: str | None = None,
+        chain: Sequence[str] = (),
+        fallback: bool = True,
+        catalogue: Catalogue | None = None,
+        started_ts: float | None = None,
+    ) -> None:
+        self.config = config or DecideConfig()
+        self.baseline = baseline_tok_s
+        self.run, self.variant, self.chain, self.fallback = run, variant, tuple(chain), fallback
+        self.catalogue = catalogue or Catalogue()
+        self.steady = SteadyDetector(self.config)
+        self.tracker = MatchTracker(self.catalogue)
+        self.start_ts = started_ts
+        self.now: float | None = None
+        self.last_step: int | None = None
+        self.last_step_ts: float | None = None
+        self.gaps: deque[float] = deque(maxlen=GAP_HISTORY)
+        self.gpu_samples: deque[GpuObs] = deque(maxlen=30)
+        self.warnings: Counter[str] = Counter()
+        self.pending_traceback: Match | None = None
+        self.survived_tracebacks = 0
+        self.exit_code: int | None = None
+        self._final: Decision | None = None
+        self._exited: Decision | None = None
+
+    # ---- feeding -------------------------------------------------------------------------------
+    def feed(self, obs: Observation) -> Decision:
+        ts = obs.now if isinstance(obs, TickObs) else obs.ts
+        self.now = ts if self.now is None else max(self.now, ts)
+        if self.start_ts is None:
+            self.start_ts = ts
+        handler = {
+            StepObs: self._on_step,
+            LineObs: self._on_line,
+            EventObs: self._on_event,
+            ExitObs: self._on_exit,
+            GpuObs: self.gpu_samples.append,
+            TickObs: self._on_tick,
+        }[type(obs)]
+        handler(obs)
+        return self.decision()
+
+    def end_of_log(self) -> Decision:
+        """The log has ended (replay): a bare traceback with no step after it ended the run."""
+        if self.pending_traceback is not None and self._final is None and self._exited is None:
+            self._crash(PSEUDO["python_exception"], self.pending_traceback, self.now, "the log ends with it")
+        return self.decision()
+
+    def _on_step(self, obs: StepObs) -> None:
+        if self.last_step is not None and obs.step <= self.last_step:
+            return
+        if self.last_step_ts is not None:
+            self.gaps.append(max(obs.ts - self.last_step_ts, 0.0))
+        self.last_step, self.last_step_ts = obs.step, obs.ts
+        if self.pending_traceback is not None:
+            self.pending_traceback, self.survived_tracebacks = None, self.survived_tracebacks + 1
+        if obs.loss_is_bad:
+            match = Match(PSEUDO["nan_loss"], f"step={obs.step} loss={obs.loss}")
+            self._crash(match.signature, match, obs.ts, f"loss is {obs.loss} at step {obs.step}")
+            return
+        if self.steady.feed(obs):
+            self._check_too_slow(obs)
+
+    def _on_line(self, obs: LineObs) -> None:
+        for match in self.tracker.feed(obs.text):
+            self._on_match(match, obs.ts)
+
+    def _on_match(self, match: Match, ts: float) -> None:
+        if match.signature is not None and not match.signature.fatal:
+            self.warnings[match.signature.id] += 1
+        elif match.signature is not None:
+            self._crash(match.signature, match, ts, match.signature.meaning)
+        elif match.thread is not None:
+            self._crash(PSEUDO["python_exception"], match, ts, f"worker thread {match.thread} died")
+        else:
+            self.pending_traceback = match
+
+    def _on_event(self, obs: EventObs) -> None:
+        if obs.event != "error":
+            return
+        text = " ".join(f"{k}={v}" for k, v in obs.fields.items())
+        signature = self.catalogue.match_line(text)
+        signature = signature if signature is not None and signature.fatal else PSEUDO["trainer_error"]
+        self._crash(signature, Match(signature, text), obs.ts, signature.meaning)
+
+    def _on_exit(self, obs: ExitObs) -> None:
+        self.exit_code = obs.code
+        if self._final is not None or self._exited is not None:
+            return
+        if obs.code == 0:
+            self._exited = self._verdict("exited", self.last_step, obs.ts, None, "exited 0", {"exit_code": 0})
+        elif self.pending_traceback is not None:
+            self._crash(PSEUDO["python_exception"], self.pending_traceback, obs.ts, f"exited {obs.code}")
+        else:
+            match = Match(PSEUDO["exit_nonzero"], f"exit status {obs.code}")
+            self._crash(match.signature, match, obs.ts, f"exited {obs.code} with no traceback in the log")
+
+    def _on_tick(self, obs: TickObs) -> None:
+        if self._final is not None or self._exited is not None:
+            return
+        silent_since, limit, what = self._silence_rule()
+        if silent_since is not None and obs.now - silent_since > limit:
+            evidence = {"silent_s": round(obs.now - silent_since, 1), "limit_s": round(limit, 1)}
+            gpus = describe_gpus([s for s in self.gpu_samples if s.ts >= silent_since])
+            if gpus:
+                evidence["gpus"] = gpus
+            reason = f"{what} for {obs.now - silent_since:.0f} s (limit {limit:.0f} s)" + (f"; {gpus}" if gpus else "")
+            self._final = self._verdict("stall", self.last_step, obs.now, None, reason, evidence)
+
+    def _silence_rule(self) -> tuple[float | None, float, str]:
+        if self.last_step_ts is None:
+            return self.start_ts, self.config.first_step_grace_s, "no first step"
+        typical_gap = median(self.gaps) if self.gaps else 0.0
+        limit = max(self.config.stall_factor * typical_gap, self.config.stall_floor_s)
+        return self.last_step_ts, limit, f"no new step after step {self.last_step}"
+
+    # ---- verdicts --------------------------------------------------------------------------------
+    def _check_too_slow(self, obs: StepObs) -> None:
+        estimate = self.steady.estimate
+        if not estimate.steady or self.baseline is None or self._final is not None:
+            return
+        threshold = (1 - self.config.too_slow_tolerance) * self.baseline
+        if estimate.interval[1] < threshold:
+            reason = (
+                f"steady at {estimate.tok_s:,.0f} tok/s, upper bound {estimate.interval[1]:,.0f} is below "
+                f"{threshold:,.0f} ({1 - self.config.too_slow_tolerance:.0%} of baseline {self.baseline:,.0f})"
+            )
+            evidence = {"baseline_tok_s": self.baseline, "threshold_tok_s": threshold}
+            self._final = self._verdict("too_slow", obs.step, obs.ts, None, reason, evidence)
+
+    def _crash(self, signature: Signature, match: Match, ts: float | None, why: str) -> None:
+        if self._final is not None:
+            return
+        evidence = {"line": match.line[:500], "meaning": signature.meaning}
+        if match.thread:
+            evidence["thread"] = match.thread
+        if match.traceback:
+            evidence["traceback_tail"] = match.traceback.splitlines()[-8:]
+        if self.exit_code is not None:
+            evidence["exit_code"] = self.exit_code
+        reason = f"{signature.id}: {why}" + (f" (thread {match.thread}, process may still run)" if match.thread else "")
+        self._final = self._verdict("crash", self.last_step, ts, signature, reason, evidence)
+
+    def _verdict(
+        self, verdict: str, step: int | None, ts: float | None, signature: Signature | None, reason: str, evidence: dict
+    ) -> Decision:
+        estimate = self.steady.estimate
+        nxt = next_variant(self.chain, self.variant, signature) if verdict in FINAL_VERDICTS else None
+        action = action_for(verdict, nxt, fallback_enabled=self.fallback, steady_seen=estimate.steady)
+        return Decision(
+            decision=verdict,
+            run=self.run,
+            at_step=step,
+            at_ts=format_ts(ts),
+            signature=signature.id if signature else None,
+            steady_tok_s=estimate.tok_s if estimate.steady else None,
+            warmup_end_step=estimate.warmup_end_step if estimate.steady else None,
+            action=action,
+            next_run=None,
+            interval=list(estimate.interval) if estimate.steady else None,
+            reason=reason,
+            evidence={**evidence, **self._common_evidence()},
+            next_variant=nxt if action == "fallback" else None,
+        )
+
+    def _common_evidence(self) -> dict:
+        common = {"last_step": self.last_step, "steady": self.steady.estimate.evidence}
+        if self.warnings:
+            common["known_warnings"] = dict(self.warnings)
+        if self.survived_tracebacks:
+            common["tracebacks_survived"] = self.survived_tracebacks
+        return common
+
+    def decision(self) -> Decision:
+        """The verdict held now: a final one, else exited, else steady, else undecided."""
+        if self._final is not None:
+            return self._final
+        if self._exited is not None:
+            return self._exited
+        estimate = self.steady.estimate
+        if estimate.steady:
+            return self._verdict("steady", estimate.declared_step, estimate.declared_ts, None, estimate.reason, {})
+        reason = estimate.reason if self.last_step is not None else "waiting for the first step"
+        return self._verdict("undecided", self.last_step, self.last_step_ts or self.now, None, reason, {})

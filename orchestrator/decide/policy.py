@@ -1,0 +1,37 @@
+"""What to do about a verdict: keep, fall back to the next variant of the chain, or stop.
+
+next_variant() picks the variant; naming the next RUN is the caller's business. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .signatures import Signature
+
+FALLBACK_VERDICTS = frozenset({"crash", "too_slow", "stall"})
+
+
+def next_variant(chain: Sequence[str], current: str | None, signature: Signature | None = None) -> str | None:
+    """The variant to try after `current` in `chain`, or None (end of chain, or the signature says stop).
+
+    A signature's `next` preferences pick the first of them that comes later in the chain; when none of
+    them is in the rest of the chain, the plain next one is used.
+    """
+    if signature is not None and signature.next is None:
+        return None
+    chain = list(chain)
+    rest = chain[chain.index(current) + 1 :] if current in chain else []
+    if not rest:
+        return None
+    preferred = [name for name in (signature.next if signature else ()) if name in rest]
+    return preferred[0] if preferred else rest[0]
+
+
+def action_for(verdict: str, next_name: str | None, *, fallback_enabled: bool, steady_seen: bool) -> str:
+    """keep | fallback | stop | none for a verdict."""
+    if verdict == "steady" or (verdict == "exited" and steady_seen):
+        return "keep"
+    if verdict in FALLBACK_VERDICTS:
+        return "fallback" if fallback_enabled and next_name else "stop"
+    return "none"

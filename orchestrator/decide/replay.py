@@ -1,0 +1,77 @@
+"""Replay a recorded log through the same RunJudge the watcher uses, with the log's own clock.
+
+Each line's timestamp (or, for lines without one, the last timestamp seen) is the clock; between two
+lines the watcher's ticks are re-created every `tick_s` seconds, so a stall is declared when the watcher
+would have declared it. The result is the verdict held at the log's end; a crash or too-slow anywhere
+overrides an earlier steady, and `at_step` is the step at which the held verdict was first reached.
+Pure: takes lines, returns a Decision; reading the file is the CLI's job.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from ..logfmt import make_parser
+from .config import DecideConfig
+from .judge import FINAL_VERDICTS, Decision, RunJudge
+from .observations import ExitObs, TickObs, observation_from_record
+from .signatures import Catalogue
+
+MAX_TICKS_PER_GAP = 100_000  # a gap of days in a log is still replayed in bounded time
+
+
+def _ticks_between(start: float, end: float, tick_s: float) -> Iterable[TickObs]:
+    step = max(tick_s, (end - start) / MAX_TICKS_PER_GAP)
+    t = start + step
+    while t < end:
+        yield TickObs(t)
+        t += step
+
+
+def replay(
+    lines: Iterable[str],
+    *,
+    run: str = "",
+    config: DecideConfig | None = None,
+    baseline: float | None = None,
+    regex: str | None = None,
+    variant: str | None = None,
+    chain: Sequence[str] = (),
+    fallback: bool = True,
+    catalogue: Catalogue | None = None,
+    exit_code: int | None = None,
+    end_ts: float | None = None,
+    line_interval_s: float | None = None,
+    tick_s: float = 1.0,
+) -> Decision:
+    """Judge a whole log; `exit_code`/`end_ts` add the run's exit status and the clock after its last line.
+
+    `line_interval_s` gives a log without any timestamps a clock (each line that many seconds after the
+    previous one); without it such a log cannot pass the minimum-seconds rule and stays undecided."""
+    judge = RunJudge(config, baseline, run=run, variant=variant, chain=chain, fallback=fallback, catalogue=catalogue)
+    parse = make_parser(regex)
+    clock: float | None = None
+    for index, text in enumerate(lines):
+        received = index * line_interval_s if line_interval_s is not None else clock
+        record = parse(text, received)
+        ts = getattr(record, "ts", None)
+        if ts is None and clock is None:
+            ts = 0.0
+        obs = observation_from_record(record, ts if ts is not None else clock)
+        if clock is None or obs.ts > clock:
+            if clock is not None:
+                for tick in _ticks_between(clock, obs.ts, tick_s):
+                    judge.feed(tick)
+            clock = obs.ts
+            judge.feed(TickObs(clock))
+        if judge.feed(obs).decision in FINAL_VERDICTS:
+            break  # the watcher acts on it; what follows in the log cannot change the verdict
+    if end_ts is not None and clock is not None and end_ts > clock:
+        for tick in _ticks_between(clock, end_ts, tick_s):
+            judge.feed(tick)
+        judge.feed(TickObs(end_ts))
+        clock = end_ts
+    if exit_code is not None:
+        judge.feed(ExitObs(clock if clock is not None else 0.0, exit_code))
+    return judge.end_of_log()
+
