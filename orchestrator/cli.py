@@ -28,7 +28,7 @@ app = typer.Typer(
 def _register_commands() -> None:
     import importlib
 
-    for module in ("inventory", "preflight", "runs", "watch", "batch"):
+    for module in ("inventory", "preflight", "runs", "watch", "batch", "replay"):
         try:
             mod = importlib.import_module(f"orchestrator.commands.{module}")
         except ModuleNotFoundError as exc:  # a command module not written yet

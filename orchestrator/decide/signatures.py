@@ -117,12 +117,18 @@ PSEUDO = {
 
 
 def signature_from_entry(entry: dict) -> Signature:
-    """An inventory entry {id, pattern, meaning, next, fatal?, scope?} -> Signature (UsageError if bad)."""
+    """An inventory entry {id, pattern, meaning, next, fatal?, scope?} -> Signature (UsageError if bad).
+
+    `next`: absent -> the next variant of the chain; "stop" -> no fallback; "a or b" / [a, b] -> preferences."""
     try:
-        nxt = entry.get("next", ())
-        if isinstance(nxt, str):
-            nxt = tuple(name.strip() for name in re.split(r"[,\s]+|\bor\b", nxt) if name.strip())
-        elif nxt is not None:
+        nxt = entry.get("next")
+        if nxt in (None, ""):
+            nxt = ()  # no preference: the next variant of the chain
+        elif nxt == "stop":
+            nxt = None
+        elif isinstance(nxt, str):
+            nxt = tuple(name for name in re.split(r"[,\s]+|\bor\b", nxt) if name.strip())
+        else:
             nxt = tuple(nxt)
         return Signature(
             id=str(entry["id"]),

@@ -1,0 +1,104 @@
+"""`dfo replay LOG`: the watcher's verdict on a recorded log, judged by the same decide/ code.
+
+Renders only: reading the inventory and the log happens here, every decision in orchestrator/decide/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..decide import Catalogue, DecideConfig, Decision, replay
+from ..errors import UsageError
+from ..inventory import load_inventory
+from .common import InventoryOpt, JsonOpt, console, print_json
+
+EXAMPLE = "Example: dfo replay logs/run-trees.log --baseline 150000 --variant trees -i inventory/lab.yaml --json"
+COLOURS = {"steady": "green", "exited": "green", "undecided": "yellow", "crash": "red", "stall": "red", "too_slow": "magenta"}
+FAILED_VERDICTS = frozenset({"crash", "stall", "too_slow"})
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "replay",
+        help=(
+            "Judge a recorded log with the watcher's rules and its own timestamps: prints the verdict held at "
+            "the log's end. Exit status 1 for crash/stall/too_slow, else 0."
+        ),
+        epilog=EXAMPLE,
+    )(replay_command)
+
+
+def read_exit_code(log: Path) -> int | None:
+    """The exit status a detached run wrote next to its log (`RUN.exit`), if there is one."""
+    exit_file = log.with_suffix(".exit")
+    try:
+        return int(exit_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def replay_command(
+    log: Path = typer.Argument(..., help="The run's log file (the contract's logfmt lines, or --regex)."),
+    baseline: Optional[float] = typer.Option(None, "--baseline", help="Baseline tok/s for the too-slow rule.", metavar="TOK_S"),
+    regex: Optional[str] = typer.Option(None, "--regex", help="Metric regex with named groups step, tok_s (ts, loss ...)."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="The inventory variant that ran (its regex, baseline, chain)."),
+    exit_code: Optional[int] = typer.Option(None, "--exit-code", help="The run's exit status (default: LOG's .exit file)."),
+    line_interval: Optional[float] = typer.Option(
+        None, "--line-interval", help="Seconds between lines, for logs with no timestamps at all.", metavar="S"
+    ),
+    inventory: Optional[Path] = InventoryOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    inv = load_inventory(inventory)
+    spec = inv.variants.get(variant) if variant else None
+    if variant and spec is None:
+        raise UsageError(f"unknown variant {variant!r}; known: {', '.join(sorted(inv.variants)) or 'none'}")
+    watch = inv.watch.model_dump()
+    decision = replay(
+        read_log_lines(log),
+        run=log.stem,
+        config=DecideConfig.from_mapping({k: v for k, v in watch.items() if k != "baseline_tok_s"}),
+        baseline=baseline or (spec.baseline_tok_s if spec else None) or watch.get("baseline_tok_s"),
+        regex=regex or (spec.metrics if spec else None),
+        variant=variant,
+        chain=inv.fallback,
+        catalogue=Catalogue().extended([s.model_dump() for s in inv.signatures]),
+        exit_code=exit_code if exit_code is not None else read_exit_code(log),
+        line_interval_s=line_interval,
+    )
+    if as_json:
+        print_json(decision.to_json())
+    else:
+        render(decision)
+    if decision.decision in FAILED_VERDICTS:
+        raise typer.Exit(1)
+
+
+def read_log_lines(log: Path) -> list[str]:
+    try:
+        return log.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        raise UsageError(f"{log}: no such log file", hint="pass the path of a run's .log") from None
+    except OSError as exc:
+        raise UsageError(f"{log}: cannot read: {exc.strerror}") from None
+
+
+def render(decision: Decision) -> None:
+    colour = COLOURS.get(decision.decision, "white")
+    where = f" at step {decision.at_step}" if decision.at_step is not None else ""
+    console.print(f"[bold {colour}]{decision.decision}[/]{where}  action={decision.action}", highlight=False)
+    console.print(f"  {decision.reason}", highlight=False, soft_wrap=True)
+    if decision.signature:
+        console.print(f"  signature: {decision.signature}: {decision.evidence.get('line', '')}", highlight=False)
+    if decision.steady_tok_s is not None:
+        lo, hi = decision.interval
+        console.print(
+            f"  steady {decision.steady_tok_s:,.0f} tok/s (95% {lo:,.0f}..{hi:,.0f}), warm-up ended at step "
+            f"{decision.warmup_end_step}",
+            highlight=False,
+        )
+    if decision.next_variant:
+        console.print(f"  next variant: {decision.next_variant}", highlight=False)
