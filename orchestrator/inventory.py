@@ -286,14 +286,32 @@ def _dotted(loc: list[str]) -> str:
     return ".".join(loc) if loc else "(top level)"
 
 
+EXPECTED_BY_TYPE = {
+    "int_parsing": "expected an integer",
+    "int_type": "expected an integer",
+    "int_from_float": "expected an integer",
+    "float_parsing": "expected a number",
+    "float_type": "expected a number",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "model_attributes_type": "expected a mapping",
+    "string_pattern_mismatch": "expected an environment variable name (letters, digits, _)",
+}
+
+
 def _expected(error: dict) -> str:
-    msg = error["msg"]
-    if error["type"] == "missing":
+    msg, kind = error["msg"], error["type"]
+    if kind == "missing":
         return "required key is missing"
     if msg.startswith("Value error, "):
         return msg.removeprefix("Value error, ")
-    if msg.startswith("Input should be "):
+    if kind in EXPECTED_BY_TYPE:
+        msg = EXPECTED_BY_TYPE[kind]
+    elif msg.startswith("Input should be "):
         msg = "expected " + msg.removeprefix("Input should be ")
+        msg = msg.replace("expected greater", "expected a number greater").replace("expected less", "expected a number less")
     return f"{msg}, got {error['input']!r}"
 
 

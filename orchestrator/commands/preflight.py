@@ -64,12 +64,12 @@ def report_table(reports: list[TargetReport]) -> Table:
 
 
 def trust_command(host: str = typer.Argument(..., help="Inventory host (or target) name."), inventory: Optional[Path] = InventoryOpt) -> None:
-    from ..remote.ssh import trust_host_key
-
     inv = load_inventory(inventory)
     host_name = host if host in inv.hosts else inv.target(host).host
     entry = inv.hosts[host_name]
     if entry.transport != "ssh":
         raise UsageError(f"host {host_name!r} uses transport {entry.transport}: it has no SSH host key")
+    from ..remote.ssh import trust_host_key  # paramiko is loaded only when needed
+
     fingerprint = trust_host_key(entry.address, port=entry.port, timeout=inv.defaults.connect_timeout)
     console.print(f"recorded host key of {host_name} ({entry.address}): {fingerprint}")

@@ -1,0 +1,82 @@
+"""`dfo inventory check`, `dfo preflight` and `dfo hostkey` as a user runs them: the installed console script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import STANDIN_BIN, write_inventory
+from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
+
+DFO = str(Path(sys.executable).parent / "dfo")
+
+
+def dfo(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k != "DFO_INVENTORY"}
+    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=60, env={**base, **(env or {})}, cwd=cwd)
+
+
+def test_help_lists_the_commands_and_each_has_an_example() -> None:
+    top = dfo("--help")
+    assert top.returncode == 0 and all(name in top.stdout for name in ("inventory", "preflight", "hostkey"))
+    for command in (["inventory", "check"], ["preflight"], ["hostkey", "trust"]):
+        result = dfo(*command, "--help")
+        assert result.returncode == 0 and "Example: dfo " in result.stdout, command
+
+
+def test_broken_inventory_exits_2_with_one_line_per_problem(tmp_path: Path) -> None:
+    path = write_inventory(tmp_path, {"hosts": {"pve1": {"adress": "x", "containers": {"ct200": {"ctid": "abc"}}}}})
+    result = dfo("inventory", "check", "-i", str(path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert f"dfo: error: {path}: hosts.pve1: unknown key 'adress' (did you mean 'address'?)" in lines
+    assert f"dfo: error: {path}: hosts.pve1.containers.ct200.ctid: expected an integer from 100 to 999999999, got 'abc'" in lines
+    assert "Traceback" not in result.stderr
+
+
+def test_inventory_check_lists_targets(tmp_path: Path) -> None:
+    repo_example = Path(__file__).resolve().parents[1] / "inventory" / "lab.example.yaml"
+    table = dfo("inventory", "check", "-i", str(repo_example))
+    assert table.returncode == 0 and "ct200" in table.stdout and "10.1.2.6" in table.stdout
+    listed = json.loads(dfo("inventory", "check", "--json").stdout)
+    assert listed["targets"] == [{"target": "here", "host": "local", "address": "local", "ctid": None, "gpus": []}]
+
+
+def test_preflight_here_on_a_gpu_less_machine_fails_plainly() -> None:
+    result = dfo("preflight", "--host", "here", env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 1
+    assert "nvidia-smi not found" in result.stdout and "FAIL" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_preflight_json_passes_with_idle_gpus(tmp_path: Path) -> None:
+    state = NvidiaSmiState(tmp_path / "smi.json", gpus=[Gpu(0)])
+    (tmp_path / "ws").mkdir()
+    box = {"ctid": None, "workspace": str(tmp_path / "ws"), "python": sys.executable}
+    inventory = write_inventory(
+        tmp_path, {"defaults": {"min_free_disk_gb": 0}, "hosts": {"box": {"transport": "local", "containers": {"box1": box}}}}
+    )
+    env = {"PATH": f"{STANDIN_BIN}:{os.environ['PATH']}", STATE_ENV: str(state.path)}
+    result = dfo("preflight", "--host", "box1", "-i", str(inventory), "--json", env=env)
+    assert result.returncode == 0, result.stdout
+    (report,) = json.loads(result.stdout)
+    assert report["target"] == "box1" and report["ok"] is True
+    assert [check["name"] for check in report["checks"]][:3] == ["ssh", "container", "nvidia_smi"]
+
+
+def test_preflight_unknown_or_dangerous_target_is_a_usage_error(tmp_path: Path) -> None:
+    unknown = dfo("preflight", "--host", "ct999")
+    assert unknown.returncode == 2 and "known targets: here" in unknown.stderr
+    dangerous = dfo("preflight", "--host", "here;touch pwned", cwd=tmp_path)
+    assert dangerous.returncode == 2 and "invalid target" in dangerous.stderr
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_hostkey_trust_refuses_a_local_host() -> None:
+    result = dfo("hostkey", "trust", "local")
+    assert result.returncode == 2 and "no SSH host key" in result.stderr

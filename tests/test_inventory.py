@@ -1,0 +1,158 @@
+"""The inventory loader: what a user sees for a good file, for each kind of broken file, and for lookups."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import InvalidName, InventoryError, UnknownTarget, UnknownVariant
+from orchestrator.inventory import load_inventory, parse_inventory
+
+REPO = Path(__file__).resolve().parents[1]
+
+GOOD = """
+hosts:
+  pve1:
+    address: 10.1.2.6
+    containers:
+      ct200: {ctid: 200, gpus: [0, 1]}
+      ct201: {ctid: 201, workspace: /data, python: /opt/venv/bin/python}
+variants:
+  trees: {compile: trees, preset: tiny-cpu, args: {steps: 20}}
+  mine: {command: "bash run.sh", metrics: 'step (?P<step>\\d+)'}
+fallback: [trees]
+"""
+
+
+def problems_of(text: str, tmp_path: Path) -> list[str]:
+    path = tmp_path / "lab.yaml"
+    path.write_text(textwrap.dedent(text))
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    return caught.value.problems
+
+
+def with_hosts(containers: str, host_extra: str = "address: 10.0.0.1") -> str:
+    return f"hosts:\n  pve1:\n    {host_extra}\n    containers:\n{textwrap.indent(containers, '      ')}\n"
+
+
+def test_valid_inventory_resolves_targets_with_defaults() -> None:
+    inv = parse_inventory(GOOD)
+    ct200, ct201 = inv.target("ct200"), inv.target("ct201")
+    assert (ct200.host, ct200.address, ct200.ctid, ct200.gpus) == ("pve1", "10.1.2.6", 200, (0, 1))
+    assert (ct200.user, ct200.workspace, ct200.python, ct200.port) == ("root", "/workspace", "python3", None)
+    assert (ct201.workspace, ct201.python) == ("/data", "/opt/venv/bin/python")
+    assert ct200.gpu_idle.max_memory_mib == 1024 and ct200.min_free_disk_gb == 5
+    assert inv.variant("trees").args == {"steps": 20}
+    assert inv.watch.first_step_grace_s == 900
+
+
+def test_bad_ctid_names_file_key_path_and_what_was_expected(tmp_path: Path) -> None:
+    problems = problems_of(with_hosts("ct200: {ctid: abc}"), tmp_path)
+    assert problems == [
+        f"{tmp_path}/lab.yaml: hosts.pve1.containers.ct200.ctid: expected an integer from 100 to 999999999, got 'abc'"
+    ]
+
+
+def test_every_problem_gets_its_own_line(tmp_path: Path) -> None:
+    problems = problems_of(with_hosts("ct200: {ctid: 5}\nct201: {ctid: 201, gpus: [x]}"), tmp_path)
+    assert len(problems) == 2
+    assert "hosts.pve1.containers.ct200.ctid: expected an integer from 100 to 999999999, got 5" in problems[0]
+    assert "hosts.pve1.containers.ct201.gpus.0:" in problems[1]
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path: Path) -> None:
+    problems = problems_of(with_hosts("ct200: {ctid: 200}", host_extra="adress: 10.0.0.1"), tmp_path)
+    assert any("hosts.pve1: unknown key 'adress' (did you mean 'address'?)" in line for line in problems)
+
+
+def test_unknown_key_inside_a_variant(tmp_path: Path) -> None:
+    text = with_hosts("ct200: {ctid: 200}") + "variants:\n  v: {compile: eager, prest: tiny-cpu}\n"
+    assert problems_of(text, tmp_path) == [f"{tmp_path}/lab.yaml: variants.v: unknown key 'prest' (did you mean 'preset'?)"]
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    (problem,) = problems_of("hosts:\n  pve1: {address: [unclosed\n", tmp_path)
+    assert problem.startswith(f"{tmp_path}/lab.yaml: line ") and "YAML syntax error" in problem
+
+
+def test_missing_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match="file not found"):
+        load_inventory(tmp_path / "absent.yaml")
+
+
+def test_fallback_naming_an_unknown_variant(tmp_path: Path) -> None:
+    text = with_hosts("ct200: {ctid: 200}") + "variants:\n  eager: {compile: eager}\nfallback: [eager, trees]\n"
+    (problem,) = problems_of(text, tmp_path)
+    assert "fallback.1: unknown variant 'trees'; known variants: eager" in problem
+
+
+def test_container_names_are_unique_across_hosts(tmp_path: Path) -> None:
+    text = "hosts:\n  a: {address: h1, containers: {ct: {ctid: 200}}}\n  b: {address: h2, containers: {ct: {ctid: 300}}}\n"
+    (problem,) = problems_of(text, tmp_path)
+    assert "hosts.b.containers.ct: container name already used on host 'a'" in problem
+
+
+def test_names_with_shell_metacharacters_are_rejected(tmp_path: Path) -> None:
+    (problem,) = problems_of(with_hosts("'ct;reboot': {ctid: 200}"), tmp_path)
+    assert "hosts.pve1.containers.ct;reboot: invalid container" in problem
+
+
+@pytest.mark.parametrize(
+    "variant, expected",
+    [
+        ("{compile: fast}", "variants.v.compile: expected 'eager', 'nographs', 'notrees', 'trees' or 'localtls', got 'fast'"),
+        ("{command: x, metrics: '(unclosed'}", "variants.v.metrics: expected a valid regular expression"),
+        ("{command: x, metrics: 'loss=(?P<loss>.*)'}", "variants.v.metrics: expected a regex with a named group"),
+        ("{command: x, compile: eager}", "variants.v: expected either command or compile/preset/args, got command with compile"),
+        ("{preset: tiny-cpu}", "variants.v: expected compile (built-in trainer) or command"),
+    ],
+)
+def test_variant_problems(variant: str, expected: str, tmp_path: Path) -> None:
+    (problem,) = problems_of(with_hosts("ct200: {ctid: 200}") + f"variants:\n  v: {variant}\n", tmp_path)
+    assert expected in problem
+
+
+def test_signature_pattern_must_compile(tmp_path: Path) -> None:
+    text = with_hosts("ct200: {ctid: 200}") + "signatures:\n  - {id: x, pattern: '[oops', meaning: m}\n"
+    (problem,) = problems_of(text, tmp_path)
+    assert "signatures.0.pattern: expected a valid regular expression" in problem
+
+
+def test_ssh_host_needs_an_address(tmp_path: Path) -> None:
+    (problem,) = problems_of("hosts:\n  pve1: {containers: {ct200: {ctid: 200}}}\n", tmp_path)
+    assert "hosts.pve1.address: required for transport ssh" in problem
+
+
+def test_unknown_target_and_variant_list_the_known_ones() -> None:
+    inv = parse_inventory(GOOD)
+    with pytest.raises(UnknownTarget, match="known targets: ct200, ct201"):
+        inv.target("ct999")
+    with pytest.raises(UnknownVariant, match="known variants: trees, mine"):
+        inv.variant("notrees")
+    with pytest.raises(InvalidName):
+        inv.target("ct200; rm -rf /")
+
+
+def test_builtin_inventory_is_used_without_a_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DFO_INVENTORY", raising=False)
+    inv = load_inventory(None)
+    here = inv.target("here")
+    assert (here.transport, here.ctid, here.gpus) == ("local", None, ())
+    assert here.python == sys.executable  # the local target runs the Python that runs dfo
+    assert inv.fallback == ["trees", "notrees", "nographs", "eager"]
+
+
+def test_dfo_inventory_env_var_is_honoured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "env.yaml"
+    path.write_text(GOOD)
+    monkeypatch.setenv("DFO_INVENTORY", str(path))
+    assert load_inventory(None).target_names() == ["ct200", "ct201"]
+
+
+def test_example_inventories_validate() -> None:
+    for path in (REPO / "inventory").glob("*.yaml"):
+        assert load_inventory(path).target_names(), path

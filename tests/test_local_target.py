@@ -1,0 +1,100 @@
+"""LocalTarget: the subprocess implementation of the Target contract (timeouts kill the whole group)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import CommandFailed, CommandTimeout, TransferError
+from orchestrator.remote.local import LocalTarget
+
+
+@pytest.fixture
+def local() -> LocalTarget:
+    return LocalTarget("box")
+
+
+def test_argv_is_not_interpreted_by_a_shell(local: LocalTarget) -> None:
+    result = local.run(["echo", "a;b", "$HOME"])
+    assert (result.exit_code, result.stdout) == (0, "a;b $HOME\n")
+
+
+def test_script_runs_in_sh_with_exit_code_and_stderr(local: LocalTarget) -> None:
+    result = local.run("echo out; echo err >&2; exit 3")
+    assert (result.exit_code, result.stdout, result.stderr, result.failed) == (3, "out\n", "err\n", True)
+
+
+def test_check_raises_command_failed_with_last_lines(local: LocalTarget) -> None:
+    with pytest.raises(CommandFailed, match=r"box: .* exited 4: boom"):
+        local.run("echo boom >&2; exit 4", check=True)
+
+
+def test_input_and_env_reach_the_command(local: LocalTarget) -> None:
+    result = local.run('cat; echo "$DFO_TEST_VAR"', input=b"piped\n", env={"DFO_TEST_VAR": "set"})
+    assert result.stdout == "piped\nset\n"
+
+
+def test_timeout_kills_the_whole_process_group(local: LocalTarget, tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match="box: .*timeout"):
+        local.run(f"sleep 60 & echo $! > {pid_file}; wait", timeout=0.5)
+    assert time.monotonic() - started < 5
+    assert not is_running(int(pid_file.read_text()))  # the script's background child died with it
+
+
+def is_running(pid: int) -> bool:
+    """True if `pid` is a live process (a zombie awaiting its reaper counts as dead)."""
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return False
+        if state == "Z":
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_put_copies_with_mode(local: LocalTarget, tmp_path: Path) -> None:
+    source = tmp_path / "src.bin"
+    source.write_bytes(os.urandom(4096))
+    local.put(source, str(tmp_path / "dest.bin"), mode=0o600)
+    assert (tmp_path / "dest.bin").read_bytes() == source.read_bytes()
+    assert (tmp_path / "dest.bin").stat().st_mode & 0o777 == 0o600
+
+
+def test_put_into_missing_directory_is_a_transfer_error(local: LocalTarget, tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.write_text("x")
+    with pytest.raises(TransferError, match="box: copy"):
+        local.put(source, str(tmp_path / "absent" / "dest"))
+
+
+def test_put_bytes_writes_secret_file_with_mode(local: LocalTarget, tmp_path: Path) -> None:
+    local.put_bytes(b"TOKEN=x\n", str(tmp_path / "s.env"))
+    assert (tmp_path / "s.env").read_bytes() == b"TOKEN=x\n"
+    assert (tmp_path / "s.env").stat().st_mode & 0o777 == 0o600
+
+
+def test_stream_reads_incrementally_and_times_out(local: LocalTarget) -> None:
+    with local.stream(["sh", "-c", "while read line; do echo got:$line; done"]) as stream:
+        stream.write(b"one\n")
+        assert stream.read(timeout=5) == b"got:one\n"
+        with pytest.raises(CommandTimeout):
+            stream.read(timeout=0.2)
+        assert stream.exit_code() is None
+    assert stream.exit_code() == 0  # closing stdin ended the loop
+
+
+def test_stream_returns_empty_bytes_at_eof(local: LocalTarget) -> None:
+    stream = local.stream(["echo", "done"])
+    chunks = b""
+    while chunk := stream.read(timeout=5):
+        chunks += chunk
+    stream.close()
+    assert chunks == b"done\n"
