@@ -1,0 +1,443 @@
+"""Runs on a target: launch one detached with a named log, stop it (identity-checked), tail its log.
+
+Launch follows DESIGN.md's "Detached launch" contract: `setsid nohup sh -c WRAPPER </dev/null >>LOG 2>&1 &`,
+so the run outlives the SSH session and `pct exec`; the wrapper traps TERM with a handler so it can write
+the run's exit status to LOG.exit. Secrets travel on the start script's stdin into a mode-0600 file that
+the wrapper sources and deletes before the run starts: they are never on a command line, in output, logs
+or the registry. Round trips for a launch: one probe (python, torch, package, log name), the push when the
+package is missing, one start script.
+
+This module must not decide anything about a run's health (decide/ does) and never overwrites a log:
+the log is created with noclobber, so two launches of one name cannot both start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Iterator, Mapping, Sequence
+
+from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
+from .names import check_name
+from .package import Package, PushResult, build_package, parse_probe, probe_script, push
+from .remote.base import Target
+from .store import Run, Store, utc_now
+
+DEFAULT_GRACE_S = 30.0
+PROBE_TIMEOUT = 60.0
+START_TIMEOUT = 30.0
+LOG_TIMEOUT = 30.0
+LOG_EXISTS_EXIT = 17
+KILL_SETTLE_S = 10.0
+POLL_S = 0.2
+SET_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_NAME_SUFFIX = 50
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to run where: a target's paths and one variant, resolved from the inventory (see spec_for)."""
+
+    target: str
+    host: str
+    workspace: str
+    python: str
+    variant: str
+    command: str | None = None  # a user's own command (run in the workspace) instead of the built-in trainer
+    compile: str | None = None
+    preset: str | None = None
+    args: Mapping[str, Any] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    secrets: tuple[str, ...] = ()  # names of workstation environment variables to pass through a 0600 file
+    wandb: str = "off"
+    batch: str | None = None
+    parent: str | None = None
+    chain: tuple[str, ...] = ()
+
+    @property
+    def builtin(self) -> bool:
+        return self.command is None
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A started run, the push it needed (None for a user command) and secrets that were not set locally."""
+
+    run: Run
+    push: PushResult | None
+    missing_secrets: tuple[str, ...] = ()
+
+
+def parse_sets(pairs: Sequence[str]) -> dict[str, str]:
+    """`["steps=50", "drafter.layers=2"]` -> dict; UsageError names the bad pair."""
+    values = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not SET_KEY_RE.fullmatch(key):
+            raise UsageError(f"--set {pair!r}: expected key=value with a key of letters, digits, '_', '.', '-'")
+        values[key] = value
+    return values
+
+
+def spec_for(inventory, target_name: str, variant_name: str, *, sets: Mapping[str, str] | None = None, **extra: Any) -> RunSpec:
+    """The RunSpec for a target and variant of `inventory` (an orchestrator.inventory.Inventory).
+
+    `sets` override the variant's args (built-in trainer only); `extra` sets wandb/batch/parent/chain."""
+    target = inventory.target(target_name)
+    variant = inventory.variant(variant_name)
+    if sets and variant.command is not None:
+        raise UsageError(f"--set applies to built-in trainer variants; variant {variant_name!r} runs its own command")
+    return RunSpec(
+        target=target.name,
+        host=target.host,
+        workspace=target.workspace,
+        python=target.python,
+        variant=variant_name,
+        command=variant.command,
+        compile=variant.compile,
+        preset=variant.preset,
+        args={**variant.args, **(sets or {})},
+        env=dict(variant.env),
+        secrets=tuple(inventory.secrets),
+        **extra,
+    )
+
+
+# ---------------------------------------------------------------------------------------------- paths
+
+def log_path(workspace: str, name: str) -> str:
+    return f"{workspace}/logs/{name}.log"
+
+
+def exit_path(workspace: str, name: str) -> str:
+    return f"{log_path(workspace, name)}.exit"
+
+
+def secrets_path(workspace: str, name: str) -> str:
+    return f"{workspace}/.dfo/secrets/{name}.env"
+
+
+def default_name(variant: str, now: datetime | None = None) -> str:
+    """`train_<variant>_<YYYYmmdd-HHMM>` (local time of the workstation)."""
+    return f"train_{variant}_{(now or datetime.now()):%Y%m%d-%H%M}"
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+def trainer_command(spec: RunSpec, name: str, pkg_dir: str) -> str:
+    """`PYTHONPATH=PKG PYTHON -m trainer --run-name NAME ...`: args with a dot in the key go as `--set k=v`."""
+    argv = [spec.python, "-m", "trainer", "--run-name", name]
+    if spec.compile:
+        argv += ["--variant", spec.compile]
+    if spec.preset:
+        argv += ["--preset", spec.preset]
+    for key, value in spec.args.items():
+        if not SET_KEY_RE.fullmatch(str(key)):
+            raise UsageError(f"variant {spec.variant!r}: argument name {key!r} must be letters, digits, '_', '.', '-'")
+        argv += ["--set", f"{key}={_arg(value)}"] if "." in str(key) else [f"--{key}", _arg(value)]
+    argv += ["--wandb", spec.wandb]
+    return f"PYTHONPATH={shlex.quote(pkg_dir)}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.join(argv)}"
+
+
+def _arg(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def wrapper_script(spec: RunSpec, name: str, command: str, *, with_secrets: bool) -> str:
+    """What the detached `sh -c` runs: keep TERM from killing it, load and delete the secrets, run, write $?."""
+    parts = ['trap "true" TERM']
+    if with_secrets:
+        secrets = shlex.quote(secrets_path(spec.workspace, name))
+        parts.append(f"set -a; . {secrets}; set +a; rm -f {secrets}")
+    for key, value in spec.env.items():
+        if not ENV_KEY_RE.fullmatch(key):
+            raise UsageError(f"variant {spec.variant!r}: env name {key!r} must be letters, digits and '_'")
+        parts.append(f"export {key}={shlex.quote(str(value))}")
+    # A subshell, so a user's command that says `exit` still lets the wrapper write the exit file; the newline
+    # before `)` keeps a trailing comment in the command from swallowing it.
+    return "; ".join(parts) + f"; ( {command}\n); echo $? > {shlex.quote(exit_path(spec.workspace, name))}"
+
+
+def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool) -> str:
+    """Reserve the log (noclobber), write the secrets from stdin, start the wrapper detached, print its PID and stat."""
+    q = shlex.quote
+    log, secrets = q(log_path(spec.workspace, name)), q(secrets_path(spec.workspace, name))
+    lines = [
+        f"mkdir -p {q(spec.workspace + '/logs')} {q(spec.workspace + '/.dfo/secrets')} && cd {q(spec.workspace)} || exit 1",
+        f"if ! (set -C; : > {log}) 2>/dev/null; then echo 'log exists' >&2; exit {LOG_EXISTS_EXIT}; fi",
+        f"rm -f {q(exit_path(spec.workspace, name))}",
+    ]
+    if with_secrets:
+        lines.append(f"if ! (umask 077; cat > {secrets}); then rm -f {secrets} {log}; exit 1; fi")
+    lines += [
+        f"setsid nohup sh -c {q(wrapper)} </dev/null >>{log} 2>&1 &",
+        "pid=$!",
+        "echo pid=$pid",
+        'echo "stat=$(cat /proc/$pid/stat 2>/dev/null)"',
+    ]
+    return "\n".join(lines)
+
+
+def proc_starttime(stat: str) -> int | None:
+    """Field 22 of /proc/PID/stat (clock ticks after boot); None if unreadable. The comm field may hold spaces."""
+    fields_after_comm = stat.rpartition(")")[2].split()
+    return int(fields_after_comm[19]) if len(fields_after_comm) > 19 else None
+
+
+def proc_state(stat: str) -> str | None:
+    """Field 3 of /proc/PID/stat (R, S, Z, ...); None if unreadable."""
+    fields_after_comm = stat.rpartition(")")[2].split()
+    return fields_after_comm[0] if fields_after_comm else None
+
+
+# ---------------------------------------------------------------------------------------------- launch
+
+def launch(
+    target: Target,
+    spec: RunSpec,
+    store: Store,
+    *,
+    name: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    package: Package | None = None,
+    now: datetime | None = None,
+) -> Launched:
+    """Start `spec` detached on `target` and record it. Refuses (RefusedError) a taken name, an existing log,
+    a missing python or torch; a failure halfway removes what it created and records nothing as running."""
+    check_name(spec.variant, "variant")
+    check_name(spec.target, "target")
+    environ = os.environ if environ is None else environ
+    secrets = {key: environ[key] for key in spec.secrets if key in environ}
+    missing = tuple(key for key in spec.secrets if key not in environ)
+    package = (package or build_package()) if spec.builtin else None
+    name, probe = _name_and_probe(target, spec, store, name, package, now)
+    store.add_run(_launching_run(spec, name, package))
+    try:
+        pushed = push(target, spec.workspace, package=package, store=store, target_name=spec.target, probe=probe) if package else None
+        command = trainer_command(spec, name, pushed.pkg_dir) if pushed else spec.command
+        pid, stat = _start(target, spec, name, command, secrets)
+    except BaseException as exc:
+        _abandon(target, spec, name, store, exc)
+        raise
+    run = store.update_run(
+        name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command
+    )
+    store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant})
+    return Launched(run, pushed, missing)
+
+
+def _name_and_probe(target: Target, spec: RunSpec, store: Store, name: str | None, package: Package | None, now: datetime | None) -> tuple[str, dict[str, str]]:
+    """Pick the run name and probe the target (one round trip per name tried). An explicit name that is taken
+    in the registry or has a log on the target is refused; a default name moves on to `-2`, `-3`, ..."""
+    explicit = name is not None
+    candidates = [check_name(name, "run name")] if explicit else _default_names(spec.variant, now)
+    for candidate in candidates:
+        if store.find_run(candidate):
+            if explicit:
+                raise RefusedError(f"a run named {candidate!r} already exists", hint="choose another --name")
+            continue
+        probe = _probe(target, spec, candidate, package)
+        if probe.get("log") != "exists":
+            return candidate, probe
+        if explicit:
+            raise RefusedError(
+                f"{log_path(spec.workspace, candidate)} already exists on {spec.target}; dfo never overwrites a log",
+                hint="choose another --name",
+            )
+    raise RefusedError(f"no free run name among {candidates[0]}..{candidates[-1]}", hint="pass --name")
+
+
+def _default_names(variant: str, now: datetime | None) -> list[str]:
+    base = default_name(variant, now)
+    return [base] + [f"{base}-{i}" for i in range(2, MAX_NAME_SUFFIX + 1)]
+
+
+def _probe(target: Target, spec: RunSpec, name: str, package: Package | None) -> dict[str, str]:
+    log = shlex.quote(log_path(spec.workspace, name))
+    script = f"if [ -e {log} ]; then echo log=exists; else echo log=free; fi\n"
+    if package:
+        script += probe_script(spec.workspace, package.sha256, spec.python)
+    probe = parse_probe(target.run(script, timeout=PROBE_TIMEOUT, check=True).stdout)
+    if probe.get("python") == "missing":
+        raise RefusedError(
+            f"{spec.python} not found in {spec.target}", hint="install python there or set `python:` for the container in the inventory"
+        )
+    if probe.get("torch") == "missing":
+        raise RefusedError(
+            f"{spec.python} in {spec.target} has no torch; dfo installs nothing", hint=f"install torch in {spec.target} first"
+        )
+    return probe
+
+
+def _launching_run(spec: RunSpec, name: str, package: Package | None) -> Run:
+    return Run(
+        name=name,
+        target=spec.target,
+        host=spec.host,
+        variant=spec.variant,
+        command=spec.command,
+        log_path=log_path(spec.workspace, name),
+        exit_path=exit_path(spec.workspace, name),
+        workspace=spec.workspace,
+        trainer_hash=package.sha256 if package else None,
+        parent=spec.parent,
+        chain=list(spec.chain),
+        batch=spec.batch,
+        state="launching",
+    )
+
+
+def _start(target: Target, spec: RunSpec, name: str, command: str, secrets: Mapping[str, str]) -> tuple[int, str]:
+    wrapper = wrapper_script(spec, name, command, with_secrets=bool(secrets))
+    script = start_script(spec, name, wrapper, with_secrets=bool(secrets))
+    result = target.run(script, input=_env_file(secrets) if secrets else None, timeout=START_TIMEOUT)
+    if result.exit_code == LOG_EXISTS_EXIT:
+        raise RefusedError(f"{log_path(spec.workspace, name)} appeared on {spec.target} meanwhile; dfo never overwrites a log")
+    info = parse_probe(result.stdout)
+    if result.failed or not info.get("pid", "").isdigit():
+        raise RemoteError(f"starting run {name} failed: {result.tail(3) or 'no PID printed'}", where=spec.target)
+    return int(info["pid"]), info.get("stat", "")
+
+
+def _env_file(secrets: Mapping[str, str]) -> bytes:
+    """`KEY='value'` lines for `set -a; . FILE` (values quoted for sh)."""
+    return "".join(f"{key}={shlex.quote(value)}\n" for key, value in secrets.items()).encode()
+
+
+def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseException) -> None:
+    """After a failed launch: remove the secrets file and an empty log we made; forget the run unless it may be
+    running (a start that timed out is kept as `lost`)."""
+    secrets, log = shlex.quote(secrets_path(spec.workspace, name)), shlex.quote(log_path(spec.workspace, name))
+    maybe_started = isinstance(exc, CommandTimeout)
+    cleanup = f"rm -f {secrets}" + ("" if maybe_started or _log_was_not_ours(exc) else f"; [ -s {log} ] || rm -f {log}")
+    try:
+        target.run(cleanup, timeout=START_TIMEOUT)
+    except DfoError:
+        pass  # the target is unreachable: nothing more can be removed now
+    store.add_event(name, "launch_failed", {"error": str(exc)[:500]})
+    if maybe_started:
+        store.update_run(name, state="lost", ended_at=utc_now())
+    else:
+        store.delete_run(name)
+
+
+def _log_was_not_ours(exc: BaseException) -> bool:
+    return isinstance(exc, RefusedError)
+
+
+# ---------------------------------------------------------------------------------------------- stop
+
+def identity_script(run: Run) -> str:
+    """Print the PID's stat and the exit file, then its cmdline (last: it may hold newlines)."""
+    pid, exit_file = int(run.pid), shlex.quote(run.exit_path)
+    return (
+        f'echo "stat=$(cat /proc/{pid}/stat 2>/dev/null)"\n'
+        f'echo "exit=$(cat {exit_file} 2>/dev/null)"\n'
+        f"printf cmdline=; tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null; echo"
+    )
+
+
+def kill_script(pid: int, grace_s: float, exit_file: str) -> str:
+    """SIGTERM the process group, wait up to grace_s for every non-zombie member to go, then SIGKILL it."""
+    ticks = max(1, int(grace_s / POLL_S))
+    settle = int(KILL_SETTLE_S / POLL_S)
+    return f"""
+alive() {{
+  for f in /proc/[0-9]*/stat; do
+    {{ read -r l < "$f"; }} 2>/dev/null || continue
+    set -- ${{l##*) }}
+    if [ "$3" = {pid} ] && [ "$1" != Z ]; then return 0; fi
+  done
+  return 1
+}}
+kill -TERM -{pid} 2>/dev/null
+i=0
+while alive && [ $i -lt {ticks} ]; do sleep {POLL_S}; i=$((i + 1)); done
+if alive; then
+  echo signal=KILL; kill -KILL -{pid} 2>/dev/null
+  i=0; while alive && [ $i -lt {settle} ]; do sleep {POLL_S}; i=$((i + 1)); done
+else
+  echo signal=TERM
+fi
+echo "exit=$(cat {shlex.quote(exit_file)} 2>/dev/null)"
+"""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """How a stop ended: the updated run, and which signal finished it (None if it had already ended)."""
+
+    run: Run
+    signal: str | None
+
+
+def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GRACE_S) -> Stopped:
+    """SIGTERM the run's process group, SIGKILL after `grace_s`, record how it ended.
+
+    Refuses (RefusedError) a run that is not active, and a PID that now belongs to another process."""
+    run = store.get_run(name)
+    if not run.active or run.pid is None:
+        raise RefusedError(f"run {name} is not running (state {run.state}); nothing to stop")
+    output = target.run(identity_script(run), timeout=PROBE_TIMEOUT, check=True).stdout
+    head, _, cmdline = output.partition("cmdline=")
+    info = parse_probe(head)
+    stat = info.get("stat", "")
+    if not stat or proc_state(stat) == "Z":
+        return Stopped(_record_end(store, run, info.get("exit", ""), "exited on its own before stop"), None)
+    started = proc_starttime(stat)
+    if (run.proc_starttime is not None and started != run.proc_starttime) or run.exit_path not in cmdline:
+        _record_end(store, run, info.get("exit", ""), "its PID was reused")
+        raise RefusedError(
+            f"PID {run.pid} on {run.target} is no longer run {name}: that process started at tick {started}, "
+            f"the run at tick {run.proc_starttime} (command {cmdline.strip()[:60]!r}); not signalling it",
+            hint="the run had already ended; it is now recorded as such",
+        )
+    result = target.run(kill_script(run.pid, grace_s, run.exit_path), timeout=grace_s + KILL_SETTLE_S + PROBE_TIMEOUT, check=True)
+    info = parse_probe(result.stdout)
+    ended = _record_end(store, run, info.get("exit", ""), f"stopped by dfo (SIG{info.get('signal', 'TERM')})", state="stopped")
+    return Stopped(ended, info.get("signal"))
+
+
+def _record_end(store: Store, run: Run, exit_text: str, why: str, *, state: str | None = None) -> Run:
+    """Record the end of a run from its exit file's text ('' when there is none)."""
+    code = int(exit_text) if exit_text.strip().lstrip("-").isdigit() else None
+    if state is None:
+        state = "lost" if code is None else ("exited" if code == 0 else "crashed")
+    store.add_event(run.name, "ended", {"state": state, "exit_code": code, "why": why})
+    return store.update_run(run.name, state=state, exit_code=code, ended_at=utc_now())
+
+
+# ---------------------------------------------------------------------------------------------- logs
+
+def log_tail(target: Target, run: Run, lines: int = 80) -> str:
+    """The last `lines` lines of the run's log."""
+    result = target.run(["tail", "-n", str(int(lines)), run.log_path], timeout=LOG_TIMEOUT)
+    if result.failed:
+        raise RemoteError(f"cannot read {run.log_path}: {result.tail(1)}", where=run.target, hint="the workspace may have been cleaned")
+    return result.stdout
+
+
+def follow_log(target: Target, run: Run, lines: int = 80, *, poll_s: float = 1.0) -> Iterator[bytes]:
+    """Yield the log's tail, then new bytes as they come, over one kept-open channel, until the caller stops
+    (closing the channel ends only the remote `tail`, never the run)."""
+    # `tail -F` ignores its stdin, so the script ends it when stdin closes (dfo went away or stopped following).
+    tail = shlex.join(["tail", "-n", str(int(lines)), "-F", run.log_path])
+    stream = target.stream(f"{tail} & t=$!; cat >/dev/null; kill $t 2>/dev/null")
+    try:
+        while True:
+            try:
+                chunk = stream.read(timeout=poll_s)
+            except CommandTimeout:
+                continue
+            if not chunk:
+                return
+            yield chunk
+    finally:
+        stream.close()

@@ -1,0 +1,258 @@
+"""Launch, stop and logs on this machine (LocalTarget): detached runs, refusals, identity-checked stop, secrets.
+
+These use `command:` variants and a small stand-in trainer package so they stay fast; the real tiny-cpu
+trainer and the SSH + pct paths are in tests/test_launch*.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import InvalidName, RefusedError, RemoteError
+from orchestrator.package import build_package, package_files
+from orchestrator.remote.local import LocalTarget
+from orchestrator.runs import RunSpec, follow_log, launch, log_tail, stop
+from orchestrator.store import Store
+
+FAKE_TRAINER_MAIN = """
+import os, sys, time
+print("argv", " ".join(sys.argv[1:]), flush=True)
+print("cwd", os.getcwd(), flush=True)
+for step in range(3):
+    print(f"event=step step={step} tok_s=1.0", flush=True)
+"""
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "dfo.db")
+    yield s
+    for run in s.list_runs(active=True):  # never leave a test's run behind
+        if run.pid:
+            try:
+                os.killpg(run.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    s.close()
+
+
+@pytest.fixture
+def workspace(tmp_path) -> str:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return str(ws)
+
+
+def spec(workspace: str, command: str | None = None, **kw) -> RunSpec:
+    defaults = dict(target="here", host="local", workspace=workspace, python=sys.executable, variant="v1", command=command)
+    return RunSpec(**{**defaults, **kw})
+
+
+def wait_for(predicate, timeout: float = 15.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """PIDs in process group `pgid` that are not zombies (this machine's PID 1 may not reap orphans)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
+def fake_trainer_package(tmp_path: Path):
+    trainer = tmp_path / "fake_src" / "trainer"
+    trainer.mkdir(parents=True)
+    (trainer / "__init__.py").write_text("")
+    (trainer / "__main__.py").write_text(FAKE_TRAINER_MAIN)
+    return build_package(package_files(trainer, tmp_path / "fake_src" / "no-agent.py"))
+
+
+def test_command_run_is_detached_logged_recorded_and_writes_its_exit_status(store, workspace):
+    launched = launch(LocalTarget("here"), spec(workspace, "echo hello; echo from-run; exit 3"), store, name="r1")
+    run = launched.run
+    assert run.state == "running" and run.pid > 0 and run.log_path == f"{workspace}/logs/r1.log"
+    assert run.proc_starttime is not None or not alive(run.pid)
+    exit_file = Path(run.exit_path)
+    wait_for(exit_file.exists, what="exit file")
+    assert wait_for(lambda: exit_file.read_text().strip()) == "3"
+    assert Path(run.log_path).read_text() == "hello\nfrom-run\n"
+    assert Path(workspace, "logs", "r1.log").stat().st_size > 0
+    assert [e["kind"] for e in store.events("r1")] == ["launched"]
+
+
+def test_builtin_variant_runs_the_pushed_package_with_its_arguments(store, workspace, tmp_path):
+    package = fake_trainer_package(tmp_path)
+    run_spec = spec(workspace, compile="nographs", preset="tiny-cpu", args={"steps": 5, "drafter.layers": 2})
+    launched = launch(LocalTarget("here"), run_spec, store, name="b1", package=package)
+    assert launched.push.transferred and launched.run.trainer_hash == package.sha256
+    wait_for(Path(launched.run.exit_path).exists, what="exit file")
+    log = Path(launched.run.log_path).read_text()
+    assert "argv --run-name b1 --variant nographs --preset tiny-cpu --steps 5 --set drafter.layers=2 --wandb off" in log
+    assert f"cwd {workspace}" in log and "event=step step=2" in log
+    again = launch(LocalTarget("here"), run_spec, store, name="b2", package=package)
+    assert not again.push.transferred
+
+
+def test_default_name_says_what_the_run_is_and_never_reuses_a_log(store, workspace):
+    from datetime import datetime
+
+    now = datetime(2026, 11, 29, 11, 40)
+    logs = Path(workspace, "logs")
+    logs.mkdir()
+    (logs / "train_v1_20261129-1140.log").write_text("someone else's run\n")
+    first = launch(LocalTarget("here"), spec(workspace, "true"), store, now=now).run
+    second = launch(LocalTarget("here"), spec(workspace, "true"), store, now=now).run
+    assert (first.name, second.name) == ("train_v1_20261129-1140-2", "train_v1_20261129-1140-3")
+    assert (logs / "train_v1_20261129-1140.log").read_text() == "someone else's run\n"
+
+
+def test_taken_name_and_existing_log_are_refused_without_touching_anything(store, workspace):
+    launch(LocalTarget("here"), spec(workspace, "true"), store, name="taken")
+    with pytest.raises(RefusedError, match="already exists"):
+        launch(LocalTarget("here"), spec(workspace, "echo second"), store, name="taken")
+    Path(workspace, "logs", "old.log").write_text("precious\n")
+    with pytest.raises(RefusedError, match="never overwrites"):
+        launch(LocalTarget("here"), spec(workspace, "echo clobber"), store, name="old")
+    assert Path(workspace, "logs", "old.log").read_text() == "precious\n"
+    assert store.find_run("old") is None and len(store.list_runs()) == 1
+
+
+@pytest.mark.parametrize("field,value", [("name", "x; touch /tmp/pwned"), ("name", "$(id)"), ("variant", "v`id`")])
+def test_shell_metacharacters_are_refused_before_any_remote_call(store, workspace, field, value):
+    class NoCalls(LocalTarget):
+        def run(self, *a, **kw):
+            raise AssertionError("no remote call expected")
+
+    kwargs = {"name": value} if field == "name" else {}
+    run_spec = spec(workspace, "true", **({"variant": value} if field == "variant" else {}))
+    with pytest.raises(InvalidName):
+        launch(NoCalls("here"), run_spec, store, **kwargs)
+    assert store.list_runs() == [] and os.listdir(workspace) == []
+
+
+def test_missing_python_or_torch_is_refused_and_nothing_is_written(store, workspace, tmp_path):
+    package = fake_trainer_package(tmp_path)
+    with pytest.raises(RefusedError, match="not found"):
+        launch(LocalTarget("here"), spec(workspace, compile="eager", python="/nonexistent/python3"), store, name="p", package=package)
+    no_torch = tmp_path / "python-without-torch"
+    no_torch.write_text("#!/bin/sh\nexit 1\n")
+    no_torch.chmod(0o755)
+    with pytest.raises(RefusedError, match="no torch"):
+        launch(LocalTarget("here"), spec(workspace, compile="eager", python=str(no_torch)), store, name="p", package=package)
+    assert store.list_runs() == [] and os.listdir(workspace) == []
+
+
+def test_a_launch_failing_halfway_removes_its_secrets_file_and_empty_log(store, workspace):
+    class StartFails(LocalTarget):
+        def run(self, cmd, **kw):
+            if isinstance(cmd, str) and "setsid nohup" in cmd:
+                cmd = cmd.replace("setsid nohup", "exit 1; setsid nohup")  # dies after reserving the log and secrets
+            return super().run(cmd, **kw)
+
+    run_spec = spec(workspace, "sleep 30", secrets=("DFO_TEST_TOKEN",))
+    with pytest.raises(RemoteError, match="starting run"):
+        launch(StartFails("here"), run_spec, store, name="half", environ={"DFO_TEST_TOKEN": "tok"})
+    assert store.find_run("half") is None
+    assert list(Path(workspace, "logs").iterdir()) == [] and list(Path(workspace, ".dfo", "secrets").iterdir()) == []
+    assert [e["kind"] for e in store.events("half")] == ["launch_failed"]
+
+
+def test_stop_terminates_the_process_group_and_records_the_exit(store, workspace):
+    command = "sleep 60 & sleep 61; wait"
+    run = launch(LocalTarget("here"), spec(workspace, command), store, name="s1").run
+    wait_for(lambda: alive(run.pid), what="run start")
+    started = time.monotonic()
+    result = stop(LocalTarget("here"), store, "s1", grace_s=10)
+    assert result.signal == "TERM" and time.monotonic() - started < 8
+    assert (result.run.state, result.run.exit_code) == ("stopped", 143)
+    assert not alive(run.pid)
+    assert live_group_members(run.pid) == []
+    with pytest.raises(RefusedError, match="not running"):
+        stop(LocalTarget("here"), store, "s1")
+
+
+def test_stop_escalates_to_sigkill_after_the_grace_period(store, workspace):
+    command = "trap '' TERM; while :; do sleep 0.2; done"  # ignores SIGTERM, and so do its children
+    run = launch(LocalTarget("here"), spec(workspace, command), store, name="stubborn").run
+    wait_for(lambda: alive(run.pid), what="run start")
+    time.sleep(0.3)
+    result = stop(LocalTarget("here"), store, "stubborn", grace_s=1)
+    assert result.signal == "KILL" and result.run.state == "stopped" and not alive(run.pid)
+
+
+def test_stop_refuses_a_reused_pid_and_leaves_that_process_alone(store, workspace):
+    run = launch(LocalTarget("here"), spec(workspace, "true"), store, name="old-run").run
+    wait_for(Path(run.exit_path).exists, what="run end")
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        store.update_run("old-run", pid=stranger.pid)  # as if the kernel had given the run's PID to `sleep`
+        with pytest.raises(RefusedError, match="no longer run old-run"):
+            stop(LocalTarget("here"), store, "old-run", grace_s=1)
+        assert stranger.poll() is None
+        assert store.get_run("old-run").state == "exited"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_secret_reaches_the_run_but_no_argv_log_or_registry_row(store, workspace, tmp_path):
+    value = "s3cr3t-Value-9f2c"
+    # the run matches a pattern, so the whole value is written nowhere but the workstation's environment
+    command = 'case "$DFO_TEST_TOKEN" in s3cr3t-*-9f2c) echo secret-ok;; esac; sleep 30'
+    run_spec = spec(workspace, command, secrets=("DFO_TEST_TOKEN", "DFO_UNSET_SECRET"))
+    launched = launch(LocalTarget("here"), run_spec, store, name="sec", environ={"DFO_TEST_TOKEN": value})
+    assert launched.missing_secrets == ("DFO_UNSET_SECRET",)
+    wait_for(lambda: "secret-ok" in Path(launched.run.log_path).read_text(), what="secret in the run")
+    argv = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert value not in argv
+    assert list(Path(workspace, ".dfo", "secrets").iterdir()) == []  # sourced, then deleted
+    assert value not in Path(launched.run.log_path).read_text()
+    dump = "\n".join(sqlite3.connect(store.path).iterdump())
+    assert "sec" in dump and value not in dump
+    stop(LocalTarget("here"), store, "sec", grace_s=5)
+
+
+def test_logs_tail_and_follow_see_new_lines_and_closing_never_stops_the_run(store, workspace):
+    command = "i=0; while [ $i -lt 400 ]; do echo line-$i; i=$((i + 1)); sleep 0.05; done"
+    run = launch(LocalTarget("here"), spec(workspace, command), store, name="chatty").run
+    wait_for(lambda: "line-3" in Path(run.log_path).read_text(), what="first lines")
+    assert log_tail(LocalTarget("here"), run, lines=2).count("\n") == 2
+    seen = b""
+    follower = follow_log(LocalTarget("here"), run, lines=1, poll_s=0.2)
+    for chunk in follower:
+        seen += chunk
+        if b"line-30\n" in seen:
+            break
+    follower.close()
+    assert b"line-29\n" in seen
+    time.sleep(0.3)
+    assert alive(run.pid)
+    stop(LocalTarget("here"), store, "chatty", grace_s=5)
