@@ -125,6 +125,7 @@ class ObserverBase:
         self.connected = False
         self.last_news = time.time()  # when the channel last said anything
         self.lost_at: float | None = None  # last news before the current drop
+        self.gpu_error: dict | None = None  # the last gpu_error reported, until a sample comes
         self.thread = threading.Thread(target=self._serve, name=f"observe-{self.source}", daemon=True)
 
     # -- public
@@ -231,10 +232,14 @@ class ObserverBase:
             self._emit("proc", tracker.spec.run, data={"alive": alive, "exit_code": exit_code})
 
     def _on_gpu(self, header: dict, payload: bytes | None) -> None:
+        self.gpu_error = None
         self._emit("gpu", data={"ts": header.get("ts"), "gpus": header.get("gpus") or []})
 
     def _on_gpu_error(self, header: dict, payload: bytes | None) -> None:
-        self._emit("gpu_error", data={"text": header.get("text"), "code": header.get("code")})
+        error = {"text": header.get("text"), "code": header.get("code")}
+        if error != self.gpu_error:  # poll mode repeats it every round trip; say it once
+            self.gpu_error = error
+            self._emit("gpu_error", data=error)
 
     def _on_error(self, header: dict, payload: bytes | None) -> None:
         self._emit("error", data={"text": header.get("text")})
@@ -277,7 +282,7 @@ class Observer(ObserverBase):
         finally:
             with self.lock:
                 self.stream = None
-            stream.close()
+            close_quietly(stream)
 
     def _pump(self, stream: Stream) -> str:
         decoder = FrameDecoder()
@@ -357,3 +362,11 @@ class PollObserver(ObserverBase):
 
 def encode_command(command: dict) -> bytes:
     return json.dumps(command, separators=(",", ":")).encode() + b"\n"
+
+
+def close_quietly(stream: Stream) -> None:
+    """Close a channel that is already given up on: its own failure to close changes nothing."""
+    try:
+        stream.close()
+    except (DfoError, OSError, ValueError):
+        pass
