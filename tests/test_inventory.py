@@ -156,3 +156,9 @@ def test_dfo_inventory_env_var_is_honoured(tmp_path: Path, monkeypatch: pytest.M
 def test_example_inventories_validate() -> None:
     for path in (REPO / "inventory").glob("*.yaml"):
         assert load_inventory(path).target_names(), path
+
+
+def test_the_reference_example_validates() -> None:
+    doc = (REPO / "docs" / "inventory.md").read_text()
+    example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert parse_inventory(example).target("ct201").workspace == "/data/workspace"
