@@ -8,6 +8,7 @@ a namespace the test created.
 from __future__ import annotations
 
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -20,6 +21,8 @@ from . import STANDIN_BIN
 SSHD = "/usr/sbin/sshd"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 START_TIMEOUT_S = 10.0
+MASK_RC_SCRIPT = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+"""Run by `unshare --mount`: lay an empty file over root's ~/.bashrc for this sshd (and its sessions) only."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -122,12 +125,24 @@ class SshServer:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege-separation dir sshd insists on
         self.config_path.write_text(self._config_text())
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        argv = [SSHD, "-D", "-E", str(self.log_path), "-f", str(self.config_path)]
+        argv = self._masking_root_bashrc([SSHD, "-D", "-E", str(self.log_path), "-f", str(self.config_path)])
         if self.netns:
             argv = ["ip", "netns", "exec", self.netns, *argv]
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True)
         self._wait_listening(offset)
         return self
+
+    def _masking_root_bashrc(self, argv: list[str]) -> list[str]:
+        """Sessions should start like a stock Proxmox root login: bash sources ~/.bashrc for ssh commands, and
+        a developer's (pyenv init and the like) can cost half a second per command. The file is hidden in a
+        private mount namespace of this sshd only; nothing on the machine changes."""
+        bashrc = Path(pwd.getpwuid(0).pw_dir) / ".bashrc"
+        if os.geteuid() != 0 or not bashrc.is_file():
+            return argv
+        empty = self.workdir / "empty_bashrc"
+        empty.write_text("")
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", MASK_RC_SCRIPT, "sh",
+                str(empty), str(bashrc), *argv]
 
     def _wait_listening(self, log_offset: int) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

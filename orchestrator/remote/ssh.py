@@ -1,0 +1,395 @@
+"""SshTarget: commands on a host over ONE kept-open SSH connection (paramiko, with fabric reading ~/.ssh/config).
+
+The connection opens lazily on first use and is shared by every command, transfer and stream (a channel
+each), from any number of threads. ~/.ssh/config is honoured (aliases, HostName, User, Port, IdentityFile,
+ProxyJump), as are ssh-agent and the default key files. Host keys are checked against known_hosts: an
+unknown key is refused unless the caller opted in (then it is recorded, like OpenSSH's accept-new); a
+changed key is always refused.
+
+This is the only module that imports paramiko or fabric, and `_mapped_errors` is the one place where their
+exceptions (and socket errors) become errors.py classes. It must never add a host key silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shlex
+import socket
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Iterator
+
+import paramiko
+from fabric import Config, Connection
+
+from ..errors import AuthError, CommandFailed, CommandTimeout, ConnectError, DfoError, HostKeyChanged, HostKeyUnknown, TransferError
+from .base import DEFAULT_TIMEOUT, Command, Result, Stream, Target, render
+
+MAX_PARALLEL_COMMANDS = 8
+"""Concurrent short-lived channels per connection; OpenSSH's default MaxSessions is 10 (streams use the rest)."""
+POLL_S = 0.2
+STDERR_TAIL_BYTES = 8192
+ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+class SshTarget(Target):
+    """A host reached over SSH. `name` is what messages call it; `host` an address or ~/.ssh/config alias."""
+
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        *,
+        port: int | None = None,
+        user: str | None = None,
+        connect_timeout: float = 10.0,
+        accept_new_host_key: bool = False,
+        known_hosts: str | Path | None = None,
+        ssh_config: str | Path | None = None,
+    ) -> None:
+        self.name = name
+        self.connect_timeout = connect_timeout
+        self.accept_new_host_key = accept_new_host_key
+        self._connection = _resolve(host, port=port, user=user, ssh_config=ssh_config)
+        self.host, self.port, self.user = self._connection.host, int(self._connection.port), self._connection.user
+        self.known_hosts = Path(known_hosts) if known_hosts else _known_hosts_path(self._connection)
+        self._open_lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(MAX_PARALLEL_COMMANDS)
+
+    def __repr__(self) -> str:
+        return f"<SshTarget {self.name} {self.user}@{self.host}:{self.port}>"
+
+    # -- connection ---------------------------------------------------------------------------------------
+
+    def _transport(self) -> paramiko.Transport:
+        """The kept-open transport, opened on first use (and again if the host dropped it)."""
+        with self._open_lock:
+            if not self._connection.is_connected:
+                self._open()
+            return self._connection.transport
+
+    def _open(self) -> None:
+        client = self._connection.client
+        client.get_host_keys().clear()
+        client._system_host_keys.clear()
+        if self.known_hosts.exists():
+            client.load_system_host_keys(str(self.known_hosts))
+        client.set_missing_host_key_policy(_RecordOrRefuse(self))
+        self._connection.connect_timeout = None  # fabric rounds it to whole seconds; it goes in connect_kwargs
+        self._connection.connect_kwargs.update(
+            timeout=self.connect_timeout, banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout
+        )
+        with self._mapped_errors("connect"):
+            self._connection.open()
+        self._connection.transport.set_keepalive(30)
+
+    def close(self) -> None:
+        with self._open_lock:
+            self._connection.close()
+            if self._connection.gateway is not None and not isinstance(self._connection.gateway, str):
+                self._connection.gateway.close()
+
+    # -- commands -----------------------------------------------------------------------------------------
+
+    def run(
+        self,
+        cmd: Command,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        input: bytes | None = None,
+        check: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> Result:
+        command = _with_env(render(cmd), env)
+        started = time.monotonic()
+        deadline = started + timeout
+        with self._slots, self._channel(_reporting_pgid(command), timeout) as channel:
+            with self._mapped_errors(command, timeout=timeout):
+                _send_input(channel, input, deadline)
+                stdout, stderr = _collect(channel, deadline)
+            exit_code = channel.recv_exit_status() if stdout is not None else None
+        pgid, stderr = _split_pgid(stderr)
+        if stdout is None:
+            self._kill_group(pgid)
+            raise CommandTimeout(f"{command[:120]} ran past its {timeout:g}s timeout", where=self.name)
+        result = Result(command, exit_code, stdout.decode(errors="replace"), stderr.decode(errors="replace"),
+                        time.monotonic() - started)
+        if check and result.failed:
+            raise CommandFailed(result, where=self.name)
+        return result
+
+    def _kill_group(self, pgid: int | None) -> None:
+        """SIGKILL a timed-out command's process group. sshd will not signal a root session for us (the
+        RFC 4254 "signal" request needs privilege separation, which root logins skip), so a fresh channel
+        does it. Detached runs started with setsid are in their own groups and are left alone."""
+        if pgid is None:
+            return
+        with contextlib.suppress(DfoError):
+            self.run(["kill", "-KILL", "--", f"-{pgid}"], timeout=self.connect_timeout)
+
+    @contextlib.contextmanager
+    def _channel(self, command: str, timeout: float) -> Iterator[paramiko.Channel]:
+        """A session channel running `command`, closed on the way out."""
+        transport = self._transport()
+        with self._mapped_errors(command, timeout=timeout):
+            channel = transport.open_session(timeout=min(timeout, self.connect_timeout))
+            channel.exec_command(command)
+        try:
+            yield channel
+        finally:
+            channel.close()
+
+    def put(self, local: Path, remote: str, *, mode: int = 0o644, timeout: float = 120.0) -> None:
+        local = Path(local)
+        size = local.stat().st_size
+        with self._slots, self._mapped_errors(f"put {remote}", timeout=timeout):
+            sftp = paramiko.SFTPClient.from_transport(self._transport())
+            try:
+                sftp.get_channel().settimeout(timeout)
+                try:
+                    sftp.put(str(local), remote, confirm=False)
+                    sftp.chmod(remote, mode)
+                    remote_size = sftp.stat(remote).st_size
+                except OSError as exc:
+                    raise TransferError(f"copy {local} -> {remote} failed: {exc.strerror or exc}", where=self.name) from None
+            finally:
+                sftp.close()
+        if remote_size != size:
+            raise TransferError(f"{remote} has {remote_size} bytes after the copy, {local} has {size}", where=self.name)
+
+    def stream(self, cmd: Command) -> "SshStream":
+        command = render(cmd)
+        transport = self._transport()
+        with self._mapped_errors(command):
+            channel = transport.open_session(timeout=self.connect_timeout)
+            channel.exec_command(command)
+        return SshStream(channel, self)
+
+    # -- the one place library errors are mapped ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _mapped_errors(self, action: str, *, timeout: float | None = None) -> Iterator[None]:
+        """Turn paramiko's and the socket layer's exceptions into dfo's error tree."""
+        address = f"{self.host}:{self.port}"
+        try:
+            yield
+        except DfoError:
+            raise
+        except paramiko.BadHostKeyException as exc:
+            raise _changed_key(self, exc.hostname, exc.key) from None
+        except paramiko.AuthenticationException as exc:
+            raise AuthError(f"{self.user}@{address} rejected our keys ({exc})",
+                            where=self.name, hint="add your public key to the host's authorized_keys or set IdentityFile in ~/.ssh/config") from None
+        except socket.gaierror:
+            raise ConnectError(f"cannot resolve host name {self.host!r}", where=self.name,
+                               hint="check the address in the inventory or HostName in ~/.ssh/config") from None
+        except (socket.timeout, TimeoutError):
+            if action == "connect":
+                raise ConnectError(f"no answer from {address} within {self.connect_timeout:g}s", where=self.name,
+                                   hint="check that the host is up and the address/port are right") from None
+            raise CommandTimeout(f"{action[:120]} ran past its {timeout:g}s timeout", where=self.name) from None
+        except paramiko.ssh_exception.NoValidConnectionsError:
+            raise ConnectError(f"connection to {address} refused", where=self.name,
+                               hint="check that sshd runs there and the port is right") from None
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            what = "connect" if action == "connect" else "connection lost"
+            raise ConnectError(f"{what} to {address} failed: {exc or type(exc).__name__}", where=self.name,
+                               hint="check that the host is up; dfo reconnects on the next command") from None
+
+
+class SshStream(Stream):
+    """A long-lived command on an exec channel: non-blocking reads of stdout (stderr drained into a tail)."""
+
+    def __init__(self, channel: paramiko.Channel, target: SshTarget) -> None:
+        self._channel = channel
+        self._target = target
+        self._stderr = deque(maxlen=STDERR_TAIL_BYTES)
+
+    def read(self, n: int = 65536, timeout: float | None = None) -> bytes:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._target._mapped_errors("stream read", timeout=timeout):
+            while True:
+                self._drain_stderr()
+                if self._channel.recv_ready() or self._channel.eof_received:
+                    return self._channel.recv(n)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise CommandTimeout(f"no output within {timeout:g}s", where=self._target.name)
+                select.select([self._channel], [], [], POLL_S if remaining is None else min(remaining, POLL_S))
+
+    def _drain_stderr(self) -> None:
+        while self._channel.recv_stderr_ready():
+            self._stderr.extend(self._channel.recv_stderr(65536))
+
+    def stderr_tail(self) -> str:
+        """The last few KB the command wrote to stderr (for error messages)."""
+        self._drain_stderr()
+        return bytes(self._stderr).decode(errors="replace")
+
+    def write(self, data: bytes) -> None:
+        with self._target._mapped_errors("stream write"):
+            self._channel.sendall(data)
+
+    def close(self) -> None:
+        if self._channel.closed:
+            return
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            self._channel.shutdown_write()
+            deadline = time.monotonic() + 2.0
+            while not self._channel.exit_status_ready() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        self._channel.close()
+
+    def exit_code(self) -> int | None:
+        return self._channel.recv_exit_status() if self._channel.exit_status_ready() else None
+
+
+# -- host keys ----------------------------------------------------------------------------------------------
+
+
+class _RecordOrRefuse(paramiko.MissingHostKeyPolicy):
+    """Called by paramiko for a key known_hosts lacks: record it if the user opted in, else refuse."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.target = target
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        target = self.target
+        if client.get_host_keys().lookup(hostname) or client._system_host_keys.lookup(hostname):
+            raise _changed_key(target, hostname, key)  # known with another key type: treat as changed
+        if not target.accept_new_host_key:
+            raise HostKeyUnknown(
+                f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in {target.known_hosts}",
+                where=target.name,
+                hint=f"check the fingerprint, then run `dfo hostkey trust {target.name}` or pass --accept-new-host-key",
+            )
+        record_host_key(target.known_hosts, hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _changed_key(target: SshTarget, hostname: str, key: paramiko.PKey) -> HostKeyChanged:
+    return HostKeyChanged(
+        f"HOST KEY CHANGED for {hostname}: it now offers {key.get_name()} {key.fingerprint}, which differs from "
+        f"{target.known_hosts}; refusing to connect (this can be a man-in-the-middle attack)",
+        where=target.name,
+        hint=f"if the host was reinstalled, run `ssh-keygen -R '{hostname}' -f {target.known_hosts}` and trust it again",
+    )
+
+
+def record_host_key(known_hosts: Path, hostname: str, key: paramiko.PKey) -> None:
+    """Append a plain OpenSSH known_hosts line for `hostname` (`[host]:port` form off port 22)."""
+    known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(known_hosts, "a") as handle:
+        handle.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def trust_host_key(
+    host: str,
+    *,
+    port: int | None = None,
+    known_hosts: str | Path | None = None,
+    ssh_config: str | Path | None = None,
+    timeout: float = 10.0,
+) -> str:
+    """Fetch `host`'s key and record it in known_hosts (for `dfo hostkey trust`); return its fingerprint.
+
+    A host already trusted with the same key is left alone; one recorded with a different key raises
+    HostKeyChanged (the old entry must be removed deliberately)."""
+    target = SshTarget(host, host, port=port, connect_timeout=timeout, known_hosts=known_hosts, ssh_config=ssh_config)
+    hostname = target.host if target.port == 22 else f"[{target.host}]:{target.port}"
+    with target._mapped_errors("connect"):
+        with socket.create_connection((target.host, target.port), timeout=timeout) as sock:
+            transport = paramiko.Transport(sock)
+            try:
+                transport.banner_timeout = timeout
+                transport.start_client(timeout=timeout)
+                key = transport.get_remote_server_key()
+            finally:
+                transport.close()
+    known = paramiko.HostKeys(str(target.known_hosts)) if target.known_hosts.exists() else paramiko.HostKeys()
+    recorded = known.lookup(hostname)
+    if recorded:
+        if recorded.get(key.get_name()) == key:
+            return key.fingerprint
+        raise _changed_key(target, hostname, key)
+    record_host_key(target.known_hosts, hostname, key)
+    return key.fingerprint
+
+
+# -- helpers ------------------------------------------------------------------------------------------------
+
+
+def _resolve(host: str, *, port: int | None, user: str | None, ssh_config: str | Path | None) -> Connection:
+    """A not-yet-open fabric Connection with ~/.ssh/config (or `ssh_config`) applied to `host`."""
+    if ssh_config is not None:
+        config = Config(runtime_ssh_path=str(ssh_config))
+    else:
+        config = Config(user_ssh_path=os.path.expanduser("~/.ssh/config"))
+    return Connection(host, user=user, port=port, config=config)
+
+
+def _known_hosts_path(connection: Connection) -> Path:
+    """UserKnownHostsFile from ssh config if set, else ~/.ssh/known_hosts."""
+    configured = connection.ssh_config.get("userknownhostsfile")
+    if configured:
+        return Path(os.path.expanduser(configured.split()[0]))
+    return Path(os.path.expanduser("~/.ssh/known_hosts"))
+
+
+def _with_env(command: str, env: dict[str, str] | None) -> str:
+    if not env:
+        return command
+    for key in env:
+        if not key or key[0].isdigit() or set(key) - ENV_NAME_CHARS:
+            raise ValueError(f"invalid environment variable name {key!r}")
+    return "env " + " ".join(shlex.quote(f"{key}={value}") for key, value in env.items()) + " " + command
+
+
+def _send_input(channel: paramiko.Channel, data: bytes | None, deadline: float) -> None:
+    """Feed stdin (if any) and close it, so commands reading stdin see EOF."""
+    if data:
+        channel.settimeout(max(deadline - time.monotonic(), 0.001))
+        channel.sendall(data)
+        channel.settimeout(None)
+    channel.shutdown_write()
+
+
+def _collect(channel: paramiko.Channel, deadline: float) -> tuple[bytes | None, bytes]:
+    """Read stdout and stderr until the command exits; (None, stderr) if the deadline passes first."""
+    stdout, stderr = bytearray(), bytearray()
+    while True:
+        while channel.recv_ready():
+            stdout += channel.recv(65536)
+        while channel.recv_stderr_ready():
+            stderr += channel.recv_stderr(65536)
+        if channel.exit_status_ready() and channel.eof_received and not channel.recv_ready() and not channel.recv_stderr_ready():
+            return bytes(stdout), bytes(stderr)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None, bytes(stderr)
+        if channel.eof_received:  # output done, exit status still in flight: select would spin
+            channel.status_event.wait(min(remaining, POLL_S))
+        else:
+            select.select([channel], [], [], min(remaining, POLL_S))
+
+
+PGID_MARK = b"\x1edfo-pgid:"
+"""Prefix of the first stderr line of every `run`: the command's process group, stripped before callers see it."""
+
+
+def _reporting_pgid(command: str) -> str:
+    """`command`, preceded by a report of its process group (sshd makes the session's shell a group leader)."""
+    return f"printf '\\036dfo-pgid:%s\\n' $$ >&2; exec {command}"
+
+
+def _split_pgid(stderr: bytes) -> tuple[int | None, bytes]:
+    """The process group reported by `_reporting_pgid` and the command's own stderr."""
+    if not stderr.startswith(PGID_MARK) or b"\n" not in stderr:
+        return None, stderr
+    line, _, rest = stderr.partition(b"\n")
+    pgid = line[len(PGID_MARK):]
+    return (int(pgid) if pgid.isdigit() else None), rest

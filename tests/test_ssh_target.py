@@ -1,0 +1,159 @@
+"""SshTarget against a real OpenSSH server: commands, transfers and streams over one kept-open connection,
+~/.ssh/config honoured, host keys verified (unknown refused unless opted in, changed always refused), and
+every failure a dfo error with a message a user can act on."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import AuthError, CommandFailed, CommandTimeout, ConnectError, HostKeyChanged, HostKeyUnknown, TransferError
+from orchestrator.remote.ssh import SshTarget, trust_host_key
+
+
+@pytest.fixture
+def target(ssh_home):
+    """The `testhost` alias of ~/.ssh/config: no address, port, user or key given here."""
+    ssh = SshTarget("pve1", "testhost")
+    yield ssh
+    ssh.close()
+
+
+def test_alias_resolves_through_ssh_config(target, sshd):
+    assert (target.host, target.port, target.user) == (sshd.host, sshd.port, "root")
+
+
+def test_run_argv_is_quoted_and_script_runs_in_sh(target):
+    result = target.run(["printf", "%s|", "two words", "$HOME", "a;b"])
+    assert (result.exit_code, result.stdout) == (0, "two words|$HOME|a;b|")
+    result = target.run("echo out; echo err >&2; exit 3")
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+
+
+def test_run_feeds_input_and_env(target):
+    assert target.run(["cat"], input=b"payload\x00bytes").stdout == "payload\x00bytes"
+    assert target.run("echo $GREETING", env={"GREETING": "hello 'there'"}).stdout == "hello 'there'\n"
+    assert target.run(["cat"]).stdout == ""  # stdin closed: a reader sees EOF, it does not hang
+
+
+def test_check_raises_command_failed_with_exit_code_and_last_lines(target):
+    with pytest.raises(CommandFailed) as caught:
+        target.run("echo boom >&2; exit 4", check=True)
+    assert caught.value.result.exit_code == 4
+    assert "exited 4: boom" in str(caught.value) and str(caught.value).startswith("pve1: ")
+
+
+def test_timeout_raises_and_kills_the_remote_command(target):
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match="timeout"):
+        target.run("sleep 987.5", timeout=0.5)
+    assert time.monotonic() - started < 3
+    deadline = time.monotonic() + 3
+    while target.run("pgrep -f 'sleep 98[7].5' || true").stdout.strip():
+        assert time.monotonic() < deadline, "the timed-out command is still running"
+        time.sleep(0.1)
+
+
+def test_many_commands_from_many_threads_share_one_connection(target, sshd):
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: target.run(["echo", str(i)]).stdout, range(40)))
+    assert results == [f"{i}\n" for i in range(40)]
+    assert sshd.accepted_connections() == 1
+
+
+def test_put_copies_bytes_and_mode(target, tmp_path):
+    src = tmp_path / "blob"
+    src.write_bytes(bytes(range(256)) * 4000)
+    dest = tmp_path / "copied"
+    target.put(src, str(dest), mode=0o600)
+    assert dest.read_bytes() == src.read_bytes()
+    assert dest.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(TransferError, match="no/such/dir"):
+        target.put(src, str(tmp_path / "no/such/dir/blob"))
+
+
+def test_put_bytes_writes_without_command_line(target, tmp_path):
+    target.put_bytes(b"TOKEN=secret\n", str(tmp_path / "run.env"))
+    assert (tmp_path / "run.env").read_bytes() == b"TOKEN=secret\n"
+    assert (tmp_path / "run.env").stat().st_mode & 0o777 == 0o600
+
+
+def test_stream_reads_incrementally_writes_stdin_and_reports_exit(target):
+    with target.stream("while read line; do echo got:$line; done; exit 7") as stream:
+        with pytest.raises(CommandTimeout):
+            stream.read(timeout=0.2)  # nothing yet
+        stream.write(b"one\n")
+        assert stream.read(timeout=5) == b"got:one\n"
+        assert stream.exit_code() is None
+        stream.close()
+        assert stream.exit_code() == 7
+
+
+def test_refused_port_is_a_connect_error(ssh_home, sshd):
+    sshd.stop()
+    with pytest.raises(ConnectError, match="refused"):
+        SshTarget("pve1", "testhost").run("true")
+
+
+def test_silent_host_fails_within_the_connect_timeout(ssh_home):
+    with socket.socket() as silent:  # accepts TCP (backlog) but never speaks SSH
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        started = time.monotonic()
+        with pytest.raises(ConnectError):
+            SshTarget("pve9", "127.0.0.1", port=silent.getsockname()[1], connect_timeout=1.0).run("true")
+        assert time.monotonic() - started < 3
+
+
+def test_wrong_client_key_is_an_auth_error(ssh_home):
+    ssh_home.wrong_client_key()
+    with pytest.raises(AuthError, match="rejected"):
+        SshTarget("pve1", "testhost").run("true")
+
+
+def test_unknown_host_key_refused_then_recorded_after_opt_in(ssh_home, sshd):
+    ssh_home.empty_known_hosts()
+    with pytest.raises(HostKeyUnknown) as caught:
+        SshTarget("pve1", "testhost").run("true")
+    assert "dfo hostkey trust pve1" in str(caught.value) and "--accept-new-host-key" in str(caught.value)
+    assert ssh_home.known_hosts.read_text() == ""  # never added silently
+    assert SshTarget("pve1", "testhost", accept_new_host_key=True).run("true").ok
+    assert sshd.host_key_pub.split()[1] in ssh_home.known_hosts.read_text()
+    assert SshTarget("pve1", "testhost").run("true").ok  # trusted from now on
+
+
+def test_changed_host_key_is_refused_even_with_opt_in(ssh_home):
+    ssh_home.wrong_known_hosts("testhost")
+    before = ssh_home.known_hosts.read_text()
+    with pytest.raises(HostKeyChanged, match="HOST KEY CHANGED"):
+        SshTarget("pve1", "testhost", accept_new_host_key=True).run("true")
+    assert ssh_home.known_hosts.read_text() == before
+
+
+def test_trust_host_key_records_once_and_refuses_a_changed_key(ssh_home, sshd):
+    ssh_home.empty_known_hosts()
+    fingerprint = trust_host_key("testhost")
+    assert fingerprint.startswith("SHA256:")
+    assert trust_host_key("testhost") == fingerprint
+    assert ssh_home.known_hosts.read_text().count("\n") == 1
+    assert SshTarget("pve1", "testhost").run("true").ok
+    ssh_home.wrong_known_hosts("testhost")
+    with pytest.raises(HostKeyChanged):
+        trust_host_key("testhost")
+
+
+def test_explicit_address_port_user_and_known_hosts(sshd, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh at all
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    known = tmp_path / "kh"
+    known.write_text(sshd.known_hosts_line())
+    config = tmp_path / "ssh_config"
+    config.write_text(f"Host *\n    IdentityFile {sshd.client_key}\n")
+    ssh = SshTarget("h", sshd.host, port=sshd.port, user="root", known_hosts=known, ssh_config=config)
+    assert ssh.run(["id", "-u"]).stdout == "0\n"
+    ssh.close()
