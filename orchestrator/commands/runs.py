@@ -1,0 +1,202 @@
+"""`dfo push`, `dfo launch`, `dfo runs`, `dfo logs` and `dfo stop`: parse, call package/runs/store, render.
+
+The mechanics live in orchestrator/package.py, runs.py and store.py; this module holds no SSH or SQL, and
+never prints a secret (launch only reports which secret names were missing).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from .. import runs as runs_lib
+from ..connections import Connections
+from ..errors import RefusedError
+from ..inventory import TargetSpec, load_inventory
+from ..names import check_name
+from ..package import push
+from ..store import Run, Store
+from .common import InventoryOpt, JsonOpt, console, err_console, print_json
+
+GPU_CHECKS = ("gpus_idle", "compute_apps")
+EXAMPLES = {
+    "push": "Example: dfo push --host ct200 -i inventory/lab.yaml",
+    "launch": "Example: dfo launch --host ct200 --variant nographs --set steps=2000   (then: dfo watch NAME)",
+    "runs": "Example: dfo runs --active   |   dfo runs --batch sweep1 --json",
+    "logs": "Example: dfo logs train_nographs_20261129-1140 -n 200 -f",
+    "stop": "Example: dfo stop train_nographs_20261129-1140 --grace 60",
+}
+
+HostOpt = typer.Option(..., "--host", help="Target (container name from the inventory), e.g. ct200.", metavar="TARGET")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("push", help="Copy the trainer package into a target if it lacks this exact version.", epilog=EXAMPLES["push"])(push_command)
+    app.command(
+        "launch",
+        help="Preflight a target, push the trainer if needed, start a run detached with a named log, record it.",
+        epilog=EXAMPLES["launch"],
+    )(launch_command)
+    app.command("runs", help="List the runs in the registry (name, target, variant, state, PID, decision).", epilog=EXAMPLES["runs"])(
+        runs_command
+    )
+    app.command("logs", help="Show the tail of a run's log; -f follows it until Ctrl-C (the run goes on).", epilog=EXAMPLES["logs"])(
+        logs_command
+    )
+    app.command(
+        "stop",
+        help="SIGTERM a run's process group, SIGKILL after the grace period, record how it ended (checks the PID is still the run's).",
+        epilog=EXAMPLES["stop"],
+    )(stop_command)
+
+
+def push_command(host: str = HostOpt, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
+    inv = load_inventory(inventory)
+    spec = inv.target(host)
+    with Connections(inv) as connections, Store() as store:
+        result = push(connections.container(host), spec.workspace, python=spec.python, store=store, target_name=host)
+    if as_json:
+        print_json({"target": host, "hash": result.sha256, "transferred": result.transferred, "bytes": result.bytes_sent,
+                    "python_found": result.python_found, "torch_found": result.torch_found})
+    elif result.transferred:
+        console.print(f"{host}: pushed trainer {result.sha256[:12]} ({result.bytes_sent} bytes) to {result.pkg_dir}")
+    else:
+        console.print(f"{host}: already has trainer {result.sha256[:12]}; nothing transferred")
+    _warn_python(spec, result.python_found, result.torch_found)
+
+
+def _warn_python(spec: TargetSpec, python_found: bool | None, torch_found: bool | None) -> None:
+    if python_found is False:
+        err_console.print(f"warning: {spec.python} not found in {spec.name}: set `python:` for it in the inventory")
+    elif torch_found is False:
+        err_console.print(f"warning: {spec.python} in {spec.name} has no torch: install it there (dfo installs nothing)")
+
+
+def launch_command(
+    host: str = HostOpt,
+    variant: str = typer.Option(..., "--variant", help="Variant name from the inventory, e.g. nographs."),
+    name: Optional[str] = typer.Option(None, "--name", help="Run name (default: train_<variant>_<YYYYmmdd-HHMM>)."),
+    sets: list[str] = typer.Option([], "--set", help="Override a trainer argument: key=value (repeatable).", metavar="KEY=VALUE"),
+    force: bool = typer.Option(False, "--force", help="Start even when the target's GPUs look busy."),
+    no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip the preflight checks."),
+    wandb: str = typer.Option("off", "--wandb", help="Weights & Biases mode passed to the built-in trainer: off|offline|online."),
+    inventory: Optional[Path] = InventoryOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    if name is not None:
+        check_name(name, "run name")  # before any connection: a bad name costs nothing
+    inv = load_inventory(inventory)
+    spec = runs_lib.spec_for(inv, host, variant, sets=runs_lib.parse_sets(sets), wandb=wandb)
+    with Connections(inv) as connections:
+        if not no_preflight:
+            _preflight_or_refuse(connections, inv.target(host), force=force)
+        with Store() as store:
+            launched = runs_lib.launch(connections.container(host), spec, store, name=name)
+    for missing in launched.missing_secrets:
+        err_console.print(f"warning: secret {missing} is not set in this environment; the run starts without it")
+    run = launched.run
+    if as_json:
+        print_json({"run": run.name, "target": run.target, "pid": run.pid, "log": run.log_path, "exit": run.exit_path,
+                    "trainer_hash": run.trainer_hash, "pushed": bool(launched.push and launched.push.transferred),
+                    "next": f"dfo watch {run.name}"})
+        return
+    console.print(f"launched [bold]{run.name}[/] on {run.target} (PID {run.pid})", highlight=False)
+    console.print(f"  log:  {run.log_path}", highlight=False)
+    console.print(f"  next: dfo watch {run.name}", highlight=False)
+
+
+def _preflight_or_refuse(connections: Connections, spec: TargetSpec, *, force: bool) -> None:
+    """Refuse on a failed check. Tolerated: busy GPUs with --force; no nvidia-smi on a target that lists no GPUs
+    (a CPU run); a missing workspace (launch creates it)."""
+    from ..preflight import preflight
+
+    report = preflight(connections, [spec.name])[0]
+    blocking = []
+    for check in report.checks:
+        if check.ok or check.skipped:
+            continue
+        if check.name in GPU_CHECKS and force:
+            err_console.print(f"warning: {check.name}: {check.detail} (starting anyway: --force)")
+        elif check.name == "nvidia_smi" and not spec.gpus:
+            err_console.print(f"note: no GPU answered on {spec.name} ({check.detail}); the run starts without GPUs")
+        elif check.name == "workspace" and "does not exist" in check.detail:
+            continue
+        else:
+            blocking.append(f"{check.name}: {check.detail}")
+    if blocking:
+        hint = "pass --force to start on busy GPUs" if all(b.split(":")[0] in GPU_CHECKS for b in blocking) else "fix it, or pass --no-preflight"
+        raise RefusedError(f"preflight of {spec.name} failed: {'; '.join(blocking)}", hint=hint)
+
+
+def runs_command(
+    batch: Optional[str] = typer.Option(None, "--batch", help="Only runs of this batch."),
+    active: bool = typer.Option(False, "--active", help="Only launching/running runs."),
+    as_json: bool = JsonOpt,
+) -> None:
+    with Store() as store:
+        runs = store.list_runs(batch=batch, active=True if active else None)
+    if as_json:
+        print_json([run.as_dict() for run in runs])
+        return
+    table = Table(title="runs")
+    for column in ("name", "target", "variant", "state", "started", "PID", "exit", "decision"):
+        table.add_column(column, overflow="fold")
+    for run in runs:
+        table.add_row(run.name, run.target, run.variant or "", run.state, (run.started_at or "")[:19].replace("T", " "),
+                      _text(run.pid), _text(run.exit_code), (run.decision or {}).get("decision", ""))
+    console.print(table)
+
+
+def _text(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def logs_command(
+    name: str = typer.Argument(..., help="Run name (see `dfo runs`)."),
+    lines: int = typer.Option(80, "-n", "--lines", help="How many lines of the tail to show.", min=0),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until Ctrl-C (the run goes on)."),
+    inventory: Optional[Path] = InventoryOpt,
+) -> None:
+    with Store() as store:
+        run = store.get_run(name)
+    with Connections(load_inventory(inventory)) as connections:
+        target = connections.container(run.target)
+        if not follow:
+            sys.stdout.write(runs_lib.log_tail(target, run, lines))
+            return
+        _follow(target, run, lines)
+
+
+def _follow(target, run: Run, lines: int) -> None:
+    chunks = runs_lib.follow_log(target, run, lines)
+    try:
+        for chunk in chunks:
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+    except KeyboardInterrupt:
+        err_console.print(f"stopped following; {run.name} goes on")
+    finally:
+        chunks.close()
+
+
+def stop_command(
+    name: str = typer.Argument(..., help="Run name (see `dfo runs`)."),
+    grace: float = typer.Option(runs_lib.DEFAULT_GRACE_S, "--grace", help="Seconds between SIGTERM and SIGKILL.", min=0),
+    inventory: Optional[Path] = InventoryOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    with Store() as store:
+        run = store.get_run(name)
+        with Connections(load_inventory(inventory)) as connections:
+            stopped = runs_lib.stop(connections.container(run.target), store, name, grace_s=grace)
+    run = stopped.run
+    if as_json:
+        print_json({"run": run.name, "state": run.state, "exit_code": run.exit_code, "signal": stopped.signal})
+    elif stopped.signal is None:
+        console.print(f"{run.name} had already ended: {run.state}, exit code {_text(run.exit_code) or 'unknown'}")
+    else:
+        console.print(f"stopped {run.name} (SIG{stopped.signal}): exit code {_text(run.exit_code) or 'none (killed)'}")

@@ -1,0 +1,141 @@
+"""`dfo launch/runs/logs/stop/push` as a user runs them, through a real sshd and real LXC containers behind
+the pct stand-in: the run survives the SSH server going away, refusals leave nothing behind, secrets stay secret."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness import write_inventory
+from harness.lxc import LxcContainer
+from harness.nvidia_smi import Gpu
+
+pytestmark = [pytest.mark.lxc, pytest.mark.slow]
+
+DFO = str(Path(sys.executable).parent / "dfo")
+SECRET = "tok-7Hq2-Zz81-secret"
+TICKER = 'case "$DFO_TEST_TOKEN" in tok-*-secret) echo secret-ok;; esac; i=0; while :; do echo tick-$i; i=$((i + 1)); sleep 0.1; done'
+HAS_TRAINER = (Path(__file__).resolve().parents[1] / "trainer" / "__main__.py").exists()
+
+
+@dataclass
+class Lab:
+    inventory: Path
+    container: LxcContainer
+    state: Path
+
+    def dfo(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+        env = {**os.environ, "DFO_HOME": str(self.state), "DFO_TEST_TOKEN": SECRET}
+        env.pop("DFO_INVENTORY", None)
+        return subprocess.run([DFO, *args, "-i", str(self.inventory)] if args[0] != "runs" else [DFO, *args],
+                              capture_output=True, text=True, timeout=timeout, env=env)
+
+    def log(self, name: str) -> Path:
+        return self.container.path(f"/workspace/logs/{name}.log")
+
+
+@pytest.fixture
+def lab(tmp_path, sshd, ssh_home, containers) -> Lab:
+    running, stopped = containers(), containers(start=False)
+    containers_ = {
+        "ct_a": {"ctid": running.vmid, "gpus": [0], "python": sys.executable},
+        "ct_off": {"ctid": stopped.vmid},
+        "ct_nopy": {"ctid": running.vmid, "python": "/nonexistent/python3"},
+    }
+    inventory = write_inventory(tmp_path, {
+        "defaults": {"min_free_disk_gb": 0},
+        "hosts": {"pve1": {"address": "testhost", "containers": containers_}},
+        "variants": {"ticker": {"command": TICKER}, "nographs": {"compile": "nographs", "preset": "tiny-cpu"}},
+        "secrets": ["DFO_TEST_TOKEN"],
+    })
+    return Lab(inventory, running, tmp_path / "state")
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def last_tick(text: str) -> int:
+    return max(int(line.split("-")[1]) for line in text.splitlines() if line.startswith("tick-"))
+
+
+def test_run_survives_sshd_going_away_then_logs_and_stop_work(lab: Lab, sshd) -> None:
+    launched = lab.dfo("launch", "--host", "ct_a", "--variant", "ticker", "--name", "t1", "--json")
+    assert launched.returncode == 0, launched.stderr
+    info = json.loads(launched.stdout)
+    assert (info["run"], info["log"], info["next"]) == ("t1", "/workspace/logs/t1.log", "dfo watch t1")
+    wait_for(lambda: "tick-3" in lab.log("t1").read_text(), what="the run's first lines")
+    assert "secret-ok" in lab.log("t1").read_text()
+
+    sshd.kill()  # the host's sshd vanishes: the detached run must not care
+    before = last_tick(lab.log("t1").read_text())
+    wait_for(lambda: last_tick(lab.log("t1").read_text()) > before + 5, what="the log to keep growing without sshd")
+    sshd.start()
+
+    tail = lab.dfo("logs", "t1", "-n", "3")
+    assert tail.returncode == 0, tail.stderr
+    assert len(tail.stdout.splitlines()) == 3 and last_tick(tail.stdout) > before + 5
+
+    ps_inside = lab.container.attach("ps", "-eo", "args").stdout
+    ps_host = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "tick-" in ps_inside and SECRET not in ps_inside + ps_host
+    assert not list(lab.container.path("/workspace/.dfo/secrets").iterdir())
+
+    listed = json.loads(lab.dfo("runs", "--json").stdout)
+    assert [(r["name"], r["target"], r["state"]) for r in listed] == [("t1", "ct_a", "running")]
+
+    stopped = lab.dfo("stop", "t1", "--grace", "5", "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout) == {"run": "t1", "state": "stopped", "exit_code": 143, "signal": "TERM"}
+    assert lab.container.path("/workspace/logs/t1.log.exit").read_text().strip() == "143"
+    assert "tick-" not in lab.container.attach("ps", "-eo", "args").stdout
+
+    dump = "\n".join(sqlite3.connect(lab.state / "dfo.db").iterdump())
+    assert SECRET not in dump + launched.stdout + launched.stderr + tail.stdout + stopped.stdout
+
+
+def test_refusals_leave_nothing_started_or_written(lab: Lab) -> None:
+    lab.container.nvidia_smi([Gpu(0, memory_used_mib=70000, utilization_pct=99)])
+    busy = lab.dfo("launch", "--host", "ct_a", "--variant", "ticker", "--name", "busy1")
+    assert busy.returncode == 1 and "busy" in busy.stderr and "--force" in busy.stderr
+    off = lab.dfo("launch", "--host", "ct_off", "--variant", "ticker", "--name", "off1")
+    assert off.returncode == 1 and "stopped" in off.stderr
+    no_python = lab.dfo("launch", "--host", "ct_nopy", "--variant", "nographs", "--name", "nopy1", "--no-preflight")
+    assert no_python.returncode == 1 and "/nonexistent/python3 not found in ct_nopy" in no_python.stderr
+    bad = lab.dfo("launch", "--host", "ct_a", "--variant", "ticker", "--name", "x;reboot")
+    assert bad.returncode == 2 and "invalid run name" in bad.stderr
+    assert json.loads(lab.dfo("runs", "--json").stdout) == []
+    assert not lab.container.path("/workspace/logs").exists() or not list(lab.container.path("/workspace/logs").iterdir())
+    assert "tick-" not in lab.container.attach("ps", "-eo", "args").stdout
+
+    forced = lab.dfo("launch", "--host", "ct_a", "--variant", "ticker", "--name", "busy1", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "busy" in forced.stderr and "dfo watch busy1" in forced.stdout
+    again = lab.dfo("launch", "--host", "ct_a", "--variant", "ticker", "--name", "busy1", "--force")
+    assert again.returncode == 1 and "already exists" in again.stderr
+    assert lab.dfo("stop", "busy1", "--grace", "5").returncode == 0
+
+
+@pytest.mark.skipif(not HAS_TRAINER, reason="trainer/__main__.py is not there yet")
+def test_builtin_trainer_is_pushed_once_and_runs_in_the_container(lab: Lab) -> None:
+    first = lab.dfo("launch", "--host", "ct_a", "--variant", "nographs", "--name", "tr1", "--set", "steps=100000", "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["pushed"] is True
+    wait_for(lambda: "event=step" in lab.log("tr1").read_text(), timeout=90, what="the trainer's first step line")
+    pushed = lab.dfo("push", "--host", "ct_a", "--json")
+    assert json.loads(pushed.stdout)["transferred"] is False and json.loads(pushed.stdout)["torch_found"] is True
+    stopped = lab.dfo("stop", "tr1", "--grace", "10", "--json")
+    assert json.loads(stopped.stdout)["state"] == "stopped"
