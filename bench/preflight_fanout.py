@@ -1,0 +1,69 @@
+"""Benchmark: preflight of 4 targets on 4 hosts vs 1 target, printed as a ratio (lower is better; 4.0 = serial).
+
+Each host is a real sshd of its own with one real LXC container behind the pct stand-in (tests/harness),
+so every target costs what it costs in the field minus network latency: an SSH handshake, `pct status`,
+and one script inside the container (nvidia-smi twice, the workspace, python). Needs root, lxc and
+openssh-server. Also prints how many SSH connections each sshd accepted per dfo invocation.
+
+    sudo .venv/bin/python bench/preflight_fanout.py [--repeats 5]
+
+It prints figures; it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from preflight_fleet import Fleet, fleet  # noqa: E402
+
+from orchestrator.connections import Connections  # noqa: E402
+from orchestrator.inventory import load_inventory  # noqa: E402
+from orchestrator.preflight import preflight  # noqa: E402
+
+HOSTS = 4
+
+
+def timed_preflight(hosts: Fleet, targets: list[str]) -> float:
+    """Seconds for one dfo-like invocation: fresh connections, preflight, close. Fails loudly if a check fails."""
+    started = time.monotonic()
+    with Connections(load_inventory(hosts.inventory)) as connections:
+        reports = preflight(connections, targets)
+    elapsed = time.monotonic() - started
+    failed = [report.to_json() for report in reports if not report.ok]
+    if failed:
+        raise SystemExit(f"preflight failed, figures would be meaningless: {failed}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dfo-bench-") as workdir, fleet(Path(workdir), HOSTS) as hosts:
+        os.environ["HOME"] = str(hosts.home.home)
+        os.environ.pop("SSH_AUTH_SOCK", None)
+        timed_preflight(hosts, hosts.targets)  # warm-up: page cache, container first exec
+        one, four = [], []
+        for _ in range(args.repeats):
+            one.append(timed_preflight(hosts, hosts.targets[:1]))
+            before = [server.accepted_connections() for server in hosts.servers]
+            four.append(timed_preflight(hosts, hosts.targets))
+            per_host = [server.accepted_connections() - b for server, b in zip(hosts.servers, before)]
+        single, fanned = statistics.median(one), statistics.median(four)
+        print(f"cpus: {os.cpu_count()}  repeats: {args.repeats}  (medians)")
+        print(f"1 target  on 1 host : {single:.2f} s")
+        print(f"{HOSTS} targets on {HOSTS} hosts: {fanned:.2f} s")
+        print(f"ratio {HOSTS}-target / 1-target: {fanned / single:.2f}x  (serial would be {HOSTS}.00x)")
+        print(f"SSH connections accepted per host in one {HOSTS}-target invocation: {per_host}")
+
+
+if __name__ == "__main__":
+    main()
