@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich import box
 from rich.table import Table
 
 from .. import runs as runs_lib
@@ -71,9 +72,9 @@ def push_command(host: str = HostOpt, inventory: Optional[Path] = InventoryOpt, 
 
 def _warn_python(spec: TargetSpec, python_found: bool | None, torch_found: bool | None) -> None:
     if python_found is False:
-        err_console.print(f"warning: {spec.python} not found in {spec.name}: set `python:` for it in the inventory")
+        _warn(f"warning: {spec.python} not found in {spec.name}: set `python:` for it in the inventory")
     elif torch_found is False:
-        err_console.print(f"warning: {spec.python} in {spec.name} has no torch: install it there (dfo installs nothing)")
+        _warn(f"warning: {spec.python} in {spec.name} has no torch: install it there (dfo installs nothing)")
 
 
 def launch_command(
@@ -97,7 +98,7 @@ def launch_command(
         with Store() as store:
             launched = runs_lib.launch(connections.container(host), spec, store, name=name)
     for missing in launched.missing_secrets:
-        err_console.print(f"warning: secret {missing} is not set in this environment; the run starts without it")
+        _warn(f"warning: secret {missing} is not set in this environment; the run starts without it")
     run = launched.run
     if as_json:
         print_json({"run": run.name, "target": run.target, "pid": run.pid, "log": run.log_path, "exit": run.exit_path,
@@ -120,9 +121,9 @@ def _preflight_or_refuse(connections: Connections, spec: TargetSpec, *, force: b
         if check.ok or check.skipped:
             continue
         if check.name in GPU_CHECKS and force:
-            err_console.print(f"warning: {check.name}: {check.detail} (starting anyway: --force)")
+            _warn(f"warning: {check.name}: {check.detail} (starting anyway: --force)")
         elif check.name == "nvidia_smi" and not spec.gpus:
-            err_console.print(f"note: no GPU answered on {spec.name} ({check.detail}); the run starts without GPUs")
+            _warn(f"note: no GPU answered on {spec.name} ({check.detail}); the run starts without GPUs")
         elif check.name == "workspace" and "does not exist" in check.detail:
             continue
         else:
@@ -142,13 +143,17 @@ def runs_command(
     if as_json:
         print_json([run.as_dict() for run in runs])
         return
-    table = Table(title="runs")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("name", "target", "variant", "state", "started", "PID", "exit", "decision"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, no_wrap=column != "name", overflow="fold")
     for run in runs:
-        table.add_row(run.name, run.target, run.variant or "", run.state, (run.started_at or "")[:19].replace("T", " "),
+        table.add_row(run.name, run.target, run.variant or "", run.state, (run.started_at or "")[5:16].replace("T", " "),
                       _text(run.pid), _text(run.exit_code), (run.decision or {}).get("decision", ""))
     console.print(table)
+
+
+def _warn(text: str) -> None:
+    err_console.print(text, highlight=False, soft_wrap=True, markup=False)
 
 
 def _text(value: object) -> str:
@@ -178,7 +183,7 @@ def _follow(target, run: Run, lines: int) -> None:
             sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
     except KeyboardInterrupt:
-        err_console.print(f"stopped following; {run.name} goes on")
+        _warn(f"stopped following; {run.name} goes on")
     finally:
         chunks.close()
 
