@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -37,6 +38,11 @@ class Lab:
         env.pop("DFO_INVENTORY", None)
         return subprocess.run([DFO, *args, "-i", str(self.inventory)] if args[0] != "runs" else [DFO, *args],
                               capture_output=True, text=True, timeout=timeout, env=env)
+
+    def follow(self, name: str) -> subprocess.Popen:
+        env = {**os.environ, "DFO_HOME": str(self.state)}
+        return subprocess.Popen([DFO, "logs", name, "-f", "-n", "1", "-i", str(self.inventory)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def log(self, name: str) -> Path:
         return self.container.path(f"/workspace/logs/{name}.log")
@@ -89,6 +95,17 @@ def test_run_survives_sshd_going_away_then_logs_and_stop_work(lab: Lab, sshd) ->
     assert tail.returncode == 0, tail.stderr
     assert len(tail.stdout.splitlines()) == 3 and last_tick(tail.stdout) > before + 5
 
+    follower = lab.follow("t1")
+    try:
+        seen = ""
+        while last_tick(seen or "tick-0") < before + 20:
+            seen += follower.stdout.readline()
+        follower.send_signal(signal.SIGINT)  # Ctrl-C ends dfo's following, never the run
+        assert follower.wait(timeout=15) == 0
+    finally:
+        follower.kill()
+    # the remote tail ends with the channel
+    wait_for(lambda: "tail" not in lab.container.attach("ps", "-eo", "args").stdout, what="the remote tail to end")
     ps_inside = lab.container.attach("ps", "-eo", "args").stdout
     ps_host = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "tick-" in ps_inside and SECRET not in ps_inside + ps_host
