@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,3 +110,32 @@ def test_pct_put_verifies_inside_and_maps_pct_errors(tmp_path: Path, sshd, ssh_h
             PctTarget(host, stopped.vmid, name="ct_b").put(source, "/workspace/payload.bin")
         with pytest.raises(ContainerMissing):
             PctTarget(host, 998, name="ct_x").run(["true"])
+
+
+@pytest.mark.slow
+def test_unknown_host_key_is_refused_until_trusted(tmp_path: Path, sshd, ssh_home, containers) -> None:
+    running = containers()
+    pve1 = {"address": "testhost", "containers": {"ct_a": {"ctid": running.vmid}}}
+    inventory = write_inventory(tmp_path, {"defaults": {"min_free_disk_gb": 0}, "hosts": {"pve1": pve1}})
+    ssh_home.empty_known_hosts()
+
+    def preflight_cli(*extra: str) -> tuple[int, dict]:
+        result = dfo_cli("preflight", "--host", "ct_a", "-i", str(inventory), "--json", *extra)
+        return result.returncode, {c["name"]: c for c in json.loads(result.stdout)[0]["checks"]}
+
+    rc, checks = preflight_cli()
+    assert rc == 1 and not checks["ssh"]["ok"] and "dfo hostkey trust pve1" in checks["ssh"]["detail"]
+    assert ssh_home.known_hosts.read_text() == ""  # refused, nothing recorded
+
+    trusted = dfo_cli("hostkey", "trust", "pve1", "-i", str(inventory))
+    assert trusted.returncode == 0 and "recorded host key of pve1 (testhost): SHA256:" in trusted.stdout
+    assert preflight_cli()[0] == 0
+
+    ssh_home.empty_known_hosts()
+    assert preflight_cli("--accept-new-host-key")[0] == 0
+    assert ssh_home.known_hosts.read_text().strip()
+
+
+def dfo_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DFO_INVENTORY"}  # HOME is the test's ssh_home
+    return subprocess.run([str(Path(sys.executable).parent / "dfo"), *args], capture_output=True, text=True, timeout=60, env=env)
