@@ -219,12 +219,14 @@ def launch(
     package = (package or build_package()) if spec.builtin else None
     name, probe = _name_and_probe(target, spec, store, name, package, now)
     store.add_run(_launching_run(spec, name, package))
+    starting = False
     try:
         pushed = push(target, spec.workspace, package=package, store=store, target_name=spec.target, probe=probe) if package else None
         command = trainer_command(spec, name, pushed.pkg_dir) if pushed else spec.command
+        starting = True
         pid, stat = _start(target, spec, name, command, secrets)
     except BaseException as exc:
-        _abandon(target, spec, name, store, exc)
+        _abandon(target, spec, name, store, exc, maybe_started=starting and isinstance(exc, (CommandTimeout, KeyboardInterrupt)))
         raise
     run = store.update_run(
         name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command
@@ -311,25 +313,21 @@ def _env_file(secrets: Mapping[str, str]) -> bytes:
     return "".join(f"{key}={shlex.quote(value)}\n" for key, value in secrets.items()).encode()
 
 
-def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseException) -> None:
-    """After a failed launch: remove the secrets file and an empty log we made; forget the run unless it may be
-    running (a start that timed out is kept as `lost`)."""
+def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseException, *, maybe_started: bool) -> None:
+    """After a failed launch: remove the secrets file and the empty log we made, and forget the run; a start
+    that timed out or was interrupted may be running, so its log stays and it is recorded as `lost`."""
     secrets, log = shlex.quote(secrets_path(spec.workspace, name)), shlex.quote(log_path(spec.workspace, name))
-    maybe_started = isinstance(exc, CommandTimeout)
-    cleanup = f"rm -f {secrets}" + ("" if maybe_started or _log_was_not_ours(exc) else f"; [ -s {log} ] || rm -f {log}")
+    log_is_ours = not maybe_started and not isinstance(exc, RefusedError)  # a refused start never made the log
+    cleanup = f"rm -f {secrets}" + (f"; [ -s {log} ] || rm -f {log}" if log_is_ours else "")
     try:
         target.run(cleanup, timeout=START_TIMEOUT)
     except DfoError:
         pass  # the target is unreachable: nothing more can be removed now
-    store.add_event(name, "launch_failed", {"error": str(exc)[:500]})
+    store.add_event(name, "launch_failed", {"error": str(exc)[:500] or type(exc).__name__})
     if maybe_started:
         store.update_run(name, state="lost", ended_at=utc_now())
     else:
         store.delete_run(name)
-
-
-def _log_was_not_ours(exc: BaseException) -> bool:
-    return isinstance(exc, RefusedError)
 
 
 # ---------------------------------------------------------------------------------------------- stop
