@@ -10,6 +10,7 @@ import pytest
 
 from harness import STANDIN_BIN, write_inventory  # noqa: F401  (write_inventory re-exported for tests)
 from harness.lxc import ContainerFactory, LxcContainer
+from harness.netns import NetnsHost, NetnsHosts, remove_stale_namespaces
 from harness.ssh_home import SshHome
 from harness.sshd import SshServer
 
@@ -81,3 +82,24 @@ def containers(lxc_path, pct_env) -> ContainerFactory:
 def container(containers) -> LxcContainer:
     """One running container (the first free VMID from 200 up)."""
     return containers()
+
+
+@pytest.fixture
+def netns_hosts(ssh_home, pct_standin_env, tmp_path_factory):
+    """Factory: `netns_hosts(n) -> list[NetnsHost]`, n hosts in network namespaces (198.18.0.0/15), each with
+    its own sshd on port 22, trusted and listed in ~/.ssh/config as `nshost0`, `nshost1`, ... (also after
+    earlier calls). All are torn down at teardown, even when the test failed."""
+    _require_root("network namespaces")
+    if not shutil.which("ip"):
+        pytest.skip("iproute2 is not installed (scripts/test.sh installs it)")
+    remove_stale_namespaces()
+    factory = NetnsHosts(tmp_path_factory.mktemp("netns"), env=dict(pct_standin_env))
+
+    def make(count: int) -> list[NetnsHost]:
+        hosts = factory(count)
+        for host in hosts:
+            ssh_home.add_host(f"nshost{factory.hosts.index(host)}", host.server)
+        return hosts
+
+    yield make
+    factory.destroy_all()

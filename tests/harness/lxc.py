@@ -1,5 +1,5 @@
 """Real, privileged LXC containers for tests, built the way DESIGN.md records: no template, a hand-made
-rootfs, busybox init, the host's /usr bound read-only, no network. The `pct` stand-in (bin/pct) drives them
+rootfs, busybox init, the host's /usr (and /etc/alternatives) bound read-only, no network. The `pct` stand-in (bin/pct) drives them
 exactly as Proxmox's pct drives its containers (`lxc-attach -n VMID --keep-env`).
 
 Inside, the test interpreter's directories (sys.base_prefix, sys.prefix) and the repo checkout are bound
@@ -37,15 +37,15 @@ def host_dirs_to_bind() -> list[Path]:
     return kept
 
 
-def lxc(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=LXC_TIMEOUT_S, check=check)
-
-
 class LxcContainer:
-    """One container `vmid` under `lxcpath` (LXCPATH/VMID/config and LXCPATH/VMID/rootfs)."""
+    """One container `vmid` under `lxcpath` (LXCPATH/VMID/config and LXCPATH/VMID/rootfs).
 
-    def __init__(self, lxcpath: Path, vmid: int, hostname: str | None = None) -> None:
+    `netns`: the network namespace of the "host" that owns it (lxc reaches a container's monitor through
+    an abstract socket, which only that namespace sees); None for the test machine itself."""
+
+    def __init__(self, lxcpath: Path, vmid: int, hostname: str | None = None, netns: str | None = None) -> None:
         self.lxcpath = Path(lxcpath)
+        self.netns = netns
         self.vmid = vmid
         self.hostname = hostname or f"ct{vmid}"
         self.dir = self.lxcpath / str(vmid)
@@ -85,8 +85,6 @@ class LxcContainer:
         for shared in ("/etc/ld.so.cache", "/etc/nsswitch.conf", "/etc/localtime"):
             if Path(shared).exists():
                 shutil.copy(shared, etc, follow_symlinks=True)
-        if not (etc / "alternatives").exists():
-            shutil.copytree("/etc/alternatives", etc / "alternatives", symlinks=True)
 
     def _config_text(self) -> str:
         lines = [
@@ -97,6 +95,7 @@ class LxcContainer:
             "lxc.autodev = 1",
             "lxc.mount.auto = cgroup:mixed proc:mixed sys:ro",
             "lxc.mount.entry = /usr usr none ro,bind 0 0",
+            "lxc.mount.entry = /etc/alternatives etc/alternatives none ro,bind,create=dir 0 0",  # awk, which, ...
             f"lxc.mount.entry = {STANDIN_BIN} usr/local/sbin none ro,bind 0 0",
         ]
         for path in host_dirs_to_bind():
@@ -104,8 +103,13 @@ class LxcContainer:
         lines.append("lxc.init.cmd = /usr/bin/busybox init")
         return "\n".join(lines) + "\n"
 
+    def lxc(self, *argv: str, timeout: float = LXC_TIMEOUT_S) -> subprocess.CompletedProcess:
+        """Run an lxc-* tool in the owning host's network namespace."""
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        return subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=timeout)
+
     def start(self) -> "LxcContainer":
-        result = lxc("lxc-start", "-P", str(self.lxcpath), "-n", self.name, "-d", "-o", str(self.dir / "lxc.log"), check=False)
+        result = self.lxc("lxc-start", "-P", str(self.lxcpath), "-n", self.name, "-d", "-o", str(self.dir / "lxc.log"))
         if result.returncode != 0 or not self.wait_state("RUNNING"):
             log = (self.dir / "lxc.log").read_text(errors="replace")[-2000:] if (self.dir / "lxc.log").exists() else ""
             raise RuntimeError(f"container {self.vmid} did not start: {result.stderr.strip()}\n{log}")
@@ -114,21 +118,20 @@ class LxcContainer:
     def stop(self) -> None:
         """Kill the container (lxc-stop -k); a stopped one stays stopped."""
         if self.state() == "RUNNING":
-            lxc("lxc-stop", "-P", str(self.lxcpath), "-n", self.name, "-k", check=False)
+            self.lxc("lxc-stop", "-P", str(self.lxcpath), "-n", self.name, "-k")
             self.wait_state("STOPPED")
 
     def state(self) -> str:
-        result = lxc("lxc-info", "-P", str(self.lxcpath), "-n", self.name, "-s", "-H", check=False)
+        result = self.lxc("lxc-info", "-P", str(self.lxcpath), "-n", self.name, "-s", "-H")
         return result.stdout.strip() if result.returncode == 0 else "MISSING"
 
     def wait_state(self, state: str, timeout_s: float = 10) -> bool:
-        result = lxc("lxc-wait", "-P", str(self.lxcpath), "-n", self.name, "-s", state, "-t", str(int(timeout_s)), check=False)
+        result = self.lxc("lxc-wait", "-P", str(self.lxcpath), "-n", self.name, "-s", state, "-t", str(int(timeout_s)))
         return result.returncode == 0
 
     def attach(self, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
         """Run argv inside the container directly (for test set-up and assertions, not for code under test)."""
-        return subprocess.run(["lxc-attach", "-P", str(self.lxcpath), "-n", self.name, "--clear-env", "--", *argv],
-                              capture_output=True, text=True, timeout=timeout)
+        return self.lxc("lxc-attach", "-P", str(self.lxcpath), "-n", self.name, "--clear-env", "--", *argv, timeout=timeout)
 
     def destroy(self) -> None:
         """Stop the container and remove its directory (the rootfs holds no mounts once it is stopped)."""
@@ -141,8 +144,9 @@ class LxcContainer:
 class ContainerFactory:
     """Makes containers with fresh VMIDs (from 200 up) under one LXCPATH and destroys them all at the end."""
 
-    def __init__(self, lxcpath: Path) -> None:
+    def __init__(self, lxcpath: Path, netns: str | None = None) -> None:
         self.lxcpath = Path(lxcpath)
+        self.netns = netns
         self.lxcpath.mkdir(parents=True, exist_ok=True)
         self.containers: list[LxcContainer] = []
 
@@ -151,7 +155,7 @@ class ContainerFactory:
         return next(vmid for vmid in range(200, 1_000_000) if vmid not in taken)
 
     def __call__(self, vmid: int | None = None, *, start: bool = True, gpus=None) -> LxcContainer:
-        container = LxcContainer(self.lxcpath, vmid or self.next_vmid()).create()
+        container = LxcContainer(self.lxcpath, vmid or self.next_vmid(), netns=self.netns).create()
         self.containers.append(container)
         container.nvidia_smi(gpus)
         if start:
