@@ -72,4 +72,4 @@ def trust_command(host: str = typer.Argument(..., help="Inventory host (or targe
     from ..remote.ssh import trust_host_key  # paramiko is loaded only when needed
 
     fingerprint = trust_host_key(entry.address, port=entry.port, timeout=inv.defaults.connect_timeout)
-    console.print(f"recorded host key of {host_name} ({entry.address}): {fingerprint}")
+    console.print(f"recorded host key of {host_name} ({entry.address}): {fingerprint}", soft_wrap=True, highlight=False)
