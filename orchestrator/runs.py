@@ -160,9 +160,12 @@ def wrapper_script(spec: RunSpec, name: str, command: str, *, with_secrets: bool
         if not ENV_KEY_RE.fullmatch(key):
             raise UsageError(f"variant {spec.variant!r}: env name {key!r} must be letters, digits and '_'")
         parts.append(f"export {key}={shlex.quote(str(value))}")
-    # A subshell, so a user's command that says `exit` still lets the wrapper write the exit file; the newline
-    # before `)` keeps a trailing comment in the command from swallowing it.
-    return "; ".join(parts) + f"; ( {command}\n); echo $? > {shlex.quote(exit_path(spec.workspace, name))}"
+    # A subshell, so a user's command that says `exit` still lets the wrapper write the exit file. Its TERM trap
+    # waits for the running command (a trainer checkpointing on SIGTERM) and passes on that command's status
+    # instead of dying at once with 143 or going on to the next command. The newline before `)` keeps a
+    # trailing comment in the command from swallowing it.
+    run = f"( trap 'exit $?' TERM; {command}\n)"
+    return "; ".join(parts) + f"; {run}; echo $? > {shlex.quote(exit_path(spec.workspace, name))}"
 
 
 def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool) -> str:

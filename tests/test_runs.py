@@ -256,3 +256,19 @@ def test_logs_tail_and_follow_see_new_lines_and_closing_never_stops_the_run(stor
     time.sleep(0.3)
     assert alive(run.pid)
     stop(LocalTarget("here"), store, "chatty", grace_s=5)
+
+
+def test_stop_records_the_status_of_a_trainer_that_finishes_its_step_on_sigterm(store, workspace, tmp_path):
+    trainer = tmp_path / "graceful.py"
+    trainer.write_text(
+        "import signal, sys, time\n"
+        "def finish(*_):\n    time.sleep(0.3); print('checkpoint written', flush=True); sys.exit(7)\n"
+        "signal.signal(signal.SIGTERM, finish)\nprint('up', flush=True)\ntime.sleep(60)\n"
+    )
+    command = f"{sys.executable} {trainer}; echo next-command-ran"
+    run = launch(LocalTarget("here"), spec(workspace, command), store, name="graceful").run
+    wait_for(lambda: "up" in Path(run.log_path).read_text(), what="trainer start")
+    result = stop(LocalTarget("here"), store, "graceful", grace_s=10)
+    assert (result.signal, result.run.exit_code) == ("TERM", 7)
+    log = Path(run.log_path).read_text()
+    assert "checkpoint written" in log and "next-command-ran" not in log
