@@ -60,10 +60,14 @@ def main() -> None:
     except Exception as exc:  # click's own usage errors arrive here in non-standalone mode
         import click
 
-        if isinstance(exc, click.exceptions.ClickException):
+        try:  # recent typer vendors click as typer._click, with its own exception classes
+            from typer._click import exceptions as vendored
+        except ImportError:
+            vendored = click.exceptions
+        if isinstance(exc, (click.exceptions.ClickException, vendored.ClickException)):
             exc.show()
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, (click.exceptions.Abort, vendored.Abort)):
             sys.stderr.write("aborted\n")
             sys.exit(130)
         raise

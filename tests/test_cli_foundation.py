@@ -80,3 +80,9 @@ def test_preflight_unknown_or_dangerous_target_is_a_usage_error(tmp_path: Path) 
 def test_hostkey_trust_refuses_a_local_host() -> None:
     result = dfo("hostkey", "trust", "local")
     assert result.returncode == 2 and "no SSH host key" in result.stderr
+
+
+def test_preflight_without_a_target_is_a_usage_error_not_a_traceback() -> None:
+    result = dfo("preflight")
+    assert result.returncode == 2 and "Missing option '--host'" in result.stderr
+    assert "Traceback" not in result.stderr
