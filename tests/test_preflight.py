@@ -120,3 +120,12 @@ def test_bad_names_fail_before_anything_runs(tmp_path: Path, smi: NvidiaSmiState
         with pytest.raises(UnknownTarget, match="known targets: box1"):
             preflight(connections, ["box2"])
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_listed_gpu_the_target_cannot_see_fails_idle(tmp_path: Path) -> None:
+    from orchestrator.gpu import Gpu as SmiGpu
+    from orchestrator.preflight import gpus_idle_check
+
+    spec = local_inventory(tmp_path, gpus=[0, 3]).target("box1")
+    check = gpus_idle_check([SmiGpu(0, "H200", 0, 143771, 0), SmiGpu(1, "H200", 0, 143771, None)], spec)
+    assert (check.ok, check.detail) == (False, "GPU 3 not visible (sees 0, 1)")

@@ -49,6 +49,8 @@ def preflight_command(
         print_json([report.to_json() for report in reports])
     else:
         console.print(report_table(reports))
+        ready = [report.target for report in reports if report.ok]
+        console.print(f"{len(ready)} of {len(reports)} targets ready" + (f": {', '.join(ready)}" if ready else ""))
     return 0 if all(report.ok for report in reports) else 1
 
 
