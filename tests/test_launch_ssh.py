@@ -18,6 +18,10 @@ import pytest
 from harness import write_inventory
 from harness.lxc import LxcContainer
 from harness.nvidia_smi import Gpu
+from orchestrator.connections import Connections
+from orchestrator.inventory import load_inventory
+from orchestrator.package import build_package, package_files, push
+from orchestrator.store import Store
 
 pytestmark = [pytest.mark.lxc, pytest.mark.slow]
 
@@ -156,3 +160,23 @@ def test_builtin_trainer_is_pushed_once_and_runs_in_the_container(lab: Lab) -> N
     assert json.loads(pushed.stdout)["transferred"] is False and json.loads(pushed.stdout)["torch_found"] is True
     stopped = lab.dfo("stop", "tr1", "--grace", "10", "--json")
     assert json.loads(stopped.stdout)["state"] == "stopped"
+
+
+def test_push_through_ssh_and_pct_transfers_once(lab: Lab, tmp_path: Path) -> None:
+    source = tmp_path / "src" / "trainer"
+    source.mkdir(parents=True)
+    (source / "__init__.py").write_text("VERSION = 1\n")
+    package = build_package(package_files(source, tmp_path / "src" / "agent.py"))
+    with Connections(load_inventory(lab.inventory)) as connections, Store.in_memory() as store:
+        target = connections.container("ct_a")
+        calls = []
+        real_run, real_put = target.run, target.put
+        target.run = lambda cmd, **kw: calls.append("run") or real_run(cmd, **kw)
+        target.put = lambda local, remote, **kw: calls.append("put") or real_put(local, remote, **kw)
+        first = push(target, "/workspace", package=package, store=store)
+        assert first.transferred and "put" in calls
+        assert lab.container.path(f"/workspace/.dfo/pkg/{package.sha256}/.complete").read_text() == package.sha256
+        assert lab.container.path(f"/workspace/.dfo/pkg/{package.sha256}/trainer/__init__.py").read_text() == "VERSION = 1\n"
+        calls.clear()
+        second = push(target, "/workspace", package=package, store=store)
+        assert not second.transferred and calls == ["run"]  # one round trip, nothing sent
