@@ -137,8 +137,6 @@ def trainer_command(spec: RunSpec, name: str, pkg_dir: str) -> str:
     if spec.preset:
         argv += ["--preset", spec.preset]
     for key, value in spec.args.items():
-        if not SET_KEY_RE.fullmatch(str(key)):
-            raise UsageError(f"variant {spec.variant!r}: argument name {key!r} must be letters, digits, '_', '.', '-'")
         argv += ["--set", f"{key}={_arg(value)}"] if "." in str(key) else [f"--{key}", _arg(value)]
     argv += ["--wandb", spec.wandb]
     return f"PYTHONPATH={shlex.quote(pkg_dir)}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.join(argv)}"
@@ -157,8 +155,6 @@ def wrapper_script(spec: RunSpec, name: str, command: str, *, with_secrets: bool
         secrets = shlex.quote(secrets_path(spec.workspace, name))
         parts.append(f"set -a; . {secrets}; set +a; rm -f {secrets}")
     for key, value in spec.env.items():
-        if not ENV_KEY_RE.fullmatch(key):
-            raise UsageError(f"variant {spec.variant!r}: env name {key!r} must be letters, digits and '_'")
         parts.append(f"export {key}={shlex.quote(str(value))}")
     # A subshell, so a user's command that says `exit` still lets the wrapper write the exit file. Its TERM trap
     # waits for the running command (a trainer checkpointing on SIGTERM) and passes on that command's status
@@ -188,16 +184,21 @@ def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool) 
     return "\n".join(lines)
 
 
+def _after_comm(stat: str) -> list[str]:
+    """/proc/PID/stat fields 3.. (the comm field 2 may hold spaces and parentheses)."""
+    return stat.rpartition(")")[2].split()
+
+
 def proc_starttime(stat: str) -> int | None:
-    """Field 22 of /proc/PID/stat (clock ticks after boot); None if unreadable. The comm field may hold spaces."""
-    fields_after_comm = stat.rpartition(")")[2].split()
-    return int(fields_after_comm[19]) if len(fields_after_comm) > 19 else None
+    """Field 22 of /proc/PID/stat (clock ticks after boot); None if unreadable."""
+    fields = _after_comm(stat)
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def proc_state(stat: str) -> str | None:
     """Field 3 of /proc/PID/stat (R, S, Z, ...); None if unreadable."""
-    fields_after_comm = stat.rpartition(")")[2].split()
-    return fields_after_comm[0] if fields_after_comm else None
+    fields = _after_comm(stat)
+    return fields[0] if fields else None
 
 
 # ---------------------------------------------------------------------------------------------- launch
@@ -214,8 +215,7 @@ def launch(
 ) -> Launched:
     """Start `spec` detached on `target` and record it. Refuses (RefusedError) a taken name, an existing log,
     a missing python or torch; a failure halfway removes what it created and records nothing as running."""
-    check_name(spec.variant, "variant")
-    check_name(spec.target, "target")
+    validate_spec(spec)
     environ = os.environ if environ is None else environ
     secrets = {key: environ[key] for key in spec.secrets if key in environ}
     missing = tuple(key for key in spec.secrets if key not in environ)
@@ -236,6 +236,18 @@ def launch(
     )
     store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant})
     return Launched(run, pushed, missing)
+
+
+def validate_spec(spec: RunSpec) -> None:
+    """Refuse, before anything reaches a shell, names and keys that could carry shell syntax."""
+    check_name(spec.variant, "variant")
+    check_name(spec.target, "target")
+    for key in spec.args:
+        if not SET_KEY_RE.fullmatch(str(key)):
+            raise UsageError(f"variant {spec.variant!r}: argument name {key!r} must be letters, digits, '_', '.', '-'")
+    for key in [*spec.env, *spec.secrets]:
+        if not ENV_KEY_RE.fullmatch(key):
+            raise UsageError(f"variant {spec.variant!r}: environment name {key!r} must be letters, digits and '_'")
 
 
 def _name_and_probe(target: Target, spec: RunSpec, store: Store, name: str | None, package: Package | None, now: datetime | None) -> tuple[str, dict[str, str]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import InvalidName, RefusedError, RemoteError
+from orchestrator.errors import InvalidName, RefusedError, RemoteError, UsageError
 from orchestrator.package import build_package, package_files
 from orchestrator.remote.local import LocalTarget
 from orchestrator.runs import RunSpec, follow_log, launch, log_tail, stop
@@ -272,3 +272,10 @@ def test_stop_records_the_status_of_a_trainer_that_finishes_its_step_on_sigterm(
     assert (result.signal, result.run.exit_code) == ("TERM", 7)
     log = Path(run.log_path).read_text()
     assert "checkpoint written" in log and "next-command-ran" not in log
+
+
+@pytest.mark.parametrize("change", [{"args": {"steps;id": 1}}, {"env": {"A B": "x"}}, {"secrets": ("X=$(id)",)}])
+def test_argument_and_environment_names_with_shell_syntax_are_refused_up_front(store, workspace, change):
+    with pytest.raises(UsageError):
+        launch(LocalTarget("here"), spec(workspace, None if "args" in change else "true", compile="eager", **change), store, name="r")
+    assert store.list_runs() == [] and os.listdir(workspace) == []
