@@ -1,11 +1,12 @@
 """Benchmark: preflight of 4 targets on 4 hosts vs 1 target, printed as a ratio (lower is better; 4.0 = serial).
 
-Each host is a real sshd of its own with one real LXC container behind the pct stand-in (tests/harness),
-so every target costs what it costs in the field minus network latency: an SSH handshake, `pct status`,
-and one script inside the container (nvidia-smi twice, the workspace, python). Needs root, lxc and
-openssh-server. Also prints how many SSH connections each sshd accepted per dfo invocation.
+Each host is a real sshd of its own with one real LXC container behind the pct stand-in (tests/harness):
+in a network namespace of its own when run as root with iproute2, else on a loopback port (--loopback
+forces that). Every target costs what it costs in the field minus network latency: an SSH handshake,
+`pct status`, and one script inside the container (nvidia-smi twice, the workspace, python). Needs root,
+lxc and openssh-server. Also prints how many SSH connections each sshd accepted per dfo invocation.
 
-    sudo .venv/bin/python bench/preflight_fanout.py [--repeats 5]
+    sudo .venv/bin/python bench/preflight_fanout.py [--repeats 5] [--loopback]
 
 It prints figures; it asserts nothing.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -46,8 +48,10 @@ def timed_preflight(hosts: Fleet, targets: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--loopback", action="store_true", help="loopback sshd hosts even when netns is possible")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="dfo-bench-") as workdir, fleet(Path(workdir), HOSTS) as hosts:
+    netns = not args.loopback and os.geteuid() == 0 and shutil.which("ip") is not None
+    with tempfile.TemporaryDirectory(prefix="dfo-bench-") as workdir, fleet(Path(workdir), HOSTS, netns=netns) as hosts:
         os.environ["HOME"] = str(hosts.home.home)
         os.environ.pop("SSH_AUTH_SOCK", None)
         timed_preflight(hosts, hosts.targets)  # warm-up: page cache, container first exec
@@ -58,7 +62,7 @@ def main() -> None:
             four.append(timed_preflight(hosts, hosts.targets))
             per_host = [server.accepted_connections() - b for server, b in zip(hosts.servers, before)]
         single, fanned = statistics.median(one), statistics.median(four)
-        print(f"cpus: {os.cpu_count()}  repeats: {args.repeats}  (medians)")
+        print(f"hosts: {hosts.kind}  cpus: {os.cpu_count()}  load: {os.getloadavg()[0]:.1f}  repeats: {args.repeats}  (medians)")
         print(f"1 target  on 1 host : {single:.2f} s")
         print(f"{HOSTS} targets on {HOSTS} hosts: {fanned:.2f} s")
         print(f"ratio {HOSTS}-target / 1-target: {fanned / single:.2f}x  (serial would be {HOSTS}.00x)")
