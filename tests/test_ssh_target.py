@@ -157,3 +157,20 @@ def test_explicit_address_port_user_and_known_hosts(sshd, tmp_path, monkeypatch)
     ssh = SshTarget("h", sshd.host, port=sshd.port, user="root", known_hosts=known, ssh_config=config)
     assert ssh.run(["id", "-u"]).stdout == "0\n"
     ssh.close()
+
+
+def test_proxyjump_goes_through_the_jump_host_whose_key_is_checked_too(ssh_home, sshd, tmp_path_factory):
+    from harness.sshd import SshServer
+
+    with SshServer(tmp_path_factory.mktemp("jump")) as jump:
+        ssh_home.add_host("jump", jump)
+        with ssh_home.config_path.open("a") as config:
+            config.write(f"Host behind\n    HostName {sshd.host}\n    Port {sshd.port}\n    ProxyJump jump\n"
+                         f"    IdentityFile {ssh_home.identity}\n")
+        behind = SshTarget("pve2", "behind", user="root")
+        assert behind.run(["echo", "through"]).stdout == "through\n"
+        behind.close()
+        assert (jump.accepted_connections(), sshd.accepted_connections()) == (1, 1)
+        ssh_home.known_hosts.write_text(sshd.known_hosts_line())  # forget the jump host only
+        with pytest.raises(HostKeyUnknown, match=f":{jump.port}"):
+            SshTarget("pve2", "behind", user="root").run("true")

@@ -73,19 +73,25 @@ class SshTarget(Target):
             return self._connection.transport
 
     def _open(self) -> None:
-        client = self._connection.client
-        client.get_host_keys().clear()
-        client._system_host_keys.clear()
-        if self.known_hosts.exists():
-            client.load_system_host_keys(str(self.known_hosts))
-        client.set_missing_host_key_policy(_RecordOrRefuse(self))
-        self._connection.connect_timeout = None  # fabric rounds it to whole seconds; it goes in connect_kwargs
-        self._connection.connect_kwargs.update(
-            timeout=self.connect_timeout, banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout
-        )
+        self._guard(self._connection)
         with self._mapped_errors("connect"):
             self._connection.open()
         self._connection.transport.set_keepalive(30)
+
+    def _guard(self, connection: Connection) -> None:
+        """Give `connection` and every ProxyJump hop before it a fresh client that checks host keys against
+        known_hosts with our policy (fabric's own would auto-add) and our connect timeouts."""
+        client = paramiko.SSHClient()
+        if self.known_hosts.exists():
+            client.get_host_keys().load(str(self.known_hosts))  # loaded, never saved back by paramiko
+        client.set_missing_host_key_policy(_RecordOrRefuse(self))
+        connection.client = client
+        connection.connect_timeout = None  # fabric rounds it to whole seconds; it goes in connect_kwargs
+        connection.connect_kwargs.update(
+            timeout=self.connect_timeout, banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout
+        )
+        if isinstance(connection.gateway, Connection):
+            self._guard(connection.gateway)
 
     def close(self) -> None:
         with self._open_lock:
@@ -259,7 +265,7 @@ class _RecordOrRefuse(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         target = self.target
-        if client.get_host_keys().lookup(hostname) or client._system_host_keys.lookup(hostname):
+        if client.get_host_keys().lookup(hostname):
             raise _changed_key(target, hostname, key)  # known with another key type: treat as changed
         if not target.accept_new_host_key:
             raise HostKeyUnknown(
