@@ -26,7 +26,7 @@ class DecideConfig:
     """Too slow when the steady interval's upper bound is below (1 - tolerance) x the baseline."""
     block_size: int = 5
     """Steps per block; the detector works on block medians."""
-    min_blocks_after_warmup: int = 8
+    min_blocks_after_warmup: int = 12
     """MSER's truncation point is accepted only with at least this many blocks after it."""
     stable_rel: float = 0.03
     """Halves' medians, the Theil-Sen level change and each new block must agree within this fraction."""
@@ -34,13 +34,21 @@ class DecideConfig:
     """IQR / median of the block medians after the warm-up must not exceed this."""
     confirm_blocks: int = 2
     """Consecutive new blocks that must pass every check before steady is declared."""
+    max_interval_rel: float = 0.02
+    """Steady needs the 95% interval's half-width within this fraction of the level (a noisy run waits)."""
+    drift_horizon_blocks: int = 20
+    """The Theil-Sen slope is projected over at least this many blocks: a slow leak in a short window fails."""
+    shift_rel: float = 0.06
+    """After steady: `shift_blocks` block medians in a row beyond this fraction on one side re-open the verdict ..."""
+    shift_blocks: int = 4
+    """... (a recompile, a throttled GPU, or an autotuning stretch longer than the minimums)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             if getattr(self, f.name) < 0:
                 raise UsageError(f"watch.{f.name} must be >= 0, got {getattr(self, f.name)}")
-        if self.block_size < 1 or self.confirm_blocks < 1 or self.min_blocks_after_warmup < 2:
-            raise UsageError("watch.block_size and watch.confirm_blocks must be >= 1, min_blocks_after_warmup >= 2")
+        if min(self.block_size, self.confirm_blocks, self.shift_blocks) < 1 or self.min_blocks_after_warmup < 2:
+            raise UsageError("watch.block_size, confirm_blocks and shift_blocks must be >= 1, min_blocks_after_warmup >= 2")
         if not 0 < self.too_slow_tolerance < 1:
             raise UsageError(f"watch.too_slow_tolerance must be between 0 and 1, got {self.too_slow_tolerance}")
 

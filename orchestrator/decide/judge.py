@@ -103,9 +103,11 @@ class RunJudge:
         self.last_step: int | None = None
         self.last_step_ts: float | None = None
         self.gaps: deque[float] = deque(maxlen=GAP_HISTORY)
+        self._typical_gap: float | None = None
         self.gpu_samples: deque[GpuObs] = deque(maxlen=30)
         self.warnings: Counter[str] = Counter()
         self.pending_traceback: Match | None = None
+        self.pending_since: float | None = None
         self.survived_tracebacks = 0
         self.exit_code: int | None = None
         self._final: Decision | None = None
@@ -113,6 +115,16 @@ class RunJudge:
 
     # ---- feeding -------------------------------------------------------------------------------
     def feed(self, obs: Observation) -> Decision:
+        self.observe(obs)
+        return self.decision()
+
+    @property
+    def settled(self) -> bool:
+        """True once a crash, stall or too-slow verdict is held: nothing later can change it."""
+        return self._final is not None
+
+    def observe(self, obs: Observation) -> None:
+        """Take one observation without building a Decision (the cheap path for bulk replays)."""
         ts = obs.now if isinstance(obs, TickObs) else obs.ts
         self.now = ts if self.now is None else max(self.now, ts)
         if self.start_ts is None:
@@ -126,22 +138,34 @@ class RunJudge:
             TickObs: self._on_tick,
         }[type(obs)]
         handler(obs)
-        return self.decision()
 
     def end_of_log(self) -> Decision:
         """The log has ended (replay): a bare traceback with no step after it ended the run."""
-        if self.pending_traceback is not None and self._final is None and self._exited is None:
-            self._crash(PSEUDO["python_exception"], self.pending_traceback, self.now, "the log ends with it")
+        if self._exited is None:
+            self._settle_pending_traceback(self.now, run_went_on=False)
         return self.decision()
+
+    def _settle_pending_traceback(self, ts: float | None, *, run_went_on: bool) -> None:
+        """A traceback with no signature: a worker thread's kills the run even if steps go on (the other
+        threads carry on without it); a main-thread one is harmless if the run went on, fatal if not."""
+        match, self.pending_traceback = self.pending_traceback, None
+        if match is None:
+            return
+        if match.thread is not None:
+            self._crash(PSEUDO["python_exception"], match, ts, f"worker thread {match.thread} died")
+        elif run_went_on:
+            self.survived_tracebacks += 1
+        else:
+            self._crash(PSEUDO["python_exception"], match, ts, "the log ends with an uncaught traceback")
 
     def _on_step(self, obs: StepObs) -> None:
         if self.last_step is not None and obs.step <= self.last_step:
             return
         if self.last_step_ts is not None:
             self.gaps.append(max(obs.ts - self.last_step_ts, 0.0))
+            self._typical_gap = None
         self.last_step, self.last_step_ts = obs.step, obs.ts
-        if self.pending_traceback is not None:
-            self.pending_traceback, self.survived_tracebacks = None, self.survived_tracebacks + 1
+        self._settle_pending_traceback(obs.ts, run_went_on=True)
         if obs.loss_is_bad:
             match = Match(PSEUDO["nan_loss"], f"step={obs.step} loss={obs.loss}")
             self._crash(match.signature, match, obs.ts, f"loss is {obs.loss} at step {obs.step}")
@@ -158,10 +182,8 @@ class RunJudge:
             self.warnings[match.signature.id] += 1
         elif match.signature is not None:
             self._crash(match.signature, match, ts, match.signature.meaning)
-        elif match.thread is not None:
-            self._crash(PSEUDO["python_exception"], match, ts, f"worker thread {match.thread} died")
-        else:
-            self.pending_traceback = match
+        else:  # judged once it is clear that no signature follows (a chained traceback may bring one)
+            self.pending_traceback, self.pending_since = match, ts
 
     def _on_event(self, obs: EventObs) -> None:
         if obs.event != "error":
@@ -173,6 +195,8 @@ class RunJudge:
 
     def _on_exit(self, obs: ExitObs) -> None:
         self.exit_code = obs.code
+        if self.pending_traceback is not None and self.pending_traceback.thread:
+            self._settle_pending_traceback(obs.ts, run_went_on=True)
         if self._final is not None or self._exited is not None:
             return
         if obs.code == 0:
@@ -186,6 +210,8 @@ class RunJudge:
     def _on_tick(self, obs: TickObs) -> None:
         if self._final is not None or self._exited is not None:
             return
+        if self.pending_traceback is not None and self.pending_traceback.thread and obs.now - self.pending_since >= 2:
+            self._settle_pending_traceback(obs.now, run_went_on=True)
         silent_since, limit, what = self._silence_rule()
         if silent_since is not None and obs.now - silent_since > limit:
             evidence = {"silent_s": round(obs.now - silent_since, 1), "limit_s": round(limit, 1)}
@@ -198,8 +224,9 @@ class RunJudge:
     def _silence_rule(self) -> tuple[float | None, float, str]:
         if self.last_step_ts is None:
             return self.start_ts, self.config.first_step_grace_s, "no first step"
-        typical_gap = median(self.gaps) if self.gaps else 0.0
-        limit = max(self.config.stall_factor * typical_gap, self.config.stall_floor_s)
+        if self._typical_gap is None:
+            self._typical_gap = median(self.gaps) if self.gaps else 0.0
+        limit = max(self.config.stall_factor * self._typical_gap, self.config.stall_floor_s)
         return self.last_step_ts, limit, f"no new step after step {self.last_step}"
 
     # ---- verdicts --------------------------------------------------------------------------------
@@ -252,7 +279,10 @@ class RunJudge:
         )
 
     def _common_evidence(self) -> dict:
-        common = {"last_step": self.last_step, "steady": self.steady.estimate.evidence}
+        estimate = self.steady.estimate
+        common = {"last_step": self.last_step, "steady": estimate.evidence}
+        if estimate.steady:
+            common["steady_declared_step"] = estimate.declared_step
         if self.warnings:
             common["known_warnings"] = dict(self.warnings)
         if self.survived_tracebacks:

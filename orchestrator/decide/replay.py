@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 from ..logfmt import make_parser
 from .config import DecideConfig
-from .judge import FINAL_VERDICTS, Decision, RunJudge
+from .judge import Decision, RunJudge
 from .observations import ExitObs, TickObs, observation_from_record
 from .signatures import Catalogue
 
@@ -61,17 +61,18 @@ def replay(
         if clock is None or obs.ts > clock:
             if clock is not None:
                 for tick in _ticks_between(clock, obs.ts, tick_s):
-                    judge.feed(tick)
+                    judge.observe(tick)
             clock = obs.ts
-            judge.feed(TickObs(clock))
-        if judge.feed(obs).decision in FINAL_VERDICTS:
+            judge.observe(TickObs(clock))
+        judge.observe(obs)
+        if judge.settled:
             break  # the watcher acts on it; what follows in the log cannot change the verdict
     if end_ts is not None and clock is not None and end_ts > clock:
         for tick in _ticks_between(clock, end_ts, tick_s):
-            judge.feed(tick)
-        judge.feed(TickObs(end_ts))
+            judge.observe(tick)
+        judge.observe(TickObs(end_ts))
         clock = end_ts
     if exit_code is not None:
-        judge.feed(ExitObs(clock if clock is not None else 0.0, exit_code))
+        judge.observe(ExitObs(clock if clock is not None else 0.0, exit_code))
     return judge.end_of_log()
 

@@ -166,7 +166,12 @@ class Catalogue:
         return benign[0] if benign else (hits[0] if hits else None)
 
     def match_traceback(self, text: str) -> Signature | None:
-        return next((sig for sig in self.signatures if sig.scope == "traceback" and sig.regex.search(text)), None)
+        """A traceback-scope signature of the whole text, else a fatal line-scope one in any of its lines."""
+        whole = next((sig for sig in self.signatures if sig.scope == "traceback" and sig.regex.search(text)), None)
+        if whole is not None:
+            return whole
+        in_lines = (self.match_line(line) for line in text.splitlines())
+        return next((sig for sig in in_lines if sig is not None and sig.fatal), None)
 
 
 @dataclass(frozen=True)

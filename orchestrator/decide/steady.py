@@ -6,10 +6,13 @@ The rule (docs/decisions.md has the reasoning and the evidence):
 2. On every new block, MSER over the block medians picks the truncation point d*; it is accepted only in
    the first half of the series and with at least `min_blocks_after_warmup` blocks after it.
 3. After d*: first- vs second-half medians within `stable_rel`, IQR/median <= `max_iqr_rel`, the Theil-Sen
-   slope moves the level by <= `stable_rel` over the window, and the newest block lies inside the window's
-   Tukey fence. Steady once every check (and the minimum steps AND seconds since the first step) holds for
+   slope moves the level by <= `stable_rel` over the window (projected over at least
+   `drift_horizon_blocks`, so a slow leak is not taken for a level), the newest block lies inside the window's
+   Tukey fence, and the 95% interval's half-width is within `max_interval_rel` of the level. Steady once every check (and the minimum steps AND seconds since the first step) holds for
    `confirm_blocks` consecutive new blocks. Undecided beats wrong.
 4. The steady figure is the median of the raw steps after d*; its 95% interval comes from batch means.
+5. Once steady, `shift_blocks` block medians in a row more than `shift_rel` away on one side re-open the
+   verdict: the analysis restarts at the shift (a recompile, throttling, an over-long autotuning stretch).
 
 Cost: work happens once per block, on at most `ANALYSIS_BLOCKS` recent blocks, with prefix sums for MSER
 and a bounded Theil-Sen sample. Pure: no I/O, no clock.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from statistics import fmean, median, quantiles, stdev
+from statistics import fmean, median, quantiles
 
 from .config import DecideConfig
 from .observations import StepObs
@@ -77,7 +80,8 @@ def batch_means_interval(values: list[float]) -> tuple[float, float]:
     size = len(values) // batches
     tail = values[len(values) - batches * size :]
     means = [fmean(tail[i * size : (i + 1) * size]) for i in range(batches)]
-    centre, spread = fmean(means), stdev(means) / math.sqrt(batches)
+    centre = fmean(means)
+    spread = math.sqrt(math.fsum((m - centre) ** 2 for m in means) / (batches - 1) / batches)
     t = T_975[min(batches - 2, len(T_975) - 1)]
     return (centre - t * spread, centre + t * spread)
 
@@ -89,7 +93,10 @@ def stability_checks(window: list[float], config: DecideConfig) -> dict:
     halves_rel = abs(median(window[half:]) - median(window[:half])) / level
     q1, _, q3 = quantiles(window, n=4)
     iqr_rel = (q3 - q1) / level
-    drift_rel = abs(theil_sen_slope(window)) * (len(window) - 1) / level
+    horizon = max(len(window) - 1, config.drift_horizon_blocks)
+    drift_rel = abs(theil_sen_slope(window)) * horizon / level
+    lo, hi = batch_means_interval(window)
+    precision_rel = (hi - lo) / 2 / level
     reach = max(1.5 * (q3 - q1), 0.01 * level)
     newest_inside = q1 - reach <= window[-1] <= q3 + reach
     ok = (
@@ -97,6 +104,7 @@ def stability_checks(window: list[float], config: DecideConfig) -> dict:
         and iqr_rel <= config.max_iqr_rel
         and drift_rel <= config.stable_rel
         and newest_inside
+        and precision_rel <= config.max_interval_rel
     )
     return {
         "ok": ok,
@@ -104,6 +112,7 @@ def stability_checks(window: list[float], config: DecideConfig) -> dict:
         "iqr_rel": round(iqr_rel, 4),
         "drift_rel": round(drift_rel, 4),
         "newest_block_inside": newest_inside,
+        "interval_half_width_rel": round(precision_rel, 4),
     }
 
 
@@ -127,6 +136,8 @@ class SteadyDetector:
         self._good_blocks_in_a_row = 0
         self._scale: float | None = None
         self._truncation: int | None = None
+        self._origin = 0  # analysis starts here (moves on a level shift)
+        self.shifts: list[dict] = []
 
     def feed(self, obs: StepObs) -> bool:
         """Take one step; True when the estimate changed (a block completed)."""
@@ -155,10 +166,26 @@ class SteadyDetector:
         self._medians.append(block_median)
         self._prefix1.append(self._prefix1[-1] + scaled)
         self._prefix2.append(self._prefix2[-1] + scaled * scaled)
-        if self.estimate.steady:
+        if self.estimate.steady and not self._level_shifted():
             self._refine()
-        else:
+        elif not self.estimate.steady:
             self._analyse()
+
+    def _level_shifted(self) -> bool:
+        recent = self._medians[-self.config.shift_blocks :]
+        level = self.estimate.tok_s
+        if len(self._medians) - self._truncation < self.config.shift_blocks:
+            return False
+        high = all(m > level * (1 + self.config.shift_rel) for m in recent)
+        low = all(m < level * (1 - self.config.shift_rel) for m in recent)
+        if not (high or low):
+            return False
+        self._origin = len(self._medians) - self.config.shift_blocks
+        self.shifts.append({"from_tok_s": level, "to_tok_s": median(recent), "at_step": self._block_first_step[self._origin]})
+        self.estimate = SteadyEstimate(reason=f"level shifted from {level:,.0f} to {median(recent):,.0f} tok/s; re-estimating")
+        self._good_blocks_in_a_row, self._truncation = 0, None
+        self._analyse()
+        return True
 
     def _minimums_met(self) -> tuple[bool, str]:
         steps = self.last_step - self.first_step
@@ -172,7 +199,7 @@ class SteadyDetector:
 
     def _analyse(self) -> None:
         n = len(self._medians)
-        start = max(0, n - ANALYSIS_BLOCKS)
+        start = max(self._origin, n - ANALYSIS_BLOCKS)
         need_after = self.config.min_blocks_after_warmup
         d = mser_truncation(self._prefix1, self._prefix2, start, n, need_after) if n - start >= need_after else None
         if d is None or d - start > (n - start) // 2:
@@ -192,8 +219,12 @@ class SteadyDetector:
         self.estimate.declared_step, self.estimate.declared_ts = self.last_step, self.last_ts
 
     def _undecided(self, reason: str, d: int | None, checks: dict | None = None) -> None:
+        if self.shifts:
+            reason += f" after a level shift at step {self.shifts[-1]['at_step']}"
         self.estimate.reason = reason
         self.estimate.evidence = {"blocks": len(self._medians), "truncation_block": d, "checks": checks}
+        if self.shifts:
+            self.estimate.evidence["level_shifts"] = self.shifts
 
     def _refine(self, checks: dict | None = None) -> None:
         d = self._truncation
@@ -216,3 +247,5 @@ class SteadyDetector:
             "steps_used_from": self._block_first_step[d],
             "checks": checks if checks is not None else self.estimate.evidence.get("checks"),
         }
+        if self.shifts:
+            self.estimate.evidence["level_shifts"] = self.shifts

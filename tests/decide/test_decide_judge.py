@@ -1,0 +1,173 @@
+"""RunJudge: the verdicts a user sees (crash, stall, too slow, exited, steady) and the actions they lead to."""
+
+import math
+
+import numpy as np
+from tracegen import CRASH_TEXTS, HANDLED_TRACEBACK, TRAINER_FRAMES, thread_traceback
+
+from orchestrator.decide import DecideConfig, EventObs, ExitObs, GpuObs, LineObs, RunJudge, StepObs, TickObs
+
+T0 = 1_795_000_000.0
+CHAIN = ("trees", "notrees", "nographs", "eager")
+DESIGN_KEYS = {"decision", "run", "at_step", "at_ts", "signature", "steady_tok_s", "warmup_end_step", "action", "next_run"}
+
+
+def judge(**kwargs):
+    return RunJudge(kwargs.pop("config", None), kwargs.pop("baseline", None), run="r", variant="trees", chain=CHAIN, **kwargs)
+
+
+def feed_steps(j, n, level=100_000.0, start=1, step_s=1.0, seed=0, factor=1.0):
+    rng = np.random.default_rng(seed)
+    decision = None
+    for step in range(start, start + n):
+        ts = T0 + step * step_s
+        j.feed(TickObs(ts))
+        decision = j.feed(StepObs(ts, step, level * factor * (1 + rng.normal(0, 0.01)), loss=2.0))
+    return decision
+
+
+def feed_lines(j, lines, ts):
+    decision = None
+    for line in lines:
+        decision = j.feed(LineObs(ts, line))
+    return decision
+
+
+def test_steady_run_keeps_its_variant_and_the_json_has_the_design_keys():
+    j = judge()
+    decision = feed_steps(j, 300)
+    assert decision.decision == "steady" and decision.action == "keep"
+    assert abs(decision.steady_tok_s / 100_000 - 1) < 0.01
+    assert DESIGN_KEYS <= set(decision.to_json()) and decision.at_ts.endswith("Z")
+    assert decision.interval[0] < decision.steady_tok_s < decision.interval[1]
+
+
+def test_worker_thread_crash_is_a_crash_although_steps_go_on():
+    j = judge()
+    feed_steps(j, 100)
+    frames, exception = CRASH_TEXTS["cudagraph_tls"]
+    feed_lines(j, thread_traceback(frames, exception, "Thread-2 (drafter)"), T0 + 100.5)
+    decision = feed_steps(j, 20, start=101, factor=0.5)  # the other thread carries on
+    assert (decision.decision, decision.signature, decision.action) == ("crash", "cudagraph_tls", "fallback")
+    assert decision.next_variant == "notrees" and decision.at_step == 100
+    assert decision.evidence["thread"] == "Thread-2 (drafter)" and decision.evidence["line"] == "AssertionError"
+
+
+def test_a_generic_worker_exception_is_a_crash_once_the_run_goes_on_without_it():
+    j = judge()
+    feed_steps(j, 10)
+    decision = feed_lines(j, thread_traceback(TRAINER_FRAMES, "ValueError: bad batch", "Thread-5 (drafter)"), T0 + 10.5)
+    assert decision.decision == "undecided"  # a chained traceback might still bring a signature
+    decision = feed_steps(j, 1, start=11)
+    assert (decision.decision, decision.signature, decision.action) == ("crash", "python_exception", "stop")
+
+
+def test_a_handled_traceback_in_the_main_thread_is_not_a_crash():
+    j = judge()
+    feed_steps(j, 50)
+    feed_lines(j, HANDLED_TRACEBACK, T0 + 50.5)
+    decision = feed_steps(j, 250, start=51)
+    assert decision.decision == "steady" and decision.evidence["tracebacks_survived"] == 1
+
+
+def test_a_main_thread_traceback_followed_by_a_non_zero_exit_is_python_exception_and_stops():
+    j = judge()
+    feed_steps(j, 30)
+    frames, exception = CRASH_TEXTS["python_exception"]
+    feed_lines(j, thread_traceback(frames, exception, None), T0 + 31)
+    decision = j.feed(ExitObs(T0 + 32, 1))
+    assert (decision.decision, decision.signature, decision.action, decision.next_variant) == (
+        "crash", "python_exception", "stop", None
+    )
+    assert decision.evidence["exit_code"] == 1
+
+
+def test_non_zero_exit_without_traceback_falls_back():
+    j = judge()
+    feed_steps(j, 30)
+    decision = j.feed(ExitObs(T0 + 40, 139))
+    assert (decision.decision, decision.signature, decision.action, decision.next_variant) == (
+        "crash", "exit_nonzero", "fallback", "notrees"
+    )
+
+
+def test_exit_zero_after_steady_is_fine_and_before_steady_is_just_exited():
+    j = judge()
+    feed_steps(j, 300)
+    decision = j.feed(ExitObs(T0 + 400, 0))
+    assert (decision.decision, decision.action) == ("exited", "keep") and decision.steady_tok_s is not None
+    early = judge()
+    feed_steps(early, 20)
+    assert (early.feed(ExitObs(T0 + 30, 0)).decision, early.decision().action) == ("exited", "none")
+
+
+def test_nan_loss_is_a_crash():
+    j = judge()
+    feed_steps(j, 10)
+    decision = j.feed(StepObs(T0 + 11, 11, 100_000.0, loss=math.nan))
+    assert (decision.decision, decision.signature, decision.at_step) == ("crash", "nan_loss", 11)
+
+
+def test_trainer_error_event_is_a_crash_with_the_signature_of_its_message():
+    j = judge()
+    decision = j.feed(EventObs(T0, "error", {"msg": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"}))
+    assert (decision.decision, decision.signature) == ("crash", "cuda_oom")
+
+
+def test_stall_after_the_first_step_uses_the_floor_and_reports_the_gpus():
+    j = judge()
+    feed_steps(j, 50)  # 1 s per step: 10 x 1 s < the 120 s floor
+    last = T0 + 50
+    j.feed(GpuObs(last + 30, ({"index": 0, "mem_used_mib": 70_000, "mem_total_mib": 143_771, "util_pct": 100},)))
+    assert j.feed(TickObs(last + 119)).decision == "undecided"
+    decision = j.feed(TickObs(last + 121))
+    assert (decision.decision, decision.action, decision.next_variant, decision.at_step) == ("stall", "fallback", "notrees", 50)
+    assert "hung collective" in decision.evidence["gpus"]
+
+
+def test_stall_threshold_follows_the_step_time_when_it_exceeds_the_floor():
+    j = judge()
+    feed_steps(j, 20, step_s=30.0)  # 10 x 30 s = 300 s
+    last = T0 + 20 * 30
+    assert j.feed(TickObs(last + 250)).decision == "undecided"
+    assert j.feed(TickObs(last + 301)).decision == "stall"
+
+
+def test_first_step_grace_covers_a_long_compilation():
+    j = judge(started_ts=T0)
+    j.feed(GpuObs(T0 + 850, ({"index": 0, "mem_used_mib": 30_000, "mem_total_mib": 143_771, "util_pct": 0},)))
+    assert j.feed(TickObs(T0 + 899)).decision == "undecided"
+    decision = j.feed(TickObs(T0 + 901))
+    assert decision.decision == "stall" and "no first step" in decision.reason and "idle" in decision.evidence["gpus"]
+
+
+def test_too_slow_only_once_steady_and_only_beyond_the_tolerance():
+    warming = judge(baseline=200_000.0)
+    assert feed_steps(warming, 40, level=100_000).decision == "undecided"
+    decision = feed_steps(warming, 300, level=100_000, start=41)
+    assert (decision.decision, decision.action, decision.next_variant) == ("too_slow", "fallback", "notrees")
+    close = judge(baseline=107_000.0)  # 93% of baseline: inside the 10% tolerance
+    assert feed_steps(close, 300).decision == "steady"
+
+
+def test_a_crash_after_steady_overrides_it():
+    j = judge()
+    assert feed_steps(j, 300).decision == "steady"
+    frames, exception = CRASH_TEXTS["cuda_oom"]
+    decision = feed_lines(j, thread_traceback(frames, exception, None), T0 + 301)
+    assert (decision.decision, decision.signature) == ("crash", "cuda_oom")
+    assert decision.steady_tok_s is not None  # the figure reached before stays in the record
+
+
+def test_no_fallback_means_stop():
+    j = judge(fallback=False)
+    feed_steps(j, 5)
+    assert j.feed(ExitObs(T0 + 10, 1)).action == "stop"
+
+
+def test_a_final_verdict_is_not_changed_by_what_follows():
+    j = judge()
+    feed_steps(j, 10)
+    j.feed(TickObs(T0 + 500))
+    assert j.decision().decision == "stall"
+    assert j.feed(ExitObs(T0 + 501, 143)).decision == "stall"  # the stop dfo sent

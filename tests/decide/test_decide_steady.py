@@ -1,0 +1,100 @@
+"""Steady-state detection: declared on real levels, never on plateaus, drifts or thin evidence."""
+
+import math
+import time
+
+import numpy as np
+
+from orchestrator.decide import DecideConfig, StepObs, SteadyDetector
+
+T0 = 1_795_000_000.0
+
+
+def run_detector(values, step_s=1.0, phases=None, config=None):
+    detector = SteadyDetector(config or DecideConfig())
+    declared = None
+    for i, value in enumerate(values):
+        step = i + 1
+        detector.feed(StepObs(T0 + step * step_s, step, float(value), phase=phases[i] if phases else "train"))
+        if detector.estimate.steady and declared is None:
+            declared = step
+    return detector, declared
+
+
+def noisy(rng, level, n, sigma=0.02):
+    return level * (1 + rng.normal(0, sigma, n))
+
+
+def test_exponential_warm_up_settles_on_the_true_level_with_an_interval_around_it():
+    rng = np.random.default_rng(1)
+    steps = np.arange(1, 501)
+    values = 100_000 * (1 - 0.6 * np.exp(-steps / 30)) * (1 + rng.normal(0, 0.02, 500))
+    detector, declared = run_detector(values)
+    estimate = detector.estimate
+    assert estimate.steady
+    assert abs(estimate.tok_s / 100_000 - 1) < 0.01
+    lo, hi = estimate.interval
+    assert lo < 100_000 < hi and hi - lo < 5_000
+    true_end = math.ceil(30 * math.log(0.6 / 0.02))  # within 2% of the level from here on
+    assert true_end <= declared <= true_end + 250
+    assert 60 <= estimate.warmup_end_step <= declared
+
+
+def test_autotuning_plateau_shorter_than_the_minimum_is_never_declared_steady():
+    rng = np.random.default_rng(2)
+    plateau = np.full(50, 60_000.0) * (1 + rng.normal(0, 0.002, 50))  # flat and quiet: looks settled
+    values = np.concatenate([plateau, noisy(rng, 100_000, 400)])
+    detector, declared = run_detector(values, step_s=1.5)
+    assert declared is not None and declared > 50
+    assert abs(detector.estimate.tok_s / 100_000 - 1) < 0.01
+
+
+def test_minimum_seconds_hold_back_a_fast_run():
+    rng = np.random.default_rng(3)
+    detector, declared = run_detector(noisy(rng, 50_000, 3000), step_s=0.05)  # 60 s = 1200 steps
+    assert declared is not None and declared * 0.05 >= 60
+
+
+def test_too_few_steps_stay_undecided():
+    rng = np.random.default_rng(4)
+    detector, declared = run_detector(noisy(rng, 50_000, 55), step_s=2.0)
+    assert declared is None and not detector.estimate.steady and "warming up" in detector.estimate.reason
+
+
+def test_a_slow_leak_is_never_a_steady_state():
+    rng = np.random.default_rng(5)
+    values = 100_000 * (1 - 0.35 * np.arange(600) / 600) * (1 + rng.normal(0, 0.01, 600))
+    _, declared = run_detector(values)
+    assert declared is None
+
+
+def test_marked_eval_and_checkpoint_steps_do_not_move_the_figure():
+    rng = np.random.default_rng(6)
+    values = noisy(rng, 80_000, 500)
+    phases = ["train"] * 500
+    for i in range(50, 500, 50):
+        for j in range(i, i + 5):
+            values[j], phases[j] = 5_000, "eval"
+    detector, _ = run_detector(values, phases=phases)
+    assert detector.estimate.steady and abs(detector.estimate.tok_s / 80_000 - 1) < 0.01
+
+
+def test_a_level_shift_after_steady_reopens_the_verdict_and_settles_on_the_new_level():
+    rng = np.random.default_rng(7)
+    values = np.concatenate([noisy(rng, 100_000, 200), noisy(rng, 70_000, 300)])
+    detector, declared = run_detector(values)
+    assert declared is not None and declared <= 200
+    assert detector.estimate.steady and abs(detector.estimate.tok_s / 70_000 - 1) < 0.01
+    assert detector.estimate.declared_step > 200
+    shift = detector.estimate.evidence["level_shifts"][0]
+    assert 200 <= shift["at_step"] <= 230
+
+
+def test_incremental_cost_stays_small_on_long_runs():
+    rng = np.random.default_rng(8)
+    values = 100_000 * (1 - 0.3 * np.exp(-np.arange(20_000) / 50)) * (1 + rng.normal(0, 0.03, 20_000))
+    started = time.process_time()
+    detector, _ = run_detector(values, step_s=0.1)
+    per_step = (time.process_time() - started) / 20_000
+    assert detector.estimate.steady
+    assert per_step < 200e-6, f"{per_step * 1e6:.0f} us per step"

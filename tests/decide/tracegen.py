@@ -1,0 +1,480 @@
+"""Labelled synthetic training logs for decide/: the suite the tests and bench/decide_traces.py score.
+
+Every trace is a seeded log in the trainer's logfmt (or a user's own format) plus its label: the verdict
+and action the watcher must reach, the signature, the true warm-up end and the true steady level.
+Throughput is level x warm-up shape x (1 + AR(1) noise); shapes: exponential, ramp, step, an autotuning
+plateau of a few dozen steps before the real level (above or below it), periodic eval/checkpoint dips
+(marked by phase, or unmarked single-step dips), slow runs against a baseline, never-settling drift.
+Failures use the real texts of crash-signatures.md in multi-line tracebacks.
+Tests and the bench import this file; it does no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from orchestrator.logfmt import format_ts
+
+T0 = 1_795_000_000.0  # 2026-11-18: any fixed epoch works, the judge only uses differences
+CHAIN = ("trees", "notrees", "nographs", "eager")
+VARIANT = "trees"
+USER_REGEX = r"^\[(?P<ts>[\d\- :.]+)\] it (?P<step>\d+) \| loss (?P<loss>\S+) \| (?P<tok_s>[\d.]+) tok/s"
+MAX_FLAT_STEPS, MAX_FLAT_SECONDS = 55, 55.0  # flat stretches stay inside the 60-step / 60-s minimums
+SETTLED_WITHIN = 0.02  # the true warm-up ends where the noise-free curve stays within 2% of its level
+
+
+@dataclass
+class Trace:
+    kind: str
+    seed: int
+    lines: list[str]
+    expect: str  # the verdict the watcher must hold at the end
+    expect_action: str
+    signature: str | None = None
+    warmup_end_step: int | None = None  # true warm-up end (None: no steady state exists)
+    level: float | None = None  # true steady tok/s
+    baseline: float | None = None
+    exit_code: int | None = None
+    end_ts: float | None = None
+    regex: str | None = None
+    step_ts: dict[int, float] = field(default_factory=dict)
+
+    def replay_kwargs(self) -> dict:
+        return {
+            "run": f"{self.kind}-{self.seed}",
+            "baseline": self.baseline,
+            "regex": self.regex,
+            "variant": VARIANT,
+            "chain": CHAIN,
+            "exit_code": self.exit_code,
+            "end_ts": self.end_ts,
+        }
+
+
+# ---------------------------------------------------------------- throughput shapes
+
+
+def ar1(rng: np.random.Generator, n: int, sigma: float, phi: float) -> np.ndarray:
+    noise = np.empty(n)
+    innovation = rng.normal(0, sigma * math.sqrt(1 - phi * phi), n)
+    noise[0] = rng.normal(0, sigma)
+    for i in range(1, n):
+        noise[i] = phi * noise[i - 1] + innovation[i]
+    return noise
+
+
+def shape_exponential(rng, n):
+    amplitude, tau = rng.uniform(0.3, 0.8), rng.uniform(10, 60)
+    steps = np.arange(1, n + 1)
+    end = int(math.ceil(tau * math.log(amplitude / SETTLED_WITHIN)))
+    return 1 - amplitude * np.exp(-steps / tau), end
+
+
+def shape_ramp(rng, n):
+    start, length = rng.uniform(0.2, 0.6), int(rng.integers(40, 200))
+    steps = np.arange(1, n + 1)
+    return np.minimum(1.0, start + (1 - start) * steps / length), length
+
+
+def shape_step(rng, n):
+    low, length = rng.uniform(0.3, 0.7), int(rng.integers(20, 150))
+    steps = np.arange(1, n + 1)
+    return np.where(steps <= length, low, 1.0), length + 1
+
+
+def shape_plateau(rng, n):
+    """Autotuning: a flat stretch of 20-50 steps away from the real level, then the real level."""
+    ratio = rng.uniform(0.5, 0.8) if rng.random() < 0.5 else rng.uniform(1.15, 1.3)
+    length = int(rng.integers(20, 51))
+    steps = np.arange(1, n + 1)
+    return np.where(steps <= length, ratio, 1.0), length + 1
+
+
+def shape_drift(rng, n):
+    """Never settles: throughput keeps falling (a leak), 30-45% over the run."""
+    total = rng.uniform(0.30, 0.45)
+    return 1 - total * np.arange(n) / n, None
+
+
+SHAPES = {"exp": shape_exponential, "ramp": shape_ramp, "step": shape_step, "plateau": shape_plateau}
+
+
+# ---------------------------------------------------------------- log text
+
+
+def step_line(ts: float, step: int, tok_s: float, loss: float, phase: str = "train") -> str:
+    return f"ts={format_ts(ts)} event=step step={step} tok_s={tok_s:.1f} loss={loss:.4f} acc=0.41 q_fill=0.94 active=8/8 phase={phase}"
+
+
+def user_line(ts: float, step: int, tok_s: float, loss: float) -> str:
+    stamp = format_ts(ts).replace("T", " ").rstrip("Z")
+    return f"[{stamp}] it {step} | loss {loss:.4f} | {tok_s:.1f} tok/s"
+
+
+def thread_traceback(frames: list[tuple[str, int, str, str]], exception: str, thread: str | None) -> list[str]:
+    lines = [f"Exception in thread {thread}:"] if thread else []
+    lines.append("Traceback (most recent call last):")
+    for path, lineno, func, code in frames:
+        lines += [f'  File "{path}", line {lineno}, in {func}', f"    {code}"]
+    return lines + exception.split("\n")
+
+
+SITE = "/usr/local/lib/python3.11/site-packages"
+TRAINER_FRAMES = [
+    ("/usr/lib/python3.11/threading.py", 1045, "_bootstrap_inner", "self.run()"),
+    ("/usr/lib/python3.11/threading.py", 982, "run", "self._target(*self._args, **self._kwargs)"),
+    ("/workspace/.dfo/pkg/ab12/trainer/worker.py", 88, "drafter_loop", "loss = step_fn(batch)"),
+    (f"{SITE}/torch/_dynamo/eval_frame.py", 655, "_fn", "return fn(*args, **kwargs)"),
+]
+CRASH_TEXTS = {
+    "cudagraph_tls": (
+        TRAINER_FRAMES
+        + [
+            (f"{SITE}/torch/_inductor/cudagraph_trees.py", 365, "get_container", "tree_manager_containers = self.tls_containers()"),
+            (f"{SITE}/torch/_inductor/cudagraph_trees.py", 312, "get_obj", "assert torch._C._is_key_in_tls(attr_name)"),
+        ],
+        "AssertionError",
+    ),
+    "cuda_capture_unsupported": (
+        TRAINER_FRAMES + [(f"{SITE}/torch/_inductor/cudagraph_utils.py", 201, "capture", "torch.cuda.synchronize()")],
+        "torch.AcceleratorError: CUDA error: operation not permitted when stream is capturing\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be incorrect.\n"
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    ),
+    "cudagraph_pool_untracked": (
+        TRAINER_FRAMES + [(f"{SITE}/torch/_inductor/cudagraph_trees.py", 1890, "check_memory_pool", "raise RuntimeError(msg)")],
+        "RuntimeError: Detected 17 tensor(s) in the cudagraph pool not tracked as outputs. "
+        "All live allocations must be tracked for correctness.",
+    ),
+    "cudagraph_static_ptr": (
+        TRAINER_FRAMES + [(f"{SITE}/torch/_inductor/cudagraph_trees.py", 1042, "run", "assert dst.data_ptr() == src.data_ptr()")],
+        "AssertionError",
+    ),
+    "cudagraph_overwritten": (
+        TRAINER_FRAMES + [(f"{SITE}/torch/_inductor/cudagraph_trees.py", 2011, "check_warn", "raise RuntimeError(msg)")],
+        "RuntimeError: Error: accessing tensor output of CUDAGraphs that has been overwritten by a subsequent run. "
+        "Stack trace: File \"/workspace/trainer/model.py\", line 41, in forward",
+    ),
+    "cuda_oom": (
+        TRAINER_FRAMES + [(f"{SITE}/torch/nn/functional.py", 2780, "cross_entropy", "return torch._C._nn.cross_entropy_loss(input)")],
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 3 has a total capacity of 139.72 GiB "
+        "of which 1.20 GiB is free. Of the allocated memory 130.1 GiB is allocated by PyTorch.",
+    ),
+    "nccl": (
+        [("/workspace/trainer/dist.py", 51, "all_reduce", "dist.all_reduce(t)")],
+        "torch.distributed.DistBackendError: [Rank 3] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=88, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600023 milliseconds before timing out.",
+    ),
+    "python_exception": (
+        [("/workspace/.dfo/pkg/ab12/trainer/__main__.py", 120, "main", "batch = next(loader)"),
+         ("/workspace/.dfo/pkg/ab12/trainer/data.py", 77, "__next__", "return self.queue.get_nowait()")],
+        "KeyError: 'input_ids'",
+    ),
+}
+EXPECTED_ACTION = {  # variant `trees` of CHAIN; signature `next` preferences from the catalogue
+    "cudagraph_tls": "fallback",
+    "cuda_capture_unsupported": "fallback",
+    "cudagraph_pool_untracked": "fallback",
+    "cudagraph_static_ptr": "fallback",
+    "cudagraph_overwritten": "fallback",
+    "cuda_oom": "fallback",
+    "nccl": "stop",
+    "python_exception": "stop",
+    "exit_nonzero": "fallback",
+    "nan_loss": "fallback",
+}
+HEALTHY_NOISE = [
+    f"{SITE}/torch/_inductor/lowering.py:1733: UserWarning: Online softmax is disabled on the fly since Inductor "
+    "decides to split the reduction. Cut an issue to PyTorch if this is an important use case and you want to speed it up with online softmax.",
+    "  warnings.warn(",
+    "skipping cudagraphs due to mutated inputs (1 instances). Found from :",
+    "W1129 11:40:07.123000 4242 torch/_dynamo/convert_frame.py:964] [0/8] torch._dynamo hit config.recompile_limit (8)",
+]
+HANDLED_TRACEBACK = [
+    "wandb: ERROR Error while calling W&B API: connection reset (<Response [500]>)",
+    "Traceback (most recent call last):",
+    f'  File "{SITE}/wandb/sdk/internal/internal_api.py", line 400, in execute',
+    "    return self.client.execute(*args, **kwargs)",
+    "requests.exceptions.ConnectionError: ('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer'))",
+    "wandb: Network error resolved after 0:00:04.1, resuming normal operation.",
+]
+
+
+# ---------------------------------------------------------------- one trace
+
+
+class Builder:
+    """Accumulates log lines with a clock; knows the true throughput series."""
+
+    def __init__(self, rng: np.random.Generator, user_format: bool = False) -> None:
+        self.rng, self.user_format = rng, user_format
+        self.lines: list[str] = []
+        self.ts = T0
+        self.step_ts: dict[int, float] = {}
+        self.step = 0
+        self.loss = 6.0
+        self.step_s = float(rng.uniform(0.25, 1.0))
+        self.lines.append(f"ts={format_ts(self.ts)} event=start run=r compile=trees")
+        self.ts += float(rng.uniform(5, 120))  # compilation before the first step
+        self.lines.append(f"ts={format_ts(self.ts)} event=compile seconds=41.2")
+
+    def steps(self, tok_s: np.ndarray, phases: list[str] | None = None) -> None:
+        for i, value in enumerate(tok_s):
+            self.step += 1
+            self.ts += self.step_s * float(self.rng.uniform(0.9, 1.1))
+            self.loss = max(0.5, self.loss * 0.999)
+            phase = phases[i] if phases else "train"
+            self.step_ts[self.step] = self.ts
+            if self.user_format:
+                self.lines.append(user_line(self.ts, self.step, float(value), self.loss))
+            else:
+                self.lines.append(step_line(self.ts, self.step, float(value), self.loss, phase))
+
+    def text(self, lines: list[str]) -> None:
+        self.lines.extend(lines)
+
+
+def series(rng, shape, level: float, n: int) -> tuple[np.ndarray, int | None]:
+    curve, end = shape(rng, n)
+    noise = ar1(rng, n, float(rng.uniform(0.01, 0.04)), float(rng.uniform(0.3, 0.7)))
+    return level * curve * (1 + noise), end
+
+
+def make_trace(kind: str, seed: int) -> Trace:
+    rng = np.random.default_rng([seed, sum(map(ord, kind))])
+    level = float(rng.uniform(50_000, 200_000))
+    maker = KINDS[kind]
+    return maker(kind, seed, rng, level)
+
+
+def _healthy(kind, seed, rng, level, shape_name=None, baseline=None, user_format=False, step_s=None):
+    shape = SHAPES[shape_name or kind]
+    b = Builder(rng, user_format)
+    if step_s is not None:
+        b.step_s = step_s
+    tok_s, end = series(rng, shape, level, 700)
+    if end > MAX_FLAT_STEPS:  # a flat stretch longer than both minimums is a steady state by definition
+        b.step_s = min(b.step_s, MAX_FLAT_SECONDS / end)
+    b.steps(tok_s[: end + 400] if end + 400 < len(tok_s) else tok_s)
+    return b, end
+
+
+def kind_clean(kind, seed, rng, level):
+    b, end = _healthy(kind, seed, rng, level, step_s=float(rng.uniform(1.0, 2.0)) if kind == "plateau" else None)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, step_ts=b.step_ts)
+
+
+def kind_dips(kind, seed, rng, level):
+    b = Builder(rng)
+    tok_s, end = series(rng, shape_exponential, level, 700)
+    phases = ["train"] * len(tok_s)
+    for start in range(100, len(tok_s), 100):  # eval every 100 steps, marked by phase
+        for i in range(start, min(start + 5, len(tok_s))):
+            tok_s[i], phases[i] = level * 0.2, "eval"
+    for i in range(250, len(tok_s), 250):
+        tok_s[i], phases[i] = level * 0.1, "checkpoint"
+    b.steps(tok_s[:250], phases[:250])
+    b.ts += 30  # the checkpoint save: a long gap, shorter than the stall floor
+    b.text([f"ts={format_ts(b.ts)} event=checkpoint path=/workspace/ckpt/step250.pt"])
+    b.steps(tok_s[250:], phases[250:])
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, step_ts=b.step_ts)
+
+
+def kind_unmarked_dips(kind, seed, rng, level):
+    b = Builder(rng)
+    tok_s, end = series(rng, shape_ramp, level, 650)
+    tok_s[37::37] = level * 0.3  # single-step dips the trainer does not mark
+    b.steps(tok_s)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, step_ts=b.step_ts)
+
+
+def kind_noisy_healthy(kind, seed, rng, level):
+    """Known warnings and a handled (logged) traceback in a healthy run: neither is a crash."""
+    b = Builder(rng)
+    tok_s, end = series(rng, shape_exponential, level, 600)
+    b.text(HEALTHY_NOISE[:2])
+    b.steps(tok_s[:60])
+    b.text(HEALTHY_NOISE[2:] + HANDLED_TRACEBACK)
+    b.steps(tok_s[60:])
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, step_ts=b.step_ts)
+
+
+def kind_slow(kind, seed, rng, level):
+    b, end = _healthy(kind, seed, rng, level, shape_name="exp")
+    baseline = level / float(rng.uniform(0.6, 0.8))
+    return Trace(kind, seed, b.lines, "too_slow", "fallback", None, end, level, baseline, step_ts=b.step_ts)
+
+
+def kind_near_baseline(kind, seed, rng, level):
+    """Within the tolerance of the baseline (93-105%): not too slow."""
+    b, end = _healthy(kind, seed, rng, level, shape_name="ramp")
+    baseline = level / float(rng.uniform(0.93, 1.05))
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, baseline, step_ts=b.step_ts)
+
+
+def kind_exited(kind, seed, rng, level):
+    b, end = _healthy(kind, seed, rng, level, shape_name="step")
+    b.text([f"ts={format_ts(b.ts + 1)} event=done steps={b.step}"])
+    return Trace(kind, seed, b.lines, "exited", "keep", None, end, level, exit_code=0, step_ts=b.step_ts)
+
+
+def kind_stall(kind, seed, rng, level):
+    b = Builder(rng)
+    tok_s, end = series(rng, shape_exponential, level, 700)
+    b.steps(tok_s[: int(rng.integers(30, 600))])
+    return Trace(kind, seed, b.lines, "stall", "fallback", None, end, level, end_ts=b.ts + 400, step_ts=b.step_ts)
+
+
+def kind_no_first_step(kind, seed, rng, level):
+    b = Builder(rng)
+    b.text(HEALTHY_NOISE[:2])
+    return Trace(kind, seed, b.lines, "stall", "fallback", None, None, None, end_ts=b.ts + 1000)
+
+
+def kind_slow_compile(kind, seed, rng, level):
+    """First step after 10 minutes of compilation (inside the 15-minute grace): steady, not stalled."""
+    b = Builder(rng)
+    b.ts += 600
+    tok_s, end = series(rng, shape_exponential, level, 600)
+    b.steps(tok_s)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, step_ts=b.step_ts)
+
+
+def kind_drift(kind, seed, rng, level):
+    b = Builder(rng)
+    tok_s, _ = series(rng, shape_drift, level, 600)
+    b.steps(tok_s)
+    return Trace(kind, seed, b.lines, "undecided", "none", None, None, None, step_ts=b.step_ts)
+
+
+def kind_short(kind, seed, rng, level):
+    b = Builder(rng)
+    tok_s, _ = series(rng, shape_exponential, level, 45)
+    b.steps(tok_s)
+    return Trace(kind, seed, b.lines, "undecided", "none", None, None, None, step_ts=b.step_ts)
+
+
+def kind_user_regex(kind, seed, rng, level):
+    b = Builder(rng, user_format=True)
+    tok_s, end = series(rng, shape_exponential, level, 600)
+    b.steps(tok_s)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, regex=USER_REGEX, step_ts=b.step_ts)
+
+
+def kind_crash(signature: str):
+    def make(kind, seed, rng, level):
+        b = Builder(rng)
+        tok_s, end = series(rng, shape_exponential, level, 700)
+        at = int(rng.integers(5, 500))
+        b.steps(tok_s[:at])
+        frames, exception = CRASH_TEXTS[signature]
+        worker = signature not in ("python_exception", "nccl")
+        b.text(thread_traceback(frames, exception, "Thread-2 (drafter)" if worker else None))
+        exit_code = None
+        if worker:  # the other drafter thread lives on at half the throughput
+            b.steps(tok_s[at : at + 100] * 0.5)
+        else:
+            exit_code = 1
+        return Trace(kind, seed, b.lines, "crash", EXPECTED_ACTION[signature], signature, end, level,
+                     exit_code=exit_code, step_ts=b.step_ts)
+
+    return make
+
+
+def kind_exit_nonzero(kind, seed, rng, level):
+    b = Builder(rng)
+    tok_s, end = series(rng, shape_ramp, level, 700)
+    b.steps(tok_s[: int(rng.integers(5, 500))])
+    return Trace(kind, seed, b.lines, "crash", "fallback", "exit_nonzero", end, level, exit_code=139, step_ts=b.step_ts)
+
+
+def kind_nan_loss(kind, seed, rng, level):
+    b = Builder(rng)
+    tok_s, end = series(rng, shape_exponential, level, 700)
+    at = int(rng.integers(5, 500))
+    b.steps(tok_s[:at])
+    b.lines[-1] = b.lines[-1].replace(" loss=", " loss=nan old_loss=")
+    b.steps(tok_s[at : at + 50])
+    return Trace(kind, seed, b.lines, "crash", "fallback", "nan_loss", end, level, step_ts=b.step_ts)
+
+
+def kind_worker_exception(kind, seed, rng, level):
+    """A generic exception in a worker thread: a crash although the process and other threads live on."""
+    b = Builder(rng)
+    tok_s, end = series(rng, shape_exponential, level, 700)
+    at = int(rng.integers(5, 500))
+    b.steps(tok_s[:at])
+    b.text(thread_traceback(TRAINER_FRAMES, "ValueError: expected a batch of 8 sequences, got 7", "Thread-5 (drafter)"))
+    b.steps(tok_s[at : at + 100] * 7 / 8)
+    return Trace(kind, seed, b.lines, "crash", "stop", "python_exception", end, level, step_ts=b.step_ts)
+
+
+KINDS = {
+    "exp": kind_clean,
+    "ramp": kind_clean,
+    "step": kind_clean,
+    "plateau": kind_clean,
+    "dips": kind_dips,
+    "unmarked_dips": kind_unmarked_dips,
+    "noisy_healthy": kind_noisy_healthy,
+    "slow_compile": kind_slow_compile,
+    "user_regex": kind_user_regex,
+    "slow": kind_slow,
+    "near_baseline": kind_near_baseline,
+    "exited": kind_exited,
+    "stall": kind_stall,
+    "no_first_step": kind_no_first_step,
+    "drift": kind_drift,
+    "short": kind_short,
+    "exit_nonzero": kind_exit_nonzero,
+    "nan_loss": kind_nan_loss,
+    "worker_exception": kind_worker_exception,
+    **{f"crash_{sig}": kind_crash(sig) for sig in CRASH_TEXTS},
+}
+STEADY_KINDS = [kind for kind in KINDS if kind in {
+    "exp", "ramp", "step", "plateau", "dips", "unmarked_dips", "noisy_healthy", "slow_compile", "user_regex", "near_baseline",
+}]
+
+
+def suite(seeds) -> list[Trace]:
+    return [make_trace(kind, seed) for seed in seeds for kind in KINDS]
+
+
+# ---------------------------------------------------------------- scoring
+
+
+LEVEL_TOLERANCE = 0.05  # the steady figure must be within 5% of the true level (noise up to 4%, AR(1))
+
+
+def score(trace: Trace, decision) -> dict:
+    """How a decision on `trace` fares: verdict right, premature steady, false fallback, delay, errors."""
+    declared = decision.evidence.get("steady_declared_step")
+    level_error = None
+    if decision.steady_tok_s is not None and trace.level:
+        level_error = decision.steady_tok_s / trace.level - 1
+    premature = declared is not None and (trace.warmup_end_step is None or declared < trace.warmup_end_step)
+    delay_steps = delay_s = truncation_error = None
+    if declared is not None and trace.warmup_end_step is not None and not premature:
+        delay_steps = declared - trace.warmup_end_step
+        delay_s = trace.step_ts[declared] - trace.step_ts[trace.warmup_end_step]
+        truncation_error = decision.warmup_end_step - trace.warmup_end_step
+    return {
+        "kind": trace.kind,
+        "seed": trace.seed,
+        "verdict_ok": decision.decision == trace.expect
+        and decision.signature == trace.signature
+        and decision.action == trace.expect_action,
+        "got": (decision.decision, decision.signature, decision.action),
+        "want": (trace.expect, trace.signature, trace.expect_action),
+        "premature": premature,
+        "false_fallback": decision.action == "fallback" and trace.expect_action != "fallback",
+        "steady_declared_step": declared,
+        "delay_steps": delay_steps,
+        "delay_s": delay_s,
+        "truncation_error": truncation_error,
+        "level_error": level_error,
+        "level_ok": level_error is None or abs(level_error) <= LEVEL_TOLERANCE,
+    }
