@@ -1,0 +1,73 @@
+"""`dfo replay LOG`: the verdict on a recorded log, as text or the decision JSON, with an exit status."""
+
+import json
+
+import numpy as np
+from typer.testing import CliRunner
+
+from orchestrator.cli import app
+from orchestrator.errors import UsageError
+from orchestrator.logfmt import format_ts
+
+T0 = 1_795_000_000.0
+TLS_CRASH = [
+    "Exception in thread Thread-2 (drafter):",
+    "Traceback (most recent call last):",
+    '  File "/usr/local/lib/python3.11/site-packages/torch/_inductor/cudagraph_trees.py", line 312, in get_obj',
+    "    assert torch._C._is_key_in_tls(attr_name)",
+    "AssertionError",
+]
+
+
+def write_log(path, steps=300, level=120_000.0, extra=()):
+    rng = np.random.default_rng(0)
+    lines = [f"ts={format_ts(T0)} event=start run=r"]
+    for step in range(1, steps + 1):
+        tok_s = level * (1 - 0.5 * np.exp(-step / 20)) * (1 + rng.normal(0, 0.01))
+        lines.append(f"ts={format_ts(T0 + 10 + step)} event=step step={step} tok_s={tok_s:.1f} loss=2.0 phase=train")
+    path.write_text("\n".join(lines + list(extra)) + "\n")
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(app, ["replay", *map(str, args)])
+
+
+def test_steady_log_prints_the_design_json_and_exits_0(tmp_path):
+    result = invoke(write_log(tmp_path / "run-a.log"), "--json")
+    assert result.exit_code == 0, result.output
+    decision = json.loads(result.output)
+    assert (decision["decision"], decision["run"], decision["action"]) == ("steady", "run-a", "keep")
+    assert abs(decision["steady_tok_s"] / 120_000 - 1) < 0.02 and decision["warmup_end_step"] > 0
+
+
+def test_crash_log_names_the_signature_and_exits_1(tmp_path):
+    result = invoke(write_log(tmp_path / "run-b.log", extra=TLS_CRASH))
+    assert result.exit_code == 1
+    assert "crash" in result.output and "cudagraph_tls" in result.output
+
+
+def test_baseline_makes_a_slow_run_too_slow(tmp_path):
+    result = invoke(write_log(tmp_path / "run-c.log"), "--baseline", "200000", "--json")
+    assert result.exit_code == 1 and json.loads(result.output)["decision"] == "too_slow"
+
+
+def test_the_exit_file_next_to_the_log_is_read(tmp_path):
+    log = write_log(tmp_path / "run-d.log", steps=20)
+    (tmp_path / "run-d.exit").write_text("139\n")
+    decision = json.loads(invoke(log, "--json").output)
+    assert (decision["decision"], decision["signature"]) == ("crash", "exit_nonzero")
+
+
+def test_user_format_through_regex(tmp_path):
+    log = tmp_path / "mine.log"
+    log.write_text("".join(f"[{format_ts(T0 + s).replace('T', ' ')[:-1]}] it {s} | 98000.0 tok/s\n" for s in range(1, 200)))
+    regex = r"\[(?P<ts>[^\]]+)\] it (?P<step>\d+) \| (?P<tok_s>[\d.]+) tok/s"
+    decision = json.loads(invoke(log, "--regex", regex, "--json").output)
+    assert (decision["decision"], decision["steady_tok_s"]) == ("steady", 98000.0)
+
+
+def test_missing_log_is_a_usage_error_naming_the_file(tmp_path):
+    result = invoke(tmp_path / "nope.log")
+    assert isinstance(result.exception, UsageError) and result.exception.exit_code == 2
+    assert "nope.log: no such log file" in str(result.exception)
