@@ -41,6 +41,11 @@ def test_run_feeds_input_and_env(target):
     assert target.run(["cat"]).stdout == ""  # stdin closed: a reader sees EOF, it does not hang
 
 
+def test_large_input_echoed_back_does_not_block_on_a_full_window(target):
+    data = b"0123456789abcdef" * (1 << 18)  # 4 MiB: twice paramiko's default channel window
+    assert target.run(["cat"], input=data, timeout=20).stdout.encode() == data
+
+
 def test_check_raises_command_failed_with_exit_code_and_last_lines(target):
     with pytest.raises(CommandFailed) as caught:
         target.run("echo boom >&2; exit 4", check=True)

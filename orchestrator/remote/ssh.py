@@ -115,8 +115,7 @@ class SshTarget(Target):
         deadline = started + timeout
         with self._slots, self._channel(_reporting_pgid(command), timeout) as channel:
             with self._mapped_errors(command, timeout=timeout):
-                _send_input(channel, input, deadline)
-                stdout, stderr = _collect(channel, deadline)
+                stdout, stderr = _exchange(channel, input, deadline)
             exit_code = channel.recv_exit_status() if stdout is not None else None
         pgid, stderr = _split_pgid(stderr)
         if stdout is None:
@@ -355,19 +354,19 @@ def _with_env(command: str, env: dict[str, str] | None) -> str:
     return "env " + " ".join(shlex.quote(f"{key}={value}") for key, value in env.items()) + " " + command
 
 
-def _send_input(channel: paramiko.Channel, data: bytes | None, deadline: float) -> None:
-    """Feed stdin (if any) and close it, so commands reading stdin see EOF."""
-    if data:
-        channel.settimeout(max(deadline - time.monotonic(), 0.001))
-        channel.sendall(data)
-        channel.settimeout(None)
-    channel.shutdown_write()
-
-
-def _collect(channel: paramiko.Channel, deadline: float) -> tuple[bytes | None, bytes]:
-    """Read stdout and stderr until the command exits; (None, stderr) if the deadline passes first."""
+def _exchange(channel: paramiko.Channel, data: bytes | None, deadline: float) -> tuple[bytes | None, bytes]:
+    """Feed stdin (then close it, so readers see EOF) while reading stdout and stderr until the command
+    exits; (None, stderr so far) if the deadline passes first. Interleaved, so a command that echoes a large
+    input back cannot block on a full window while we still send."""
+    pending = memoryview(data or b"")
     stdout, stderr = bytearray(), bytearray()
+    if not pending:
+        channel.shutdown_write()
     while True:
+        if pending and channel.send_ready():
+            pending = pending[channel.send(pending[:32768]):]
+            if not pending:
+                channel.shutdown_write()
         while channel.recv_ready():
             stdout += channel.recv(65536)
         while channel.recv_stderr_ready():
@@ -377,10 +376,14 @@ def _collect(channel: paramiko.Channel, deadline: float) -> tuple[bytes | None, 
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None, bytes(stderr)
-        if channel.eof_received:  # output done, exit status still in flight: select would spin
-            channel.status_event.wait(min(remaining, POLL_S))
-        else:
-            select.select([channel], [], [], min(remaining, POLL_S))
+        _wait_for_output(channel, min(remaining, 0.005 if pending else POLL_S))
+
+
+def _wait_for_output(channel: paramiko.Channel, timeout: float) -> None:
+    if channel.eof_received:  # output done, exit status still in flight: select would spin
+        channel.status_event.wait(timeout)
+    else:
+        select.select([channel], [], [], timeout)
 
 
 PGID_MARK = b"\x1edfo-pgid:"
