@@ -196,9 +196,13 @@ class ObserverBase:
     def _handle(self, record: Record) -> None:
         self.last_news = time.time()
         handler = getattr(self, "_on_" + record.type, None)
-        if handler is not None:
+        if handler is None:
+            return
+        try:
             with self.lock:
                 handler(record.header, record.payload)
+        except (KeyError, TypeError, ValueError) as exc:  # a malformed record must not end the watch
+            self._emit("error", data={"text": f"unreadable {record.type} record {record.header!r}: {exc!r}"})
 
     def _on_hello(self, header: dict, payload: bytes | None) -> None:
         if self.connected:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import signal
@@ -237,3 +238,24 @@ def test_once_prints_one_snapshot_and_exits(tmp_path):
     assert records[1].header["off"] == 4 and records[1].payload == b"two\nthr"
     assert records[2].header["exit_code"] == 0
     assert records[3].header["gpus"][0]["util_pct"] == 5
+
+
+def test_agent_is_one_stdlib_file_that_python_3_8_can_parse():
+    source = AGENT.read_text()
+    tree = ast.parse(source, feature_version=(3, 8))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= sys.stdlib_module_names | {"__future__"}, imported - sys.stdlib_module_names
+
+
+def test_a_bad_command_gets_an_error_record_and_the_agent_keeps_going(start_agent, tmp_path):
+    agent = start_agent()
+    agent.send(cmd="follow", run="r1")  # no log
+    agent.send(cmd="follow", run="r2", log=str(tmp_path / "x.log"), pid="not a pid")
+    agent.proc.stdin.write(b"not json\n")
+    agent.proc.stdin.flush()
+    records = agent.read_until(lambda rs: len(of_type(rs, "error")) == 3 and of_type(rs, "hb"))
+    assert all("bad command" in r.header["text"] for r in of_type(records, "error"))
+    assert agent.proc.poll() is None

@@ -52,6 +52,10 @@ def encode_record(header: dict, payload: bytes | None = None) -> bytes:
 # ---------------------------------------------------------------- process identity
 
 
+def optional_int(value) -> int | None:
+    return None if value is None else int(value)
+
+
 def read_proc_stat(pid: int) -> tuple[str, int] | None:
     """(state letter, starttime in clock ticks) of a live PID, or None if there is no such process."""
     try:
@@ -98,8 +102,8 @@ class Follow:
         self.run = str(cmd["run"])
         self.log = str(cmd["log"])
         self.exit = cmd.get("exit")
-        self.pid = cmd.get("pid")
-        self.starttime = cmd.get("starttime")
+        self.pid = optional_int(cmd.get("pid"))
+        self.starttime = optional_int(cmd.get("starttime"))
         self.offset = int(cmd.get("offset") or 0)
         self.inode: int | None = None
         self.reported: tuple | None = None
@@ -122,15 +126,18 @@ class Follow:
 
     def read_chunks(self, want: int) -> list[bytes]:
         records = []
-        with open(self.log, "rb") as f:
-            f.seek(self.offset)
-            while want > 0:
-                data = f.read(min(want, MAX_LOG_CHUNK))
-                if not data:
-                    break
-                records.append(encode_record({"t": "log", "run": self.run, "off": self.offset}, data))
-                self.offset += len(data)
-                want -= len(data)
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(self.offset)
+                while want > 0:
+                    data = f.read(min(want, MAX_LOG_CHUNK))
+                    if not data:
+                        break
+                    records.append(encode_record({"t": "log", "run": self.run, "off": self.offset}, data))
+                    self.offset += len(data)
+                    want -= len(data)
+        except OSError:
+            pass  # unreadable for now (permissions, removed between stat and open): the next tick retries
         return records
 
     def proc_record(self, always: bool = False) -> bytes | None:
