@@ -99,6 +99,13 @@ def test_stream_reads_incrementally_writes_stdin_and_reports_exit(target):
         assert stream.exit_code() == 7
 
 
+def test_stream_read_returns_eof_when_the_connection_drops(target, sshd):
+    stream = target.stream(["cat"])  # ends by itself once its pipes close
+    sshd.kill_sessions()
+    assert stream.read(timeout=5) == b""
+    stream.close()
+
+
 def test_refused_port_is_a_connect_error(ssh_home, sshd):
     sshd.stop()
     with pytest.raises(ConnectError, match="refused"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import shlex
 import socket
@@ -33,7 +34,7 @@ MAX_PARALLEL_COMMANDS = 8
 """Concurrent short-lived channels per connection; OpenSSH's default MaxSessions is 10 (streams use the rest)."""
 POLL_S = 0.2
 STDERR_TAIL_BYTES = 8192
-ENV_NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class SshTarget(Target):
@@ -150,6 +151,8 @@ class SshTarget(Target):
 
     def put(self, local: Path, remote: str, *, mode: int = 0o644, timeout: float = 120.0) -> None:
         local = Path(local)
+        if not local.is_file():
+            raise TransferError(f"{local} is not a readable file", where=self.name)
         size = local.stat().st_size
         with self._slots, self._mapped_errors(f"put {remote}", timeout=timeout):
             sftp = paramiko.SFTPClient.from_transport(self._transport())
@@ -219,8 +222,8 @@ class SshStream(Stream):
         with self._target._mapped_errors("stream read", timeout=timeout):
             while True:
                 self._drain_stderr()
-                if self._channel.recv_ready() or self._channel.eof_received:
-                    return self._channel.recv(n)
+                if self._channel.recv_ready() or self._channel.eof_received or self._channel.closed:
+                    return self._channel.recv(n)  # b"" once the command ended or the connection dropped
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise CommandTimeout(f"no output within {timeout:g}s", where=self._target.name)
@@ -301,6 +304,8 @@ def trust_host_key(
     timeout: float = 10.0,
 ) -> str:
     """Fetch `host`'s key and record it in known_hosts (for `dfo hostkey trust`); return its fingerprint.
+    `host` may be an ~/.ssh/config alias (HostName and Port apply); the key is fetched directly, not through
+    a ProxyJump hop.
 
     A host already trusted with the same key is left alone; one recorded with a different key raises
     HostKeyChanged (the old entry must be removed deliberately)."""
@@ -349,7 +354,7 @@ def _with_env(command: str, env: dict[str, str] | None) -> str:
     if not env:
         return command
     for key in env:
-        if not key or key[0].isdigit() or set(key) - ENV_NAME_CHARS:
+        if not ENV_NAME.fullmatch(key):
             raise ValueError(f"invalid environment variable name {key!r}")
     return "env " + " ".join(shlex.quote(f"{key}={value}") for key, value in env.items()) + " " + command
 
