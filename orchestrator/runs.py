@@ -51,6 +51,7 @@ class RunSpec:
     command: str | None = None  # a user's own command (run in the workspace) instead of the built-in trainer
     compile: str | None = None
     preset: str | None = None
+    topology: str | None = None
     args: Mapping[str, Any] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()  # names of workstation environment variables to pass through a 0600 file
@@ -101,6 +102,7 @@ def spec_for(inventory, target_name: str, variant_name: str, *, sets: Mapping[st
         command=variant.command,
         compile=variant.compile,
         preset=variant.preset,
+        topology=variant.topology,
         args={**variant.args, **(sets or {})},
         env=dict(variant.env),
         secrets=tuple(inventory.secrets),
@@ -130,14 +132,18 @@ def default_name(variant: str, now: datetime | None = None) -> str:
 # ---------------------------------------------------------------------------------------------- commands
 
 def trainer_command(spec: RunSpec, name: str, pkg_dir: str) -> str:
-    """`PYTHONPATH=PKG PYTHON -m trainer --run-name NAME ...`: args with a dot in the key go as `--set k=v`."""
+    """`PYTHONPATH=PKG PYTHON -m trainer --run-name NAME ...`: an arg `log_every: 5` goes as `--log-every 5`,
+    one with a dotted key as `--set drafter.layers=2`."""
     argv = [spec.python, "-m", "trainer", "--run-name", name]
     if spec.compile:
         argv += ["--variant", spec.compile]
     if spec.preset:
         argv += ["--preset", spec.preset]
+    if spec.topology == "procsplit":  # the trainer's default is its threaded topology
+        argv += ["--topology", "procsplit"]
     for key, value in spec.args.items():
-        argv += ["--set", f"{key}={_arg(value)}"] if "." in str(key) else [f"--{key}", _arg(value)]
+        key = str(key)
+        argv += ["--set", f"{key}={_arg(value)}"] if "." in key else [f"--{key.replace('_', '-')}", _arg(value)]
     argv += ["--wandb", spec.wandb]
     return f"PYTHONPATH={shlex.quote(pkg_dir)}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.join(argv)}"
 

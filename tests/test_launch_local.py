@@ -25,17 +25,20 @@ def test_fresh_machine_launches_the_tiny_cpu_trainer_here(tmp_path: Path) -> Non
     def dfo(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=120, env=env)
 
-    launched = dfo("launch", "--host", "here", "--variant", "nographs", "--set", "steps=100000", "--json")
+    launched = dfo("launch", "--host", "here", "--variant", "nographs", "--set", "steps=100000", "--set", "log_every=1", "--json")
     assert launched.returncode == 0, launched.stderr
     info = json.loads(launched.stdout)
     assert info["run"].startswith("train_nographs_") and info["pushed"] is True
-    log = Path(info["log"])
-    assert log.parent == tmp_path / "home" / "dfo-workspace" / "logs"
-    deadline = time.monotonic() + 120
-    while "event=step" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert "event=step" in log.read_text(), log.read_text()[-2000:]
-    assert [r["state"] for r in json.loads(dfo("runs", "--json").stdout)] == ["running"]
-    assert "event=step" in dfo("logs", info["run"], "-n", "5").stdout
-    stopped = dfo("stop", info["run"], "--grace", "20", "--json")
+    try:
+        log = Path(info["log"])
+        assert log.parent == tmp_path / "home" / "dfo-workspace" / "logs"
+        deadline = time.monotonic() + 150
+        while "event=step" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "event=step" in log.read_text(), log.read_text()[-2000:]
+        assert [r["state"] for r in json.loads(dfo("runs", "--json").stdout)] == ["running"]
+        assert "event=step" in dfo("logs", info["run"], "-n", "5").stdout
+    finally:
+        stopped = dfo("stop", info["run"], "--grace", "30", "--json")
     assert json.loads(stopped.stdout)["state"] == "stopped", stopped.stderr
+    assert json.loads(stopped.stdout)["exit_code"] == 75  # the trainer's own "stopped by SIGTERM" status

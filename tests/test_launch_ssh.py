@@ -152,7 +152,7 @@ def test_refusals_leave_nothing_started_or_written(lab: Lab) -> None:
 
 @pytest.mark.skipif(not HAS_TRAINER, reason="trainer/__main__.py is not there yet")
 def test_builtin_trainer_is_pushed_once_and_runs_in_the_container(lab: Lab) -> None:
-    first = lab.dfo("launch", "--host", "ct_a", "--variant", "nographs", "--name", "tr1", "--set", "steps=100000", "--json")
+    first = lab.dfo("launch", "--host", "ct_a", "--variant", "nographs", "--name", "tr1", "--set", "steps=100000", "--set", "log_every=1", "--json")
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["pushed"] is True
     wait_for(lambda: "event=step" in lab.log("tr1").read_text(), timeout=90, what="the trainer's first step line")

@@ -110,12 +110,12 @@ def test_command_run_is_detached_logged_recorded_and_writes_its_exit_status(stor
 
 def test_builtin_variant_runs_the_pushed_package_with_its_arguments(store, workspace, tmp_path):
     package = fake_trainer_package(tmp_path)
-    run_spec = spec(workspace, compile="nographs", preset="tiny-cpu", args={"steps": 5, "drafter.layers": 2})
+    run_spec = spec(workspace, compile="nographs", preset="tiny-cpu", args={"steps": 5, "log_every": 1, "drafter.layers": 2})
     launched = launch(LocalTarget("here"), run_spec, store, name="b1", package=package)
     assert launched.push.transferred and launched.run.trainer_hash == package.sha256
     wait_for(Path(launched.run.exit_path).exists, what="exit file")
     log = Path(launched.run.log_path).read_text()
-    assert "argv --run-name b1 --variant nographs --preset tiny-cpu --steps 5 --set drafter.layers=2 --wandb off" in log
+    assert "argv --run-name b1 --variant nographs --preset tiny-cpu --steps 5 --log-every 1 --set drafter.layers=2 --wandb off" in log
     assert f"cwd {workspace}" in log and "event=step step=2" in log
     again = launch(LocalTarget("here"), run_spec, store, name="b2", package=package)
     assert not again.push.transferred
