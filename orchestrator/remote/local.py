@@ -111,7 +111,7 @@ class LocalStream(Stream):
         try:
             self._proc.wait(timeout=KILL_GRACE_S)
         except subprocess.TimeoutExpired:
-            _kill_group(self._proc)
+            _kill_group(self._proc, drain=False)
         self._selector.close()
         self._proc.stdout.close()
 
@@ -119,14 +119,17 @@ class LocalStream(Stream):
         return self._proc.poll()
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group the command leads, then reap it."""
+def _kill_group(proc: subprocess.Popen, *, drain: bool = True) -> None:
+    """SIGKILL the process group the command leads, then reap it (draining its pipes unless a Stream owns them)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     try:
-        proc.communicate(timeout=KILL_GRACE_S)
+        if drain:
+            proc.communicate(timeout=KILL_GRACE_S)
+        else:
+            proc.wait(timeout=KILL_GRACE_S)
     except subprocess.TimeoutExpired:  # a descendant left the group and holds the pipes open
         proc.kill()
 
