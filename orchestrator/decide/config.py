@@ -34,7 +34,7 @@ class DecideConfig:
     """IQR / median of the block medians after the warm-up must not exceed this."""
     confirm_blocks: int = 2
     """Consecutive new blocks that must pass every check before steady is declared."""
-    max_interval_rel: float = 0.02
+    max_interval_rel: float = 0.015
     """Steady needs the 95% interval's half-width within this fraction of the level (a noisy run waits)."""
     drift_horizon_blocks: int = 20
     """The Theil-Sen slope is projected over at least this many blocks: a slow leak in a short window fails."""
