@@ -96,8 +96,35 @@ def _m001_initial(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX gpu_samples_target ON gpu_samples(target, ts)")
 
 
+def _m002_batches(db: sqlite3.Connection) -> None:
+    """`dfo batch`: one row per batch and one per cell of its matrix (orchestrator/batch.py reads and writes them)."""
+    db.execute(
+        "CREATE TABLE batches (name TEXT PRIMARY KEY, source TEXT, spec TEXT, created_at TEXT NOT NULL, updated_at TEXT)"
+    )
+    db.execute(
+        """CREATE TABLE batch_cells (
+            batch TEXT NOT NULL,
+            cell TEXT NOT NULL,           -- deterministic id from the matrix: the same file gives the same ids
+            position INTEGER NOT NULL,    -- order in the expanded matrix
+            target TEXT NOT NULL,
+            variant TEXT NOT NULL,
+            sets TEXT,                    -- JSON mapping of trainer arguments
+            gpus INTEGER,                 -- GPUs asked for (null: all of the target's)
+            repeat INTEGER NOT NULL,
+            state TEXT NOT NULL DEFAULT 'pending',  -- pending | running | done | failed | error
+            root_run TEXT,                -- the first run of the cell's fallback chain
+            gpu_ids TEXT,                 -- JSON list: the GPU indices it holds (CUDA_VISIBLE_DEVICES)
+            started_at TEXT,
+            ended_at TEXT,
+            outcome TEXT,                 -- JSON: final run, decision, why it ended
+            PRIMARY KEY (batch, cell)
+        )"""
+    )
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
+    ("batches and their matrix cells", _m002_batches),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 
