@@ -71,3 +71,21 @@ def test_missing_log_is_a_usage_error_naming_the_file(tmp_path):
     result = invoke(tmp_path / "nope.log")
     assert isinstance(result.exception, UsageError) and result.exception.exit_code == 2
     assert "nope.log: no such log file" in str(result.exception)
+
+
+def test_inventory_variant_gives_baseline_chain_watch_keys_and_signatures(tmp_path):
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text(
+        "hosts: {local: {transport: local, containers: {here: {ctid: null}}}}\n"
+        "variants:\n"
+        "  trees: {compile: trees, preset: tiny-cpu, baseline_tok_s: 200000}\n"
+        "  eager: {compile: eager, preset: tiny-cpu}\n"
+        "fallback: [trees, eager]\n"
+        "watch: {min_steady_steps: 250}\n"
+        "signatures: [{id: loader_died, pattern: 'DataLoader worker .* is killed', meaning: loader, next: eager}]\n"
+    )
+    slow = json.loads(invoke(write_log(tmp_path / "a.log"), "--variant", "trees", "-i", inventory, "--json").output)
+    assert (slow["decision"], slow["next_variant"]) == ("too_slow", "eager") and slow["at_step"] >= 250
+    died = write_log(tmp_path / "b.log", steps=50, extra=["RuntimeError: DataLoader worker (pid 7) is killed by signal"])
+    decision = json.loads(invoke(died, "--variant", "trees", "-i", inventory, "--json").output)
+    assert (decision["signature"], decision["action"], decision["next_variant"]) == ("loader_died", "fallback", "eager")
