@@ -270,13 +270,18 @@ def _parse_yaml(text: str, source: str) -> Any:
     return data
 
 
-def _describe(exc: ValidationError) -> list[str]:
+def describe_validation_error(exc: ValidationError, root: type[BaseModel] | None = None) -> list[str]:
+    """One `key.path: problem` line per error of `exc`, raised validating `root` (default: Inventory)."""
+    return _describe(exc, root or Inventory)
+
+
+def _describe(exc: ValidationError, root: Any = None) -> list[str]:
     lines = []
     for error in exc.errors(include_url=False):
         loc = [str(part) for part in error["loc"]]
         if error["type"] == "extra_forbidden":
             parent, key = loc[:-1], loc[-1]
-            lines.append(f"{_dotted(parent)}: unknown key {key!r}{_suggestion(parent, key)}")
+            lines.append(f"{_dotted(parent)}: unknown key {key!r}{_suggestion(parent, key, root)}")
         else:
             lines.append(f"{_dotted(loc)}: {_expected(error)}")
     return lines
@@ -315,14 +320,14 @@ def _expected(error: dict) -> str:
     return f"{msg}, got {error['input']!r}"
 
 
-def _suggestion(parent: list[str], key: str) -> str:
-    close = difflib.get_close_matches(key, _fields_at(parent), n=1)
+def _suggestion(parent: list[str], key: str, root: Any = None) -> str:
+    close = difflib.get_close_matches(key, _fields_at(parent, root), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _fields_at(loc: list[str]) -> list[str]:
+def _fields_at(loc: list[str], root: Any = None) -> list[str]:
     """The keys the model allows at `loc` (walking dict[str, X] and list[X] levels by their values)."""
-    annotation: Any = Inventory
+    annotation: Any = root or Inventory
     for part in loc:
         annotation = _unwrap(annotation)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
