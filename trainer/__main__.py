@@ -1,0 +1,128 @@
+"""`python -m trainer`: parse the command line, build the config, run a topology, exit with a status.
+
+    python -m trainer --preset tiny-cpu --variant nographs --steps 200 --run-name NAME
+                      [--set section.key=value ...] [--out DIR] [--wandb auto|off|offline|online] [--resume]
+                      [--topology threads|procsplit] [--targets DEVS] [--drafters DEVS]
+
+Exit status: 0 finished; 1 a worker thread/process failed (its traceback is in the log) or the run could not
+start; 2 bad command line or config value (the message names the key and the expected form); 75 stopped by
+SIGTERM after finishing the step in flight and writing a checkpoint (resume with --resume).
+Metric lines (logfmt) go to stdout; tracebacks and notes to stderr. This module holds no training logic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+
+from trainer.config import COMPILE_STRATEGIES, PRESETS, TOPOLOGIES, Config, ConfigError, build_config
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+# flags that are shorthands for `--set run.<key>=value` (what dfo variants pass as `args:`)
+RUN_FLAGS = ("steps", "seed", "log_every", "checkpoint_every", "targets", "drafters", "topology", "out",
+             "queue_depth", "dtype")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="DFlash-style drafter trainer")
+    parser.add_argument("--preset", default="tiny-cpu", choices=sorted(PRESETS))
+    parser.add_argument("--variant", "--compile", dest="variant", choices=COMPILE_STRATEGIES,
+                        help="compile strategy of the drafters (alias --compile)")
+    parser.add_argument("--run-name", default="run", help="names the output directory and the W&B run")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override with a dotted key, e.g. drafter.layers=2 (repeatable)")
+    parser.add_argument("--wandb", default="auto", choices=("auto", "off", "offline", "online"),
+                        help="auto: offline unless WANDB_API_KEY is set; off: no W&B at all")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/RUN_NAME/checkpoint.pt")
+    for flag in RUN_FLAGS:
+        choices = TOPOLOGIES if flag == "topology" else None
+        parser.add_argument(f"--{flag.replace('_', '-')}", dest=flag, choices=choices, help=f"= --set run.{flag}=")
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    assignments = [f"run.{flag}={getattr(args, flag)}" for flag in RUN_FLAGS if getattr(args, flag) is not None]
+    if args.variant:
+        assignments.append(f"run.compile={args.variant}")
+    return build_config(args.preset, assignments + args.overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    # torch and the models load only after the config is known to be good: a bad --set answers at once
+    from trainer.metrics import MetricLog, open_sink
+
+    run_dir = Path(cfg.run.out) / args.run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        sink = open_sink(args.wandb, args.run_name, cfg.to_dict(), str(run_dir))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    log = MetricLog(sink=sink)
+    try:
+        return start_topology(cfg, args, log, run_dir)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        log.emit("error", reason=str(exc))
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - the main thread's last word: traceback, then an error line
+        traceback.print_exc()
+        log.emit("error", reason=f"{type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    finally:
+        log.close()
+
+
+def start_topology(cfg: Config, args: argparse.Namespace, log, run_dir: Path) -> int:
+    if cfg.run.topology == "procsplit":
+        from trainer.procsplit import run_procsplit
+
+        return run_procsplit(cfg, args.run_name, log, run_dir, args.resume)
+    return run_threads(cfg, args.run_name, log, run_dir, args.resume)
+
+
+def log_start(cfg: Config, run_name: str, log) -> None:
+    import torch
+
+    from trainer.compile import strategy_settings
+
+    settings = " ".join(f"{k}={v}" for k, v in strategy_settings(cfg.run.compile, cfg.run.localtls_mode).items())
+    log.emit("start", run=run_name, variant=cfg.run.compile, topology=cfg.run.topology, torch=torch.__version__,
+             targets=cfg.run.targets, drafters=cfg.run.drafters, config=cfg.hash(), steps=cfg.run.steps,
+             dtype=cfg.run.dtype, compile_settings=settings, pid=os.getpid())
+
+
+def run_threads(cfg: Config, run_name: str, log, run_dir: Path, resume: bool) -> int:
+    from trainer.data import build_source
+    from trainer.pipeline import ThreadedRun
+
+    log_start(cfg, run_name, log)
+    source = build_source(cfg)
+    pipeline = ThreadedRun(cfg, source, log, run_dir, resume)
+    threading.excepthook = pipeline.on_worker_exception
+    signal.signal(signal.SIGTERM, lambda *_: pipeline.state.stop_requested.set())
+    pipeline.start()
+    return pipeline.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # worker threads may sit in CUDA calls: do not wait for them at interpreter exit

@@ -1,0 +1,119 @@
+"""Compile strategies for the drafter's training forward: one named function each, applied in one place.
+
+`apply_strategy(name, module)` returns a `Compiled` holding the callable to train with, the untouched
+module (kept for checkpoints and optimizers), the exact settings made (logged in event=start), and the
+hooks a worker must call: `thread_init` once at the start of each worker thread, `step_begin` before each
+step. This module knows nothing about threads, queues or devices beyond those hooks.
+
+Strategies (see ../shared/crash-signatures.md for how they fail under worker threads):
+    eager      no compilation
+    nographs   torch.compile(dynamic=False, options={"triton.cudagraphs": False})
+    notrees    torch.compile(mode="reduce-overhead") with inductor triton.cudagraph_trees = False
+    trees      torch.compile(mode="reduce-overhead"): CUDAGraph Trees
+    localtls   trees, plus per-thread set-up of the trees' thread-local state through
+               torch._C._stash_obj_in_tls (mode "share": the importing thread's containers; "fresh": new ones)
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+TREE_TLS_KEYS = ("tree_manager_containers", "tree_manager_locks")
+_GRAPHS = "mode=reduce-overhead dynamic=False"
+SETTINGS: dict[str, dict[str, str]] = {
+    "eager": {"torch.compile": "off"},
+    "nographs": {"torch.compile": "dynamic=False", "options": "triton.cudagraphs=False"},
+    "notrees": {"torch.compile": _GRAPHS, "inductor.triton.cudagraph_trees": "False"},
+    "trees": {"torch.compile": _GRAPHS, "inductor.triton.cudagraph_trees": "True"},
+    "localtls": {"torch.compile": _GRAPHS, "inductor.triton.cudagraph_trees": "True",
+                 "thread_init": f"torch._C._stash_obj_in_tls({'+'.join(TREE_TLS_KEYS)})"},
+}
+
+
+def strategy_settings(name: str, localtls_mode: str = "share") -> dict[str, str]:
+    """Exactly what a strategy sets, for the start line."""
+    settings = dict(SETTINGS[name])
+    if name == "localtls":
+        settings["thread_init"] += f" mode={localtls_mode}"
+    return settings
+
+
+@dataclass
+class Compiled:
+    step_fn: Callable
+    module: nn.Module
+    settings: dict[str, str]
+    thread_init: Callable[[], None] = lambda: None
+    step_begin: Callable[[], None] = lambda: None
+    uses_graphs: bool = False
+
+
+def compile_eager(module: nn.Module) -> Compiled:
+    return Compiled(module, module, SETTINGS["eager"])
+
+
+def compile_nographs(module: nn.Module) -> Compiled:
+    fn = torch.compile(module, dynamic=False, options={"triton.cudagraphs": False})
+    return Compiled(fn, module, SETTINGS["nographs"])
+
+
+def _mark_step_begin() -> None:
+    torch.compiler.cudagraph_mark_step_begin()
+
+
+def compile_notrees(module: nn.Module) -> Compiled:
+    import torch._inductor.config as inductor_config
+
+    inductor_config.triton.cudagraph_trees = False
+    fn = torch.compile(module, mode="reduce-overhead", dynamic=False)
+    return Compiled(fn, module, SETTINGS["notrees"], step_begin=_mark_step_begin, uses_graphs=True)
+
+
+def compile_trees(module: nn.Module) -> Compiled:
+    fn = torch.compile(module, mode="reduce-overhead", dynamic=False)
+    return Compiled(fn, module, SETTINGS["trees"], step_begin=_mark_step_begin, uses_graphs=True)
+
+
+def _importing_thread_tree_state() -> dict[str, object]:
+    """The trees' thread-local containers as the thread that imported cudagraph_trees holds them."""
+    import torch._inductor.cudagraph_trees as trees
+
+    return {key: trees.get_obj(trees.local, key) for key in TREE_TLS_KEYS}
+
+
+def compile_localtls(module: nn.Module, mode: str = "share") -> Compiled:
+    compiled = compile_trees(module)
+    shared = _importing_thread_tree_state() if mode == "share" else None
+
+    def thread_init() -> None:
+        if threading.current_thread() is threading.main_thread():
+            return
+        state = shared or {"tree_manager_containers": {}, "tree_manager_locks": defaultdict(threading.Lock)}
+        for key in TREE_TLS_KEYS:
+            torch._C._stash_obj_in_tls(key, state[key])
+
+    compiled.thread_init = thread_init
+    compiled.settings = strategy_settings("localtls", mode)
+    return compiled
+
+
+STRATEGIES: dict[str, Callable[..., Compiled]] = {
+    "eager": compile_eager,
+    "nographs": compile_nographs,
+    "notrees": compile_notrees,
+    "trees": compile_trees,
+    "localtls": compile_localtls,
+}
+
+
+def apply_strategy(name: str, module: nn.Module, localtls_mode: str = "share") -> Compiled:
+    """The one place a strategy is applied."""
+    if name == "localtls":
+        return compile_localtls(module, localtls_mode)
+    return STRATEGIES[name](module)

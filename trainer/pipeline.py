@@ -1,0 +1,406 @@
+"""The threaded topology: target producer threads -> bounded queues -> drafter threads, in one process.
+
+One producer thread per target device runs the frozen target and puts (tokens, features, anchors) into one
+bounded queue per drafter it serves (drafter d is served by producer d % n_targets). One drafter thread per
+drafter device (a device may repeat) trains its own replica. After every backward the drafter threads meet
+at a barrier whose action averages the gradients of all replicas in-process (flatten, sum on the first
+replica's device, copy back: the same code for CUDA and CPU "devices"), so replicas stay bit-identical.
+
+Failure: a dying worker's traceback is printed by threading.excepthook, then the failure is recorded, the
+barrier is broken and the main thread ends the process with EXIT_WORKER_FAILED. SIGTERM: the step in
+flight finishes, a checkpoint is written, the process exits EXIT_STOPPED. What is not here: the model
+(model.py), compile strategies (compile.py), formatting (metrics.py), the CLI (__main__.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import queue
+import resource
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.compile import Compiled, apply_strategy
+from trainer.config import Config
+from trainer.data import TokenSource
+from trainer.metrics import MetricLog
+from trainer.model import BlockLayout, DraftObjective, Drafter, build_mask, build_target, model_dtype
+
+EXIT_OK = 0
+EXIT_WORKER_FAILED = 1
+EXIT_USAGE = 2
+EXIT_STOPPED = 75  # SIGTERM honoured: checkpoint written, resumable (EX_TEMPFAIL)
+POLL_S = 0.2
+
+
+@dataclass
+class Batch:
+    step: int
+    tokens: torch.Tensor  # (b, T) on the target device
+    features: torch.Tensor  # (b, T, K*H) on the target device
+    anchors: torch.Tensor  # (b, A) on the target device
+
+
+@dataclass
+class RunState:
+    """What the threads share: stop/failure flags and the outcome."""
+
+    stop_requested: threading.Event = field(default_factory=threading.Event)
+    failed: threading.Event = field(default_factory=threading.Event)
+    failure: str = ""
+    stop_at: int | None = None  # set in the barrier action: the last step every replica runs
+
+    def record_failure(self, where: str, exc: BaseException) -> None:
+        if not self.failed.is_set():
+            self.failure = f"{where}: {type(exc).__name__}: {exc}"
+        self.failed.set()
+
+    def should_quit(self) -> bool:
+        return self.failed.is_set()
+
+
+def is_cuda(device: str) -> bool:
+    return device.startswith("cuda")
+
+
+def stream_for(device: str):
+    """A side CUDA stream for this thread's work (none on CPU)."""
+    return torch.cuda.Stream(device=device) if is_cuda(device) else None
+
+
+def stream_context(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def synchronize(device: str) -> None:
+    if is_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+def put_until(q: queue.Queue, item: object, state: RunState) -> bool:
+    """Put, giving up when the run fails or stops; returns whether the item went in."""
+    while not state.should_quit():
+        try:
+            q.put(item, timeout=POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def get_until(q: queue.Queue, state: RunState, timeout_s: float) -> Batch | None:
+    deadline = time.monotonic() + timeout_s
+    while not state.should_quit():
+        try:
+            return q.get(timeout=POLL_S)
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no batch from the target producer in {timeout_s:.0f} s") from None
+    return None
+
+
+# ------------------------------------------------------------------------------------------- producer
+
+
+class Producer:
+    """Runs the frozen target on one device for the drafters it serves."""
+
+    def __init__(self, target: nn.Module, device: str, source: TokenSource, serves: list[int],
+                 queues: list[queue.Queue], steps: range, state: RunState) -> None:
+        self.target, self.device, self.source = target, device, source
+        self.serves, self.queues, self.steps, self.state = serves, queues, steps, state
+
+    def run(self) -> None:
+        stream = stream_for(self.device)
+        for step in self.steps:
+            for drafter in self.serves:
+                with stream_context(stream):
+                    batch = self.produce(step, drafter)
+                if stream is not None:
+                    stream.synchronize()  # the consumer may run on another stream or device
+                if not put_until(self.queues[drafter], batch, self.state):
+                    return
+
+    def produce(self, step: int, drafter: int) -> Batch:
+        tokens, anchors = self.source.batch(step, drafter)  # (b, T), (b, A) on CPU
+        tokens = tokens.to(self.device, non_blocking=True)
+        features = self.target.features(tokens)  # (b, T, K*H)
+        return Batch(step, tokens, features, anchors.to(self.device, non_blocking=True))
+
+
+# ------------------------------------------------------------------------------------------ replicas
+
+
+@dataclass
+class Replica:
+    index: int
+    device: str
+    drafter: Drafter
+    compiled: Compiled
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    use_flex: bool
+    autocast: bool
+    stream: object = None
+    stats: tuple[torch.Tensor, ...] = ()
+
+
+def build_optimizer(cfg: Config, drafter: nn.Module, device: str):
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                                  fused=is_cuda(device))
+    warmup = max(cfg.optim.warmup_steps, 1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    return optimizer, scheduler
+
+
+def build_replicas(cfg: Config, frozen: dict[str, tuple[nn.Module, nn.Module]]) -> list[Replica]:
+    """Identical replicas: built once from the seed on the first drafter device, then copied."""
+    torch.manual_seed(cfg.run.seed + 1)
+    with torch.device(cfg.run.drafter_devices[0]):
+        prototype = Drafter(cfg.target, cfg.drafter)
+    replicas = []
+    for index, device in enumerate(cfg.run.drafter_devices):
+        drafter = copy.deepcopy(prototype).to(device)
+        embed, lm_head = frozen[device]
+        objective = DraftObjective(drafter, embed, lm_head, cfg).to(device)
+        compiled = apply_strategy(cfg.run.compile, objective, cfg.run.localtls_mode)
+        optimizer, scheduler = build_optimizer(cfg, drafter, device)
+        attention = cfg.drafter.attention
+        use_flex = attention == "flex" or (attention == "auto" and is_cuda(device))
+        autocast = cfg.run.dtype == "bf16" and is_cuda(device)
+        replicas.append(Replica(index, device, drafter, compiled, optimizer, scheduler, use_flex, autocast))
+    return replicas
+
+
+def build_targets(cfg: Config) -> dict[str, nn.Module]:
+    """One identical frozen target per target device (built on the first, copied to the others)."""
+    devices = list(dict.fromkeys(cfg.run.target_devices))
+    first = build_target(cfg, devices[0]).to(dtype=model_dtype(cfg))
+    return {device: first if device == devices[0] else copy.deepcopy(first).to(device) for device in devices}
+
+
+def frozen_heads(cfg: Config, targets: dict[str, nn.Module]) -> dict[str, tuple[nn.Module, nn.Module]]:
+    """The target's embedding and lm_head on every drafter device (shared where a target lives)."""
+    any_target = next(iter(targets.values()))
+    heads = {}
+    for device in cfg.run.drafter_devices:
+        if device in targets:
+            heads[device] = (targets[device].embed, targets[device].lm_head)
+        elif device not in heads:
+            heads[device] = (copy.deepcopy(any_target.embed).to(device),
+                             copy.deepcopy(any_target.lm_head).to(device))
+    return heads
+
+
+# ------------------------------------------------------------------------------- gradient averaging
+
+
+def average_gradients(replicas: list[Replica]) -> None:
+    """Mean of every replica's gradients, written back into each replica: bit-identical afterwards."""
+    if len(replicas) < 2:
+        return
+    for replica in replicas:
+        synchronize(replica.device)
+    grads = [[p.grad for p in r.drafter.parameters()] for r in replicas]
+    flats = [torch._utils._flatten_dense_tensors(g) for g in grads]
+    root = replicas[0].device
+    total = flats[0].clone()
+    for flat in flats[1:]:
+        total += flat.to(root)
+    total /= len(replicas)
+    for replica, flat, grad_list in zip(replicas, flats, grads):
+        flat.copy_(total.to(replica.device))
+        for grad, averaged in zip(grad_list, torch._utils._unflatten_dense_tensors(flat, grad_list)):
+            grad.copy_(averaged)
+        synchronize(replica.device)
+
+
+# ----------------------------------------------------------------------------------------- the run
+
+
+class Reporter:
+    """Turns per-step replica stats into event=step lines; runs inside the barrier action."""
+
+    def __init__(self, cfg: Config, log: MetricLog, queues: list[queue.Queue], start_step: int,
+                 active: Callable[[], int]) -> None:
+        self.cfg, self.log, self.queues, self.active = cfg, log, queues, active
+        self.warmup_end = start_step + cfg.run.warmup_log_steps
+        self.tokens_per_step = len(queues) * cfg.data.batch * cfg.data.seq_len
+        self.interval_start, self.interval_steps = time.monotonic(), 0
+        self.last_step = cfg.run.steps
+
+    def after_step(self, done: int, replicas: list[Replica]) -> None:
+        """`done` = steps completed (1-based)."""
+        self.interval_steps += 1
+        at_warmup_end = done == self.warmup_end
+        if done % self.cfg.run.log_every and done != self.last_step and not at_warmup_end:
+            return
+        elapsed = time.monotonic() - self.interval_start
+        loss, acc, accept = (sum(float(r.stats[i]) for r in replicas) / len(replicas) for i in range(3))
+        self.log.emit(
+            "step", step=done, tok_s=self.tokens_per_step * self.interval_steps / max(elapsed, 1e-9),
+            loss=loss, acc=acc, accept_len=accept, lr=replicas[0].scheduler.get_last_lr()[0],
+            q_fill=sum(q.qsize() / q.maxsize for q in self.queues) / len(self.queues),
+            active=f"{self.active()}/{len(replicas)}", mem_gb=memory_gb(replicas),
+            phase="warmup" if done <= self.warmup_end else "train",
+        )
+        self.interval_start, self.interval_steps = time.monotonic(), 0
+
+
+def memory_gb(replicas: list[Replica]) -> float:
+    cuda_devices = {r.device for r in replicas if is_cuda(r.device)}
+    if cuda_devices:
+        return max(torch.cuda.max_memory_allocated(d) for d in cuda_devices) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB -> GB
+
+
+class ThreadedRun:
+    """Owns the threads of one training run and decides how the process ends."""
+
+    def __init__(self, cfg: Config, source: TokenSource, log: MetricLog, run_dir: Path,
+                 resume: bool) -> None:
+        self.cfg, self.source, self.log, self.run_dir = cfg, source, log, run_dir
+        self.state = RunState()
+        self.config_hash = cfg.hash()
+        self.targets = build_targets(cfg)
+        self.replicas = build_replicas(cfg, frozen_heads(cfg, self.targets))
+        self.start_step = self._restore() if resume else 0
+        self.queues = [queue.Queue(maxsize=cfg.run.queue_depth) for _ in self.replicas]
+        self.reporter = Reporter(cfg, log, self.queues, self.start_step, self._active_count)
+        self.barrier = threading.Barrier(len(self.replicas), action=self._after_backward)
+        self.done_step = self.start_step
+        self.workers: list[threading.Thread] = []
+
+    def _restore(self) -> int:
+        state = load_checkpoint(self.run_dir, self.config_hash)
+        for replica in self.replicas:
+            replica.drafter.load_state_dict(state["drafter"])
+            replica.optimizer.load_state_dict(state["optimizer"])
+            replica.scheduler.load_state_dict(state["scheduler"])
+        return int(state["step"])
+
+    def _active_count(self) -> int:
+        return sum(1 for w in self.workers if w.name.startswith("drafter") and w.is_alive())
+
+    # barrier action: runs once per step, in the last replica thread to arrive, while the others wait
+    def _after_backward(self) -> None:
+        average_gradients(self.replicas)
+        self.done_step += 1
+        if self.state.stop_requested.is_set() and self.state.stop_at is None:
+            self.state.stop_at = self.done_step
+        self.reporter.after_step(self.done_step, self.replicas)
+
+    def start(self) -> None:
+        steps = range(self.start_step, self.cfg.run.steps)
+        n_targets = len(self.targets)
+        for t_index, (device, target) in enumerate(self.targets.items()):
+            serves = [d for d in range(len(self.replicas)) if d % n_targets == t_index]
+            producer = Producer(target, device, self.source, serves, self.queues, steps, self.state)
+            self._spawn(f"target{t_index}", producer.run)
+        for replica in self.replicas:
+            self._spawn(f"drafter{replica.index}", lambda r=replica: self._train(r, steps))
+
+    def _spawn(self, name: str, body) -> None:
+        thread = threading.Thread(target=body, name=name, daemon=True)
+        self.workers.append(thread)
+        thread.start()
+
+    def _train(self, replica: Replica, steps: range) -> None:
+        replica.compiled.thread_init()
+        replica.stream = stream_for(replica.device)
+        with stream_context(replica.stream):
+            for step in steps:
+                batch = get_until(self.queues[replica.index], self.state, self.cfg.run.step_timeout_s)
+                if batch is None or not self._train_step(replica, step, batch):
+                    return
+                if self.state.stop_at is not None and self.state.stop_at <= step + 1:
+                    return
+
+    def _train_step(self, replica: Replica, step: int, batch: Batch) -> bool:
+        debug = self.cfg.debug
+        if step == debug.fail_at_step and replica.index == debug.fail_drafter:
+            raise RuntimeError(f"debug.fail_at_step={step}: injected failure in drafter {replica.index}")
+        if debug.step_sleep_s:
+            time.sleep(debug.step_sleep_s)
+        started = time.monotonic()
+        self._forward_backward(replica, batch)
+        if step == self.start_step:
+            synchronize(replica.device)
+            self.log.emit("compile", drafter=replica.index, device=replica.device, variant=self.cfg.run.compile,
+                          seconds=time.monotonic() - started)
+        try:
+            self.barrier.wait(timeout=self.cfg.run.step_timeout_s)
+        except threading.BrokenBarrierError:
+            if self.state.failed.wait(timeout=2.0):  # another worker broke it: its failure is the story
+                return False
+            raise TimeoutError(f"drafter replicas did not meet within {self.cfg.run.step_timeout_s:.0f} s") from None
+        self._optimizer_step(replica)
+        done = step + 1
+        every = self.cfg.run.checkpoint_every
+        if replica.index == 0 and every and done % every == 0 and done != self.cfg.run.steps:
+            self.write_checkpoint(done)
+        return True
+
+    def _forward_backward(self, replica: Replica, batch: Batch) -> None:
+        device = replica.device
+        tokens = batch.tokens.to(device, non_blocking=True)
+        features = batch.features.to(device, non_blocking=True)
+        anchors = batch.anchors.to(device, non_blocking=True)
+        if replica.stream is not None:
+            for tensor in (tokens, features, anchors):
+                tensor.record_stream(replica.stream)
+        mask = build_mask(BlockLayout(anchors, self.cfg.drafter.block_size, tokens.shape[1]), replica.use_flex)
+        replica.compiled.step_begin()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=replica.autocast):
+            loss, acc, accept = replica.compiled.step_fn(tokens, features, anchors, mask)
+        loss.backward()
+        replica.stats = (loss.detach().clone(), acc.detach().clone(), accept.detach().clone())
+
+    def _optimizer_step(self, replica: Replica) -> None:
+        if self.cfg.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(replica.drafter.parameters(), self.cfg.optim.grad_clip)
+        replica.optimizer.step()
+        replica.scheduler.step()
+        replica.optimizer.zero_grad(set_to_none=False)
+
+    def write_checkpoint(self, step: int) -> None:
+        replica = self.replicas[0]
+        synchronize(replica.device)
+        path = save_checkpoint(self.run_dir, step, self.config_hash, replica.drafter, replica.optimizer,
+                               replica.scheduler)
+        self.log.emit("checkpoint", step=step, path=str(path))
+
+    def wait(self) -> int:
+        """Block until the workers finish, fail or are told to stop; returns the process exit status."""
+        drafters = [w for w in self.workers if w.name.startswith("drafter")]
+        while any(w.is_alive() for w in drafters):
+            if self.state.failed.is_set():
+                return self._fail()
+            time.sleep(POLL_S)
+        if self.state.failed.is_set():
+            return self._fail()
+        final = self.done_step
+        self.write_checkpoint(final)
+        stopped = self.state.stop_at is not None and final < self.cfg.run.steps
+        self.log.emit("done", step=final, reason="sigterm" if stopped else "finished",
+                      exit=EXIT_STOPPED if stopped else EXIT_OK)
+        return EXIT_STOPPED if stopped else EXIT_OK
+
+    def _fail(self) -> int:
+        self.barrier.abort()
+        self.log.emit("error", step=self.done_step, reason=self.state.failure)
+        return EXIT_WORKER_FAILED
+
+    def on_worker_exception(self, args: threading.ExceptHookArgs) -> None:
+        """threading.excepthook: print the traceback first, then flag the run as failed."""
+        threading.__excepthook__(args)
+        self.state.record_failure(args.thread.name if args.thread else "thread", args.exc_value)
+        self.barrier.abort()
