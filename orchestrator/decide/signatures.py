@@ -16,7 +16,6 @@ Pure: no I/O, no clock.
 from __future__ import annotations
 
 import re
-from collections import deque
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
@@ -189,14 +188,12 @@ class MatchTracker:
 
     def __init__(self, catalogue: Catalogue) -> None:
         self.catalogue = catalogue
-        self.recent: deque[str] = deque(maxlen=WINDOW_LINES)
         self._traceback: list[str] | None = None
         self._thread: str | None = None
         self._pending_thread: str | None = None
 
     def feed(self, text: str) -> list[Match]:
         line = text.rstrip("\r\n")
-        self.recent.append(line)
         matches: list[Match] = []
         if self._traceback is not None:
             completed = self._extend_traceback(line)

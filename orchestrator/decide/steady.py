@@ -210,8 +210,8 @@ class SteadyDetector:
         minimums_ok, minimums_why = self._minimums_met()
         self._good_blocks_in_a_row = self._good_blocks_in_a_row + 1 if checks["ok"] and minimums_ok else 0
         if self._good_blocks_in_a_row < self.config.confirm_blocks:
-            why = minimums_why if checks["ok"] and not minimums_ok else "not stable yet" if not checks["ok"] else ""
-            self._undecided(f"warming up: {why or 'confirming'} (warm-up end at block {d} of {n})", d, checks)
+            why = "not stable yet" if not checks["ok"] else minimums_why or "confirming"
+            self._undecided(f"warming up: {why} (warm-up end at block {d} of {n})", d, checks)
             return
         self._truncation = d
         self._refine(checks)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 from tracegen import CRASH_TEXTS, HANDLED_TRACEBACK, TRAINER_FRAMES, thread_traceback
 
-from orchestrator.decide import DecideConfig, EventObs, ExitObs, GpuObs, LineObs, RunJudge, StepObs, TickObs
+from orchestrator.decide import EventObs, ExitObs, GpuObs, LineObs, RunJudge, StepObs, TickObs
 
 T0 = 1_795_000_000.0
 CHAIN = ("trees", "notrees", "nographs", "eager")
