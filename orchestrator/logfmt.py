@@ -22,6 +22,8 @@ from datetime import datetime, timezone
 from .errors import UsageError
 
 PAIR_RE = re.compile(r'([A-Za-z_][\w.\-/]*)=("(?:[^"\\]|\\.)*"|[^\s"]*)')
+UNESCAPE_RE = re.compile(r"\\(.)")
+ESCAPES = {"n": "\n", "t": "\t"}
 PHASES = frozenset({"warmup", "train", "eval", "checkpoint"})
 FLOAT_FIELDS = ("loss", "acc", "lr", "q_fill", "mem_gb")
 KNOWN_KEYS = frozenset({"ts", "event", "step", "tok_s", "phase", "active", *FLOAT_FIELDS})
@@ -97,7 +99,7 @@ def logfmt_pairs(text: str) -> dict[str, str]:
     pairs: dict[str, str] = {}
     for key, raw in PAIR_RE.findall(text):
         if raw.startswith('"') and raw.endswith('"') and len(raw) >= 2:
-            raw = re.sub(r"\\(.)", r"\1", raw[1:-1])
+            raw = UNESCAPE_RE.sub(lambda m: ESCAPES.get(m.group(1), m.group(1)), raw[1:-1])
         pairs[key] = raw
     return pairs
 

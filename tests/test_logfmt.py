@@ -29,6 +29,11 @@ def test_quoted_values_and_unknown_keys_are_kept():
     assert record.extra == {"note": 'warm "cache" hit', "gpu": "3"}
 
 
+def test_the_trainers_escapes_round_trip():
+    record = parse_logfmt('ts=2026-11-29T11:40:03Z event=error reason="line one\\nsaid \\"x=1\\" in C:\\\\tmp"')
+    assert record.fields["reason"] == 'line one\nsaid "x=1" in C:\\tmp'
+
+
 def test_nan_loss_is_parsed_not_dropped():
     record = parse_logfmt("ts=2026-11-29T11:40:03Z event=step step=3 tok_s=10 loss=nan")
     assert math.isnan(record.loss)
@@ -80,3 +85,15 @@ def test_user_regex_without_time_takes_the_received_time_and_falls_back_to_logfm
 def test_bad_user_regex_is_a_usage_error(pattern):
     with pytest.raises(UsageError):
         RegexExtractor(pattern)
+
+
+def test_the_trainers_own_step_lines_parse_back_to_what_it_wrote():
+    from trainer.metrics import format_line  # the writer side of the contract
+
+    fields = {"step": 120, "tok_s": 153200.5, "loss": 2.31, "acc": 0.412, "lr": 0.0003, "q_fill": 0.94,
+              "active": "7/8", "mem_gb": 61.25, "phase": "warmup", "accept_len": 3.25}
+    record = parse_logfmt(format_line("step", fields, ts="2026-11-29T11:40:03.123Z"))
+    assert (record.step, record.tok_s, record.loss, record.lr, record.active, record.phase) == (
+        120, 153200.5, 2.31, 0.0003, "7/8", "warmup"
+    )
+    assert record.extra == {"accept_len": "3.250"}

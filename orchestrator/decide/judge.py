@@ -190,8 +190,12 @@ class RunJudge:
             return
         text = " ".join(f"{k}={v}" for k, v in obs.fields.items())
         signature = self.catalogue.match_line(text)
-        signature = signature if signature is not None and signature.fatal else PSEUDO["trainer_error"]
-        self._crash(signature, Match(signature, text), obs.ts, signature.meaning)
+        if signature is not None and signature.fatal:
+            self._crash(signature, Match(signature, text), obs.ts, signature.meaning)
+        elif self.pending_traceback is not None:  # the trainer's last word after the traceback that ended it
+            self._settle_pending_traceback(obs.ts, run_went_on=False)
+        else:
+            self._crash(PSEUDO["trainer_error"], Match(PSEUDO["trainer_error"], text), obs.ts, text)
 
     def _on_exit(self, obs: ExitObs) -> None:
         self.exit_code = obs.code

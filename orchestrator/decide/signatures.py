@@ -111,7 +111,7 @@ PSEUDO = {
     "python_exception": Signature("python_exception", r"(?!)", "an uncaught Python exception ended the run", None),
     "nan_loss": Signature("nan_loss", r"(?!)", "the loss became NaN or infinite"),
     "exit_nonzero": Signature("exit_nonzero", r"(?!)", "the process exited with a non-zero status"),
-    "trainer_error": Signature("trainer_error", r"(?!)", "the trainer reported event=error"),
+    "trainer_error": Signature("trainer_error", r"(?!)", "the trainer reported event=error", None),
 }
 
 

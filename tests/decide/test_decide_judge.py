@@ -114,6 +114,15 @@ def test_trainer_error_event_is_a_crash_with_the_signature_of_its_message():
     assert (decision.decision, decision.signature) == ("crash", "cuda_oom")
 
 
+def test_trainer_error_after_a_generic_traceback_is_python_exception_and_stops():
+    j = judge()
+    feed_steps(j, 10)
+    feed_lines(j, thread_traceback(TRAINER_FRAMES, "ValueError: bad batch", "Thread-5 (drafter)"), T0 + 10.5)
+    decision = j.feed(EventObs(T0 + 10.6, "error", {"step": "10", "reason": "Thread-5 (drafter): ValueError: bad batch"}))
+    assert (decision.decision, decision.signature, decision.action) == ("crash", "python_exception", "stop")
+    assert decision.evidence["thread"] == "Thread-5 (drafter)"
+
+
 def test_stall_after_the_first_step_uses_the_floor_and_reports_the_gpus():
     j = judge()
     feed_steps(j, 50)  # 1 s per step: 10 x 1 s < the 120 s floor
