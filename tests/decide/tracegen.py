@@ -376,7 +376,8 @@ def kind_crash(signature: str):
         exit_code = None
         if worker:  # the other drafter thread lives on at half the throughput
             b.steps(tok_s[at : at + 100] * 0.5)
-        else:
+        else:  # the trainer's last word after the traceback, then the process ends
+            b.text([f'ts={format_ts(b.ts + 0.1)} event=error reason="{exception.splitlines()[0][:80]}"'])
             exit_code = 1
         return Trace(kind, seed, b.lines, "crash", EXPECTED_ACTION[signature], signature, end, level,
                      exit_code=exit_code, step_ts=b.step_ts)
