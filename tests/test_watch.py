@@ -1,0 +1,197 @@
+"""The watch loop over LocalTarget with real agent processes and small trainers written as `command:` variants:
+steady reached, a crash falls back to the next variant (linked, named for its chain), --no-fallback only
+reports, and a re-attach continues from the stored offsets without counting a step twice."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import write_inventory
+from orchestrator.connections import Connections
+from orchestrator.inventory import load_inventory
+from orchestrator.runs import launch, spec_for, stop
+from orchestrator.store import Store
+from orchestrator.watch import Watcher, fallback_names
+
+PY = sys.executable
+# Thresholds shortened for tests through the inventory's `watch:` section (decide/ keeps its own defaults).
+FAST_WATCH = {"min_steady_steps": 40, "min_steady_seconds": 1, "stall_floor_s": 30, "first_step_grace_s": 60}
+
+STEADY_TRAINER = """\
+import random, sys, time
+from datetime import datetime, timezone
+steps, every = int(sys.argv[1]), float(sys.argv[2])
+rng = random.Random(7)
+print("ts=%s event=start" % datetime.now(timezone.utc).isoformat(), flush=True)
+for step in range(1, steps + 1):
+    ts = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    tok_s = 1000.0 * (1 + rng.uniform(-0.004, 0.004))
+    print(f"ts={ts} event=step step={step} tok_s={tok_s:.1f} loss={2.0 / step:.4f} q_fill=0.90 active=1/1", flush=True)
+    time.sleep(every)
+"""
+
+# crash-signatures.md's cudagraph_tls, as a threaded trainer prints it when one drafter thread dies; the
+# process then stays alive (the other threads go on, the GPU of the dead one idles).
+CUDAGRAPH_TLS_CRASH = """\
+import sys, time
+from datetime import datetime, timezone
+def now():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+SITE = "/usr/local/lib/python3.11/site-packages"
+for step in (1, 2, 3):
+    print(f"ts={now()} event=step step={step} tok_s=900.0 loss=3.0 active=2/2", flush=True)
+    time.sleep(0.05)
+print(f'''Exception in thread Thread-2 (drafter):
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/threading.py", line 1045, in _bootstrap_inner
+    self.run()
+  File "/usr/lib/python3.11/threading.py", line 982, in run
+    self._target(*self._args, **self._kwargs)
+  File "/workspace/.dfo/pkg/ab12/trainer/pipeline.py", line 88, in drafter_loop
+    loss = step_fn(batch)
+  File "{SITE}/torch/_dynamo/eval_frame.py", line 655, in _fn
+    return fn(*args, **kwargs)
+  File "{SITE}/torch/_inductor/cudagraph_trees.py", line 365, in get_container
+    tree_manager_containers = self.tls_containers()
+  File "{SITE}/torch/_inductor/cudagraph_trees.py", line 312, in get_obj
+    assert torch._C._is_key_in_tls(attr_name)
+AssertionError''', flush=True)
+time.sleep(600)
+"""
+
+
+def write_trainers(directory: Path) -> dict[str, str]:
+    """The trainer scripts in `directory`, and the `command:` of each variant that runs them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "steady_trainer.py").write_text(STEADY_TRAINER)
+    (directory / "tls_crash.py").write_text(CUDAGRAPH_TLS_CRASH)
+    return {
+        "trees": f"{PY} {directory}/tls_crash.py",
+        "nographs": f"{PY} {directory}/steady_trainer.py 400 0.02",
+        "short": f"{PY} {directory}/steady_trainer.py 30 0.02",
+        "failing": f"{PY} {directory}/steady_trainer.py 5 0.02; exit 3",
+    }
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    """A local target with its own workspace, the test trainers as variants, a fresh registry."""
+    workspace = tmp_path / "ws"
+    commands = write_trainers(tmp_path / "scripts")
+    path = write_inventory(tmp_path, {
+        "defaults": {"workspace": str(workspace)},
+        "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
+        "variants": {name: {"command": command} for name, command in commands.items()},
+        "fallback": ["trees", "nographs"],
+        "watch": FAST_WATCH,
+    })
+    monkeypatch.setenv("DFO_HOME", str(tmp_path / "state"))
+    inventory = load_inventory(path)
+    with Connections(inventory) as connections, Store(tmp_path / "state" / "dfo.db") as store:
+        lab = Lab(inventory, connections, store, workspace)
+        yield lab
+        for watcher in lab.watchers:
+            watcher.close()
+        for run in store.list_runs(active=True):
+            stop(connections.container(run.target), store, run.name, grace_s=2)
+
+
+class Lab:
+    def __init__(self, inventory, connections, store, workspace: Path) -> None:
+        self.inventory, self.connections, self.store, self.workspace = inventory, connections, store, workspace
+        self.watchers: list[Watcher] = []
+
+    def launch(self, variant: str, name: str) -> str:
+        spec = spec_for(self.inventory, "here", variant)
+        return launch(self.connections.container("here"), spec, self.store, name=name).run.name
+
+    def watcher(self, **options) -> Watcher:
+        watcher = Watcher(self.inventory, self.connections, self.store, **options)
+        self.watchers.append(watcher)
+        return watcher
+
+    def log_steps(self, name: str) -> list[int]:
+        text = (self.workspace / "logs" / f"{name}.log").read_text()
+        return [int(line.split(" step=")[1].split()[0]) for line in text.splitlines() if " event=step " in line]
+
+
+def run_until(watcher: Watcher, done, timeout: float = 30.0) -> list[dict]:
+    """Step the watcher until done(watcher) or fail after `timeout` seconds; returns every event."""
+    events: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while not done(watcher):
+        assert time.monotonic() < deadline, f"timed out; chains: {watcher.chains()}; last events: {events[-5:]}"
+        events += watcher.step(0.2)
+    return events
+
+
+def test_fallback_names_show_the_chain() -> None:
+    assert list(fallback_names("t1", 2, "nographs"))[:2] == ["t1.2-nographs", "t1.2-nographs-2"]
+
+
+def test_steady_command_reaches_steady_keep_and_stores_every_step(lab) -> None:
+    lab.launch("nographs", "s1")
+    watcher = lab.watcher()
+    watcher.attach("s1")
+    events = run_until(watcher, Watcher.settled)
+    [decision] = watcher.final_decisions()
+    assert (decision["decision"], decision["action"], decision["run"]) == ("steady", "keep", "s1")
+    assert 980 < decision["steady_tok_s"] < 1020 and decision["warmup_end_step"] is not None
+    stored = lab.store.get_run("s1").decision
+    assert stored["decision"] == "steady" and stored["evidence"]["steady"]["steps_used"] > 0
+    steps = [s["step"] for s in lab.store.samples("s1")]
+    assert steps == lab.log_steps("s1")[: len(steps)] and len(steps) >= 40
+    assert [e["event"] for e in events].count("decision") == 1
+    watcher.close()
+    assert lab.store.get_run("s1").state == "running"  # closing the watch never stops a run
+
+
+def test_crash_while_alive_stops_it_and_launches_the_next_variant_linked(lab) -> None:
+    lab.launch("trees", "c1")
+    watcher = lab.watcher()
+    watcher.attach("c1")
+    events = run_until(watcher, Watcher.settled, timeout=40)
+    [chain] = watcher.chains()
+    assert chain["runs"] == ["c1", "c1.2-nographs"] and chain["decision"]["decision"] == "steady"
+    crashed = lab.store.get_run("c1")
+    assert crashed.state == "stopped" and crashed.decision["signature"] == "cudagraph_tls"
+    assert (crashed.decision["action"], crashed.decision["next_run"]) == ("fallback", "c1.2-nographs")
+    child = lab.store.get_run("c1.2-nographs")
+    assert (child.parent, child.variant, child.chain) == ("c1", "nographs", [])
+    kinds = [e["event"] for e in events]
+    assert kinds.index("stopped") < kinds.index("launched")
+    assert {e["kind"] for e in lab.store.events("c1")} >= {"decision", "stopped", "launched"}
+
+
+def test_no_fallback_reports_a_nonzero_exit_and_launches_nothing(lab) -> None:
+    lab.launch("failing", "f1")
+    watcher = lab.watcher(fallback=False)
+    watcher.attach("f1")
+    run_until(watcher, Watcher.settled)
+    [decision] = watcher.final_decisions()
+    assert (decision["decision"], decision["signature"], decision["next_run"]) == ("crash", "exit_nonzero", None)
+    assert decision["action"] == "stop"
+    assert [r.name for r in lab.store.list_runs()] == ["f1"]
+    assert lab.store.get_run("f1").state == "crashed" and lab.store.get_run("f1").exit_code == 3
+
+
+def test_reattach_continues_from_the_offset_without_counting_twice(lab) -> None:
+    lab.launch("nographs", "r1")
+    first = lab.watcher()
+    first.attach("r1")
+    run_until(first, lambda w: len(lab.store.samples("r1")) >= 15)
+    first.close()
+    offset = lab.store.get_run("r1").log_offset
+    assert offset > 0
+    time.sleep(0.5)  # the run goes on while nobody watches
+    second = lab.watcher()
+    attached = second.attach("r1")
+    assert attached.last_stored_step == lab.store.samples("r1")[-1]["step"]
+    run_until(second, Watcher.settled)
+    steps = [s["step"] for s in lab.store.samples("r1")]
+    assert steps == sorted(set(steps)) and steps == lab.log_steps("r1")[: len(steps)]
+    second.close()
