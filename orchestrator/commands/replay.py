@@ -60,7 +60,7 @@ def replay_command(
     decision = replay(
         read_log_lines(log),
         run=log.stem,
-        config=DecideConfig.from_mapping({k: v for k, v in watch.items() if k != "baseline_tok_s"}),
+        config=DecideConfig.from_mapping(watch),
         baseline=baseline or (spec.baseline_tok_s if spec else None) or watch.get("baseline_tok_s"),
         regex=regex or (spec.metrics if spec else None),
         variant=variant,

@@ -54,8 +54,9 @@ class DecideConfig:
 
     @classmethod
     def from_mapping(cls, values: dict | None) -> "DecideConfig":
-        """Build from an inventory's `watch:` mapping; unknown keys are a usage error naming the known ones."""
-        values = dict(values or {})
+        """Build from an inventory's `watch:` mapping; unknown keys are a usage error naming the known ones.
+        `baseline_tok_s` belongs to the same mapping but goes to RunJudge, so it is skipped here."""
+        values = {k: v for k, v in (values or {}).items() if k != "baseline_tok_s"}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

@@ -4,8 +4,10 @@ import math
 import time
 
 import numpy as np
+import pytest
 
 from orchestrator.decide import DecideConfig, StepObs, SteadyDetector
+from orchestrator.errors import UsageError
 
 T0 = 1_795_000_000.0
 
@@ -98,3 +100,10 @@ def test_incremental_cost_stays_small_on_long_runs():
     per_step = (time.process_time() - started) / 20_000
     assert detector.estimate.steady
     assert per_step < 200e-6, f"{per_step * 1e6:.0f} us per step"
+
+
+def test_config_from_the_inventory_watch_mapping_rejects_unknown_keys():
+    config = DecideConfig.from_mapping({"min_steady_steps": 100, "baseline_tok_s": 5.0})
+    assert config.min_steady_steps == 100 and config.stall_floor_s == 120
+    with pytest.raises(UsageError, match="stall_flor_s"):
+        DecideConfig.from_mapping({"stall_flor_s": 3})
