@@ -1,0 +1,724 @@
+"""`dfo batch`: an experiments file expanded into cells, run across targets by a resumable scheduler.
+
+    experiments file (YAML) --load_experiments--> Experiments --expand--> [Cell]  (deterministic ids)
+    Scheduler: CellTable (SQLite rows per cell) + GpuLedger (who holds which GPUs) + a Watcher
+      pending --start--> running --stop_when holds / chain ends--> done | failed      (launch refused: error)
+
+A cell is one (target, variant, settings, GPU count, repeat). Its first run is named `BATCH.CELL`; the
+Watcher falls back along the chain with runs whose `parent` points back, and the cell follows that chain
+to its last run. Two cells never hold the same GPU at once: a cell without `gpus:` takes the whole target,
+one with `gpus: N` takes N of the target's listed GPUs and runs with CUDA_VISIBLE_DEVICES set to them.
+Everything the scheduler learns goes to the store first, so running the same file again skips finished
+cells, reattaches to running chains and starts the rest.
+
+This module must not render (the CLI draws Progress snapshots), parse logs or judge runs (the Watcher and
+decide/ do), or reach a machine except through runs.launch, preflight and the Watcher.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterable, Literal, Mapping, Optional, Protocol, Union
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from . import runs
+from .errors import DfoError, InvalidName, InventoryError, UnknownTarget
+from .inventory import Inventory, describe_validation_error
+from .logfmt import format_ts, parse_ts
+from .names import check_name
+from .store import Store
+
+CELL_STATES = ("pending", "running", "done", "failed", "error")
+FINAL_STATES = ("done", "failed")  # `error` (never started: refused or unreachable) is retried by the next invocation
+FALLBACK_VERDICTS = ("crash", "stall", "too_slow")
+FALLBACK_WAIT_S = 120.0  # a chain whose next run has not appeared this long after `action: fallback` has ended
+EXIT_GRACE_S = 15.0  # time the Watcher gets to judge a run that ended before its cell is closed without a verdict
+SLUG_MAX = 40
+
+Scalar = Union[bool, int, float, str]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StopWhen(_Strict):
+    """When a cell's run has told us enough: `steady` (the watcher's verdict), after N steps, or M minutes."""
+
+    kind: Literal["steady", "steps", "minutes"] = "steady"
+    value: Optional[float] = None
+
+    def describe(self) -> str:
+        return "steady" if self.kind == "steady" else f"{self.value:g} {self.kind}"
+
+
+def _stop_when(value: Any) -> Any:
+    if isinstance(value, StopWhen) or value == "steady":
+        return StopWhen() if value == "steady" else value
+    if isinstance(value, dict) and len(value) == 1:
+        (kind, amount), = value.items()
+        number = isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount > 0
+        if kind == "steps" and number and float(amount).is_integer():
+            return StopWhen(kind="steps", value=int(amount))
+        if kind == "minutes" and number:
+            return StopWhen(kind="minutes", value=float(amount))
+    raise ValueError(f"expected steady, {{steps: N}} or {{minutes: M}} (N, M > 0), got {value!r}")
+
+
+def _fallback(value: Any) -> Any:
+    return [] if value is False else value  # `fallback: false` = no fallback at all
+
+
+class Concurrency(_Strict):
+    per_target: int = Field(1, ge=1)  # runs at once on one target (they never share a GPU)
+    total: Optional[int] = Field(None, ge=1)  # runs at once over the whole batch (null: no cap)
+
+
+class Matrix(_Strict):
+    variant: list[str] = Field(min_length=1)
+    set: list[dict[str, Scalar]] = Field([{}], min_length=1)  # one settings mapping per column of the matrix
+    args: dict[str, list[Scalar]] = {}  # crossed: {batch_size: [4, 8], lr: [1e-3, 3e-4]} gives 4 settings
+    gpus: list[Annotated[int, Field(ge=1)]] = []  # GPU counts to cross (empty: the file's `gpus`)
+
+
+class Experiments(_Strict):
+    batch: str
+    targets: list[str] = Field(min_length=1)  # target names, `host:NAME` (its containers) or `all`
+    matrix: Matrix
+    repeats: int = Field(1, ge=1)
+    concurrency: Concurrency = Concurrency()
+    stop_when: Annotated[StopWhen, BeforeValidator(_stop_when)] = StopWhen()
+    fallback: Annotated[Optional[list[str]], BeforeValidator(_fallback)] = None  # null: the inventory's chain
+    gpus: Optional[int] = Field(None, ge=1)  # GPUs per cell (null: the whole target)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the matrix on one target. `sets` are trainer arguments (sorted key/value pairs)."""
+
+    id: str
+    position: int
+    target: str
+    variant: str
+    sets: tuple[tuple[str, Any], ...]
+    gpus: Optional[int]
+    repeat: int
+
+    def run_name(self, batch: str) -> str:
+        return f"{batch}.{self.id}"
+
+    def config(self) -> str:
+        """What varies apart from target and repeat: `trees batch_size=8 gpus=2`."""
+        parts = [self.variant, *(f"{k}={v}" for k, v in self.sets)]
+        return " ".join(parts + ([f"gpus={self.gpus}"] if self.gpus else []))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An experiments file checked against an inventory: its cells and the chain its runs fall back along."""
+
+    experiments: Experiments
+    source: str
+    cells: tuple[Cell, ...]
+    chain: tuple[str, ...]
+    target_gpus: Mapping[str, tuple[int, ...]]
+
+    @property
+    def batch(self) -> str:
+        return self.experiments.batch
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+def load_experiments(path: Path, inventory: Inventory) -> Plan:
+    """Read, validate and expand an experiments file; InventoryError carries one `FILE: key.path: ...` per problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InventoryError([f"{source}: cannot read: {exc.strerror} (pass an existing experiments file)"]) from None
+    return parse_experiments(text, inventory, source=source)
+
+
+def parse_experiments(text: str, inventory: Inventory, *, source: str = "<memory>") -> Plan:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise InventoryError([f"{source}: {where}YAML syntax error: {getattr(exc, 'problem', None) or exc}"]) from None
+    if not isinstance(data, dict):
+        raise InventoryError([f"{source}: expected a mapping with batch:, targets: and matrix:, got {type(data).__name__}"])
+    try:
+        experiments = Experiments.model_validate(data)
+    except ValidationError as exc:
+        raise InventoryError([f"{source}: {line}" for line in describe_validation_error(exc, Experiments)]) from None
+    targets, target_problems = resolve_targets(experiments.targets, inventory)
+    problems = _name_problems("batch", experiments.batch, "batch name") + target_problems
+    problems += _cross_checks(experiments, inventory, targets)
+    if problems:
+        raise InventoryError([f"{source}: {line}" for line in problems])
+    chain = tuple(inventory.fallback if experiments.fallback is None else experiments.fallback)
+    target_gpus = {name: inventory.target(name).gpus for name in targets}
+    return Plan(experiments, source, tuple(expand(experiments, targets)), chain, target_gpus)
+
+
+def resolve_targets(selectors: list[str], inventory: Inventory) -> tuple[list[str], list[str]]:
+    """Target names for `ct200`, `host:pve1` and `all` (in inventory order, each once), and the problems."""
+    names: list[str] = []
+    problems = []
+    for index, selector in enumerate(selectors):
+        if selector == "all":
+            found = inventory.target_names()
+        elif selector.startswith("host:"):
+            host = inventory.hosts.get(selector.removeprefix("host:"))
+            found = list(host.containers) if host else []
+            if host is None:
+                problems.append(f"targets.{index}: unknown host {selector[5:]!r}; known hosts: {', '.join(inventory.hosts)}")
+        else:
+            try:
+                found = [inventory.target(selector).name]
+            except (UnknownTarget, InvalidName) as exc:
+                found, _ = [], problems.append(f"targets.{index}: {exc.message} (or use host:NAME, all)")
+        names += [name for name in found if name not in names]
+    return names, problems
+
+
+def _cross_checks(experiments: Experiments, inventory: Inventory, targets: list[str]) -> list[str]:
+    """What pydantic cannot see alone: variants, settings keys and GPU counts against the inventory."""
+    problems = []
+    matrix = experiments.matrix
+    for index, name in enumerate(matrix.variant):
+        if name not in inventory.variants:
+            problems.append(f"matrix.variant.{index}: unknown variant {name!r}; known variants: {', '.join(inventory.variants) or 'none'}")
+        elif inventory.variants[name].command is not None and (any(matrix.set) or matrix.args):
+            problems.append(f"matrix.variant.{index}: variant {name!r} runs its own command; set/args apply to built-in trainer variants")
+    for index, name in enumerate(experiments.fallback or []):
+        if name not in inventory.variants:
+            problems.append(f"fallback.{index}: unknown variant {name!r}; known variants: {', '.join(inventory.variants) or 'none'}")
+    for index, settings in enumerate(matrix.set):
+        problems += [f"matrix.set.{index}: argument name {key!r} must be letters, digits, '_', '.', '-'"
+                     for key in settings if not runs.SET_KEY_RE.fullmatch(key)]
+        problems += [f"matrix.set.{index}: {key!r} is also a matrix.args axis; give it in one place"
+                     for key in settings if key in matrix.args]
+    problems += [f"matrix.args.{key}: expected a non-empty list of values" for key, values in matrix.args.items() if not values]
+    problems += [f"matrix.args.{key}: argument name must be letters, digits, '_', '.', '-'"
+                 for key in matrix.args if not runs.SET_KEY_RE.fullmatch(key)]
+    return problems + _gpu_problems(experiments, inventory, targets)
+
+
+def _gpu_problems(experiments: Experiments, inventory: Inventory, targets: list[str]) -> list[str]:
+    asked = max([*experiments.matrix.gpus, experiments.gpus or 0])
+    if not asked:
+        return []
+    key = "matrix.gpus" if experiments.matrix.gpus else "gpus"
+    problems = []
+    for name in targets:
+        listed = inventory.target(name).gpus
+        if len(listed) < asked:
+            have = f"lists {len(listed)}" if listed else "lists none (give the container's `gpus:` in the inventory)"
+            problems.append(f"{key}: a cell asks for {asked} GPUs but target {name} {have}")
+    return problems
+
+
+def _name_problems(path: str, name: str, kind: str) -> list[str]:
+    try:
+        check_name(name, kind)
+    except InvalidName as exc:
+        return [f"{path}: {exc.message}"]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------- expansion
+
+def expand(experiments: Experiments, targets: list[str]) -> list[Cell]:
+    """Every cell, repeats outermost, then variant, settings, GPU count, target. Ids depend only on content."""
+    matrix = experiments.matrix
+    axes = list(matrix.args)
+    combos = [dict(zip(axes, values)) for values in itertools.product(*(matrix.args[a] for a in axes))]
+    settings = [tuple(sorted({**entry, **combo}.items())) for entry in matrix.set for combo in combos]
+    gpu_counts = matrix.gpus or [experiments.gpus]
+    cells: list[Cell] = []
+    for repeat, variant, sets, gpus, target in itertools.product(
+        range(1, experiments.repeats + 1), matrix.variant, settings, gpu_counts, targets
+    ):
+        cell_id = cell_id_for(target, variant, sets, gpus, repeat)
+        cells.append(Cell(cell_id, len(cells), target, variant, sets, gpus, repeat))
+    return cells
+
+
+def cell_id_for(target: str, variant: str, sets: tuple[tuple[str, Any], ...], gpus: Optional[int], repeat: int) -> str:
+    """`trees.ct200.batch_size-8.g2.r1`: readable when the settings are short and plain, else a hash of them."""
+    parts = [variant, target]
+    if sets:
+        slug = "_".join(f"{key}-{value}" for key, value in sets)
+        if len(slug) > SLUG_MAX or not re.fullmatch(r"[A-Za-z0-9_.-]+", slug) or ".." in slug:
+            slug = "s" + hashlib.sha1(json.dumps(sets).encode()).hexdigest()[:10]
+        parts.append(slug)
+    if gpus:
+        parts.append(f"g{gpus}")
+    return ".".join([*parts, f"r{repeat}"])
+
+
+# ---------------------------------------------------------------------------------------------- GPU ledger
+
+class GpuLedger:
+    """Which cell holds which GPUs of which target. A cell with `gpus: None` holds its whole target.
+
+    `take` gives a cell GPUs only when none of them is held, the target has fewer than `per_target` cells
+    and the batch fewer than `total`; otherwise it returns None and the cell waits.
+    """
+
+    def __init__(self, target_gpus: Mapping[str, tuple[int, ...]], *, per_target: int, total: Optional[int]) -> None:
+        self.target_gpus = dict(target_gpus)
+        self.per_target, self.total = per_target, total
+        self.held: dict[str, tuple[str, tuple[int, ...], bool]] = {}  # cell id -> (target, gpu ids, whole target)
+
+    def take(self, cell: Cell) -> Optional[tuple[int, ...]]:
+        on_target = [entry for entry in self.held.values() if entry[0] == cell.target]
+        if len(on_target) >= self.per_target or (self.total is not None and len(self.held) >= self.total):
+            return None
+        if any(whole for _, _, whole in on_target):
+            return None
+        listed = self.target_gpus.get(cell.target, ())
+        if cell.gpus is None:
+            return None if on_target else self.hold(cell.id, cell.target, listed, whole=True)
+        busy = {index for _, ids, _ in on_target for index in ids}
+        free = [index for index in listed if index not in busy]
+        return self.hold(cell.id, cell.target, tuple(free[: cell.gpus])) if len(free) >= cell.gpus else None
+
+    def hold(self, cell_id: str, target: str, gpu_ids: Iterable[int], *, whole: bool = False) -> tuple[int, ...]:
+        ids = tuple(gpu_ids)
+        self.held[cell_id] = (target, ids, whole)
+        return ids
+
+    def release(self, cell_id: str) -> None:
+        self.held.pop(cell_id, None)
+
+
+# ---------------------------------------------------------------------------------------------- cell table
+
+@dataclass
+class CellRecord:
+    """A cell and what the store knows of it."""
+
+    cell: Cell
+    state: str = "pending"
+    root_run: Optional[str] = None
+    gpu_ids: tuple[int, ...] = ()
+    started_at: Optional[str] = None
+    ended_at: Optional[str] = None
+    outcome: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        cell = self.cell
+        return {"cell": cell.id, "target": cell.target, "variant": cell.variant, "sets": dict(cell.sets), "gpus": cell.gpus,
+                "repeat": cell.repeat, "state": self.state, "root_run": self.root_run, "gpu_ids": list(self.gpu_ids),
+                "started_at": self.started_at, "ended_at": self.ended_at, "outcome": self.outcome}
+
+
+class CellTable:
+    """The `batches` and `batch_cells` tables of the store (migration 2), and the run chains behind cells."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def save_plan(self, plan: Plan, now: str) -> None:
+        """Record the batch and any cell not recorded yet (cells already there keep their state)."""
+        spec = plan.experiments.model_dump_json()
+        with self.store._write() as db:
+            db.execute(
+                "INSERT INTO batches (name, source, spec, created_at, updated_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT(name) DO UPDATE SET source = excluded.source, spec = excluded.spec, updated_at = excluded.updated_at",
+                (plan.batch, plan.source, spec, now, now),
+            )
+            for cell in plan.cells:
+                db.execute(
+                    "INSERT INTO batch_cells (batch, cell, position, target, variant, sets, gpus, repeat)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(batch, cell) DO UPDATE SET position = excluded.position",
+                    (plan.batch, cell.id, cell.position, cell.target, cell.variant, json.dumps(dict(cell.sets)), cell.gpus, cell.repeat),
+                )
+
+    def batches(self) -> list[dict[str, Any]]:
+        rows = self.store._query("SELECT name, source, created_at, updated_at FROM batches ORDER BY created_at")
+        return [dict(row) for row in rows]
+
+    def records(self, batch: str) -> list[CellRecord]:
+        rows = self.store._query("SELECT * FROM batch_cells WHERE batch = ? ORDER BY position", (batch,))
+        return [_record(row) for row in rows]
+
+    def update(self, batch: str, cell_id: str, **values: Any) -> None:
+        encoded = {k: json.dumps(list(v) if k == "gpu_ids" else v) if k in ("gpu_ids", "outcome") else v for k, v in values.items()}
+        assignments = ", ".join(f"{key} = ?" for key in encoded)
+        with self.store._write() as db:
+            db.execute(f"UPDATE batch_cells SET {assignments} WHERE batch = ? AND cell = ?", (*encoded.values(), batch, cell_id))
+
+    def chain(self, root: str) -> list[str]:
+        """The run names from `root` along `parent` links (the fallbacks the watcher started), oldest first."""
+        names = [root]
+        while len(names) < 64:
+            rows = self.store._query("SELECT name FROM runs WHERE parent = ? ORDER BY id DESC LIMIT 1", (names[-1],))
+            if not rows:
+                break
+            names.append(rows[0]["name"])
+        return names
+
+    def last_step(self, run: str) -> Optional[int]:
+        return self.store._query("SELECT MAX(step) FROM samples WHERE run = ?", (run,))[0][0]
+
+
+def _record(row: Any) -> CellRecord:
+    sets = tuple(sorted(json.loads(row["sets"] or "{}").items()))
+    cell = Cell(row["cell"], row["position"], row["target"], row["variant"], sets, row["gpus"], row["repeat"])
+    return CellRecord(cell, row["state"], row["root_run"], tuple(json.loads(row["gpu_ids"] or "[]")), row["started_at"],
+                      row["ended_at"], json.loads(row["outcome"] or "{}"))
+
+
+# ---------------------------------------------------------------------------------------------- scheduler
+
+class WatcherLike(Protocol):
+    """What the scheduler needs of orchestrator.watch.Watcher."""
+
+    def attach(self, run_name: str) -> Any: ...
+    def step(self, timeout: float) -> list[Any]: ...
+    def stop_run(self, name: str, reason: str) -> Any: ...
+
+
+Starter = Callable[[Cell, tuple[int, ...]], str]
+"""Starts a cell's first run on the given GPUs and returns its name (runs.launch in the field)."""
+
+
+@dataclass
+class Progress:
+    """A snapshot for the live view: counts per state, the running cells, an ETA and recent news."""
+
+    batch: str
+    counts: dict[str, int]
+    running: list[tuple[str, str]]  # (cell id, current run)
+    eta_s: Optional[float]
+    news: list[str]
+
+    @property
+    def left(self) -> int:
+        return self.counts.get("pending", 0) + self.counts.get("error", 0)
+
+
+@dataclass
+class _Active:
+    record: CellRecord
+    started: float  # epoch seconds
+    waiting_since: Optional[float] = None  # when the chain's last run ended without a verdict or fallback yet
+
+
+class Scheduler:
+    """Runs a plan's unfinished cells to an outcome; see the module docstring for the state machine."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        store: Store,
+        watcher: WatcherLike,
+        start: Starter,
+        *,
+        clock: Callable[[], float] = time.time,
+        poll_s: float = 1.0,
+        on_progress: Optional[Callable[[Progress], None]] = None,
+        ready: Optional[Callable[[str], Optional[str]]] = None,
+    ) -> None:
+        self.plan, self.store, self.watcher, self.start = plan, store, watcher, start
+        self.table = CellTable(store)
+        self.clock, self.poll_s = clock, poll_s
+        self.on_progress = on_progress or (lambda progress: None)
+        self.ready = ready or (lambda target: None)  # target -> None, or why it cannot take runs now
+        concurrency = plan.experiments.concurrency
+        self.ledger = GpuLedger(plan.target_gpus, per_target=concurrency.per_target, total=concurrency.total)
+        self.records: dict[str, CellRecord] = {}
+        self.decisions: dict[str, dict] = {}  # run name -> its latest Decision JSON from the watcher
+        self.active: dict[str, _Active] = {}
+        self.news: deque[str] = deque(maxlen=6)
+        self.durations: list[float] = []
+
+    # -- the loop
+
+    def run(self) -> list[CellRecord]:
+        """Until every cell is done, failed or could not start; returns the cells in plan order."""
+        self.table.save_plan(self.plan, self._stamp())
+        wanted = {cell.id for cell in self.plan.cells}
+        self.records = {r.cell.id: r for r in self.table.records(self.plan.batch) if r.cell.id in wanted}
+        self._resume()
+        while True:
+            self._start_ready()
+            if not self.active:
+                break
+            self._take_news(self.watcher.step(self.poll_s))
+            for active in list(self.active.values()):
+                self._check(active)
+            self._report()
+        self._report()
+        return [self.records[cell.id] for cell in self.plan.cells]
+
+    def _resume(self) -> None:
+        """Cells left running by an earlier invocation: reattach to their chain's last run, or start again
+        when the run was never recorded (dfo stopped between reserving the cell and launching)."""
+        for record in self.records.values():
+            if record.state == "error":
+                self._set(record, state="pending")
+            if record.state != "running":
+                continue
+            if record.root_run is None or self.store.find_run(record.root_run) is None:
+                self._set(record, state="pending", root_run=None)
+                continue
+            self.ledger.hold(record.cell.id, record.cell.target, record.gpu_ids, whole=record.cell.gpus is None)
+            active = _Active(record, parse_ts(record.started_at or "") or self.clock())
+            self.active[record.cell.id] = active
+            last = self.table.chain(record.root_run)[-1]
+            self._attach(active, last)
+            self.news.append(f"{record.cell.id}: reattached to {last}")
+
+    def _start_ready(self) -> None:
+        blocked: dict[str, Optional[str]] = {}
+        for record in self.records.values():
+            if record.state != "pending":
+                continue
+            target = record.cell.target
+            if target not in blocked:
+                blocked[target] = self.ready(target)
+            if blocked[target]:
+                self._set(record, state="error", outcome={"error": blocked[target]})
+                continue
+            gpu_ids = self.ledger.take(record.cell)
+            if gpu_ids is not None:
+                self._start_cell(record, gpu_ids)
+
+    def _start_cell(self, record: CellRecord, gpu_ids: tuple[int, ...]) -> None:
+        cell, now = record.cell, self.clock()
+        self._set(record, state="running", root_run=cell.run_name(self.plan.batch), gpu_ids=gpu_ids,
+                  started_at=format_ts(now), ended_at=None, outcome={})
+        try:
+            name = self.start(cell, gpu_ids)
+        except DfoError as exc:
+            self.ledger.release(cell.id)
+            self._set(record, state="error", root_run=None, ended_at=format_ts(self.clock()), outcome={"error": str(exc)})
+            self.news.append(f"{cell.id}: could not start: {exc}")
+            return
+        self._set(record, root_run=name)
+        active = _Active(record, now)
+        self.active[cell.id] = active
+        self._attach(active, name)
+        self.news.append(f"{cell.id}: started {name}" + (f" on GPUs {','.join(map(str, gpu_ids))}" if cell.gpus else ""))
+
+    def _attach(self, active: _Active, run: str) -> None:
+        try:
+            self.watcher.attach(run)
+        except DfoError as exc:  # unreachable now: the chain is looked at again on every pass
+            self.news.append(f"{active.record.cell.id}: cannot watch {run} yet: {exc}")
+
+    def _take_news(self, events: Iterable[Any]) -> None:
+        for event in events or ():
+            decision = decision_of(event)
+            if decision is None or not decision.get("run"):
+                continue
+            self.decisions[decision["run"]] = decision
+            if decision.get("decision") != "undecided":
+                self.news.append(f"{decision['run']}: {decision.get('decision')} ({decision.get('action')})")
+
+    # -- one cell
+
+    def _check(self, active: _Active) -> None:
+        record = active.record
+        chain = self.table.chain(record.root_run)
+        run = self.store.get_run(chain[-1])
+        decision = self.decisions.get(run.name) or run.decision or {}
+        verdict = decision.get("decision")
+        if verdict in FALLBACK_VERDICTS:
+            if decision.get("action") == "fallback" and not self._waited(active, run.active, FALLBACK_WAIT_S):
+                return  # the watcher is starting the next variant of the chain
+            self._finish(active, chain, decision, "failed", decision.get("reason") or verdict)
+            return
+        reached = self._stop_reason(active, run.name, verdict)
+        if reached:
+            if run.active:
+                self._stop(run.name, reached)
+            self._finish(active, chain, decision, "done", reached)
+        elif not run.active and (verdict in ("exited", "steady") or self._waited(active, False, EXIT_GRACE_S)):
+            state = "done" if run.state == "exited" or verdict in ("exited", "steady") else "failed"
+            self._finish(active, chain, decision, state, f"run ended ({run.state}, exit code {run.exit_code})")
+        elif run.active:
+            active.waiting_since = None
+
+    def _stop_reason(self, active: _Active, run: str, verdict: Optional[str]) -> Optional[str]:
+        stop_when = self.plan.experiments.stop_when
+        if stop_when.kind == "steady":
+            return "steady" if verdict == "steady" else None
+        if stop_when.kind == "steps":
+            step = self.table.last_step(run)
+            return f"reached step {step}" if step is not None and step >= stop_when.value else None
+        elapsed = self.clock() - active.started
+        return f"{elapsed / 60:.1f} minutes" if elapsed >= stop_when.value * 60 else None
+
+    def _waited(self, active: _Active, run_active: bool, limit_s: float) -> bool:
+        """True once the chain's last run has been over, with nothing new, for `limit_s`."""
+        if run_active:
+            return False
+        now = self.clock()
+        active.waiting_since = active.waiting_since or now
+        return now - active.waiting_since >= limit_s
+
+    def _stop(self, run: str, reason: str) -> None:
+        try:
+            self.watcher.stop_run(run, f"batch {self.plan.batch}: stop_when {reason}")
+        except DfoError as exc:  # the run ended meanwhile, or its target is unreachable: the outcome stands
+            self.news.append(f"{run}: stop failed: {exc}")
+
+    def _finish(self, active: _Active, chain: list[str], decision: dict, state: str, why: str) -> None:
+        record = active.record
+        outcome = {"final_run": chain[-1], "runs": chain, "decision": decision or None, "why": why}
+        self._set(record, state=state, ended_at=format_ts(self.clock()), outcome=outcome)
+        self.ledger.release(record.cell.id)
+        self.active.pop(record.cell.id, None)
+        self.durations.append(self.clock() - active.started)
+        self.news.append(f"{record.cell.id}: {state} ({why})")
+
+    # -- bookkeeping
+
+    def _set(self, record: CellRecord, **values: Any) -> None:
+        self.table.update(self.plan.batch, record.cell.id, **values)
+        for key, value in values.items():
+            setattr(record, key, tuple(value) if key == "gpu_ids" else value)
+
+    def _stamp(self) -> str:
+        return format_ts(self.clock())
+
+    def _report(self) -> None:
+        counts = {state: 0 for state in CELL_STATES}
+        for record in self.records.values():
+            counts[record.state] += 1
+        running = [(cell_id, self.table.chain(a.record.root_run)[-1]) for cell_id, a in self.active.items()]
+        self.on_progress(Progress(self.plan.batch, counts, running, self._eta(counts), list(self.news)))
+
+    def _eta(self, counts: dict[str, int]) -> Optional[float]:
+        """Mean cell duration so far x the rounds of cells still to go, less the time the running ones have had."""
+        if not self.durations or not self.active:
+            return None
+        mean = sum(self.durations) / len(self.durations)
+        rounds = math.ceil((counts["pending"] + len(self.active)) / len(self.active))
+        spent = sum(self.clock() - a.started for a in self.active.values()) / len(self.active)
+        return max(0.0, rounds * mean - min(spent, mean))
+
+
+def decision_of(event: Any) -> Optional[dict]:
+    """The Decision JSON carried by a watcher `decision` event (a mapping or an object), else None."""
+    get = event.get if isinstance(event, Mapping) else (lambda key, default=None: getattr(event, key, default))
+    if get("kind", None) != "decision" and get("type", None) != "decision":
+        return None
+    for key in ("decision", "data", "payload"):
+        value = get(key, None)
+        if hasattr(value, "to_json"):
+            value = value.to_json()
+        if isinstance(value, Mapping) and "decision" in value:
+            return dict(value)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- the field
+
+def run_spec(plan: Plan, inventory: Inventory, cell: Cell, gpu_ids: tuple[int, ...], *, wandb: str = "off") -> runs.RunSpec:
+    """The RunSpec of a cell's first run: its variant and settings, grouped under the batch, on its GPUs."""
+    spec = runs.spec_for(inventory, cell.target, cell.variant, sets=dict(cell.sets) or None, wandb=wandb,
+                         batch=plan.batch, chain=plan.chain)
+    if cell.gpus:
+        spec = replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids))})
+    return spec
+
+
+def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *, wandb: str = "off") -> Starter:
+    """A Starter that launches through runs.launch; a run already recorded under the cell's name (an earlier
+    invocation stopped right after launching it) is adopted, never started twice."""
+
+    def start(cell: Cell, gpu_ids: tuple[int, ...]) -> str:
+        name = cell.run_name(plan.batch)
+        if store.find_run(name) is None:
+            spec = run_spec(plan, inventory, cell, gpu_ids, wandb=wandb)
+            runs.launch(connections.container(cell.target), spec, store, name=name)
+        return name
+
+    return start
+
+
+TOLERATED_WHEN_OURS = ("gpus_idle", "compute_apps")  # a target already running cells of this batch is busy with them
+
+
+def preflight_problems(connections: Any, targets: list[str], *, ours: set[str]) -> dict[str, Optional[str]]:
+    """Preflight `targets` at once; {target: None if it can take runs, else the failed checks}. Tolerated: no
+    GPU answer on a target that lists no GPUs (a CPU run), a missing workspace (launch makes it), and busy
+    GPUs on targets in `ours` (this batch's own runs)."""
+    from .preflight import preflight
+
+    problems: dict[str, Optional[str]] = {}
+    for report in preflight(connections, targets):
+        spec = connections.inventory.target(report.target)
+        blocking = [
+            f"{check.name}: {check.detail}"
+            for check in report.checks
+            if not (check.ok or check.skipped)
+            and not (check.name == "nvidia_smi" and not spec.gpus)
+            and not (check.name == "workspace" and "does not exist" in check.detail)
+            and not (check.name in TOLERATED_WHEN_OURS and report.target in ours)
+        ]
+        problems[report.target] = f"preflight failed: {'; '.join(blocking)}" if blocking else None
+    return problems
+
+
+def open_watcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, **options: Any) -> Any:
+    """The Watcher of `dfo watch`, with the batch's fallback chain (or none when the file says `fallback: false`)."""
+    from .watch import Watcher  # the watch loop and its agent channels load only when a batch runs
+
+    override = plan.experiments.fallback
+    return Watcher(inventory, connections, store, fallback=override != [], chain_override=list(override) if override else None,
+                   **options)
+
+
+def run_batch(
+    plan: Plan,
+    inventory: Inventory,
+    connections: Any,
+    store: Store,
+    watcher: WatcherLike,
+    *,
+    on_progress: Optional[Callable[[Progress], None]] = None,
+    wandb: str = "off",
+    poll_s: float = 1.0,
+) -> list[CellRecord]:
+    """Preflight the targets that still have cells to start, then schedule until every cell has an outcome."""
+    table = CellTable(store)
+    table.save_plan(plan, format_ts(time.time()))
+    records = [r for r in table.records(plan.batch) if r.state not in FINAL_STATES]
+    ours = {r.cell.target for r in records if r.state == "running"}
+    needed = sorted({r.cell.target for r in records if r.state != "running"})
+    problems = preflight_problems(connections, needed, ours=ours) if needed else {}
+    scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb),
+                          poll_s=poll_s, on_progress=on_progress, ready=problems.get)
+    return scheduler.run()
+
+
+def plan_rows(plan: Plan, store: Optional[Store] = None) -> list[dict[str, Any]]:
+    """The dry-run plan: one row per cell with its run name and what a real run would do with it now."""
+    known = {r.cell.id: r for r in CellTable(store).records(plan.batch)} if store is not None else {}
+    rows = []
+    for cell in plan.cells:
+        record = known.get(cell.id)
+        state = record.state if record else "pending"
+        action = {"done": "skip (done)", "failed": "skip (failed)", "running": "reattach"}.get(state, "start")
+        rows.append({"cell": cell.id, "target": cell.target, "variant": cell.variant, "sets": dict(cell.sets),
+                     "gpus": cell.gpus, "repeat": cell.repeat, "run": cell.run_name(plan.batch), "state": state, "action": action})
+    return rows

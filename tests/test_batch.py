@@ -1,0 +1,385 @@
+"""dfo batch without machines: the experiments file's errors, matrix expansion, GPU ledger, and the scheduler
+driven by a fake clock and a scripted watcher (overlap, concurrency caps, fallbacks, stop_when, resume)."""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+import pytest
+
+from orchestrator.batch import CellTable, GpuLedger, Scheduler, decision_of, parse_experiments, plan_rows
+from orchestrator.errors import InventoryError
+from orchestrator.inventory import parse_inventory
+from orchestrator.store import Run, Store
+
+INVENTORY = parse_inventory(textwrap.dedent("""
+    hosts:
+      pve1:
+        address: 10.0.0.1
+        containers:
+          ct200: {ctid: 200, gpus: [0, 1, 2, 3]}
+          ct201: {ctid: 201, gpus: [0, 1]}
+      pve2:
+        address: 10.0.0.2
+        containers:
+          ct300: {ctid: 300}
+    variants:
+      trees: {compile: trees, preset: tiny-cpu}
+      nographs: {compile: nographs, preset: tiny-cpu}
+      eager: {compile: eager, preset: tiny-cpu}
+      mine: {command: "bash run.sh"}
+    fallback: [trees, nographs, eager]
+"""), source="lab.yaml")
+
+
+def plan_of(text: str):
+    return parse_experiments(textwrap.dedent(text), INVENTORY, source="sweep.yaml")
+
+
+def problems_of(text: str) -> list[str]:
+    with pytest.raises(InventoryError) as info:
+        plan_of(text)
+    return info.value.problems
+
+
+# ---------------------------------------------------------------------------------------------- the file
+
+def test_errors_name_the_file_and_key_path_with_what_was_expected():
+    problems = problems_of("""
+        batch: sweep
+        targets: [ct200, ct999, host:nope]
+        matrix: {variant: [trees, fast], sett: [{}]}
+        repeats: 0
+        stop_when: {hours: 2}
+        concurrency: {per_target: 0}
+    """)
+    text = "\n".join(problems)
+    assert "sweep.yaml: matrix: unknown key 'sett' (did you mean 'set'?)" in problems
+    assert "sweep.yaml: repeats: expected a number greater than or equal to 1, got 0" in problems
+    assert "sweep.yaml: stop_when: expected steady, {steps: N} or {minutes: M} (N, M > 0), got {'hours': 2}" in problems
+    assert "concurrency.per_target" in text
+    assert len(problems) == 4  # cross-checks wait until the shape is right
+
+
+def test_cross_check_errors_list_the_known_names():
+    problems = problems_of("""
+        batch: "bad name"
+        targets: [ct200, ct999, host:nope]
+        matrix: {variant: [trees, fast, mine], set: [{batch_size: 4}]}
+        fallback: [eager, turbo]
+        gpus: 3
+    """)
+    assert problems[0].startswith("sweep.yaml: batch: invalid batch name 'bad name'")
+    assert any(p.startswith("sweep.yaml: targets.1: unknown target 'ct999'") and "ct200, ct201, ct300" in p for p in problems)
+    assert "sweep.yaml: targets.2: unknown host 'nope'; known hosts: pve1, pve2" in problems
+    assert any(p.startswith("sweep.yaml: matrix.variant.1: unknown variant 'fast'; known variants: trees") for p in problems)
+    assert any(p.startswith("sweep.yaml: matrix.variant.2: variant 'mine' runs its own command") for p in problems)
+    assert any(p.startswith("sweep.yaml: fallback.1: unknown variant 'turbo'") for p in problems)
+    assert not any("GPUs" in p for p in problems)  # ct200 lists 4: enough for `gpus: 3`
+
+
+def test_gpu_counts_are_checked_against_each_targets_listed_gpus():
+    problems = problems_of("""
+        batch: sweep
+        targets: [all]
+        matrix: {variant: [trees], gpus: [1, 2]}
+    """)
+    assert problems == ["sweep.yaml: matrix.gpus: a cell asks for 2 GPUs but target ct300 lists none "
+                        "(give the container's `gpus:` in the inventory)"]
+
+
+def test_yaml_syntax_error_points_at_the_line():
+    assert problems_of("batch: [unclosed\n")[0].startswith("sweep.yaml: line 2, column 1: YAML syntax error")
+
+
+# ---------------------------------------------------------------------------------------------- expansion
+
+def test_matrix_expands_to_every_combination_with_stable_readable_ids():
+    text = """
+        batch: sweep
+        targets: [host:pve1]
+        matrix:
+          variant: [trees, eager]
+          set: [{batch_size: 4}, {batch_size: 8}]
+          args: {lr: [0.001, 0.0003]}
+        repeats: 2
+        stop_when: {steps: 500}
+    """
+    plan = plan_of(text)
+    assert len(plan.cells) == 2 * 2 * 2 * 2 * 2  # targets x variants x sets x lr x repeats
+    assert len({cell.id for cell in plan.cells}) == len(plan.cells)
+    first = plan.cells[0]
+    assert (first.id, first.target, first.variant, dict(first.sets), first.repeat) == (
+        "trees.ct200.batch_size-4_lr-0.001.r1", "ct200", "trees", {"batch_size": 4, "lr": 0.001}, 1)
+    assert [c.repeat for c in plan.cells[:16]] == [1] * 16  # every configuration once before any repeat
+    assert [c.id for c in plan_of(text).cells] == [c.id for c in plan.cells]  # same file, same ids
+    assert plan.chain == ("trees", "nographs", "eager")
+    assert plan.experiments.stop_when.kind == "steps" and plan.experiments.stop_when.value == 500
+
+
+def test_odd_setting_values_get_a_hashed_id_and_fallback_false_means_no_chain():
+    plan = plan_of("""
+        batch: sweep
+        targets: [ct300]
+        matrix: {variant: [trees], set: [{tag: "a b/c"}, {tag: "a b/d"}]}
+        fallback: false
+    """)
+    ids = [cell.id for cell in plan.cells]
+    assert ids[0].startswith("trees.ct300.s") and ids[0] != ids[1]
+    assert plan.chain == ()
+
+
+def test_dry_run_rows_name_each_run_and_what_would_happen():
+    plan = plan_of("batch: sweep\ntargets: [ct200]\nmatrix: {variant: [trees, eager]}\n")
+    with Store.in_memory() as store:
+        CellTable(store).save_plan(plan, "2026-11-29T12:00:00.000Z")
+        CellTable(store).update("sweep", plan.cells[0].id, state="done")
+        rows = plan_rows(plan, store)
+    assert [(r["run"], r["action"]) for r in rows] == [("sweep.trees.ct200.r1", "skip (done)"), ("sweep.eager.ct200.r1", "start")]
+
+
+# ---------------------------------------------------------------------------------------------- GPU ledger
+
+def test_ledger_gives_disjoint_gpus_and_keeps_whole_target_cells_alone():
+    plan = plan_of("batch: b\ntargets: [ct200]\nmatrix: {variant: [trees, eager, nographs], gpus: [2]}\nconcurrency: {per_target: 4}\n")
+    ledger = GpuLedger(plan.target_gpus, per_target=4, total=None)
+    a, b, c = plan.cells[:3]
+    assert ledger.take(a) == (0, 1)
+    assert ledger.take(b) == (2, 3)
+    assert ledger.take(c) is None  # all four GPUs are held
+    ledger.release(a.id)
+    assert ledger.take(c) == (0, 1)
+    whole = plan_of("batch: b\ntargets: [ct200]\nmatrix: {variant: [trees]}\n").cells[0]
+    assert ledger.take(whole) is None  # needs the whole target
+    ledger.release(b.id), ledger.release(c.id)
+    assert ledger.take(whole) == (0, 1, 2, 3)
+    assert ledger.take(a) is None
+
+
+def test_ledger_caps_per_target_and_total():
+    plan = plan_of("batch: b\ntargets: [ct200, ct201]\nmatrix: {variant: [trees, eager], gpus: [1]}\n")
+    ledger = GpuLedger(plan.target_gpus, per_target=1, total=None)
+    on_200 = [c for c in plan.cells if c.target == "ct200"]
+    assert ledger.take(on_200[0]) == (0,)
+    assert ledger.take(on_200[1]) is None  # per_target 1, although GPUs are free
+    capped = GpuLedger(plan.target_gpus, per_target=2, total=2)
+    assert [capped.take(c) is not None for c in plan.cells] == [True, True, False, False]
+
+
+# ---------------------------------------------------------------------------------------------- scheduler
+
+@dataclass
+class Script:
+    """How a fake run of a variant behaves: seconds until steady, or until it crashes."""
+
+    steady_after: float | None = None
+    crash_after: float | None = None
+    exit_after: float | None = None
+
+
+@dataclass
+class FakeWatcher:
+    """Plays the Watcher: advances the fake clock, writes decisions and run states to the store as the real
+    one does, and starts the next variant of the chain on a crash. Checks that no two live runs share a GPU."""
+
+    store: Store
+    clock: list
+    scripts: dict
+    chain: tuple = ()
+    gpus_of: dict = field(default_factory=dict)  # run -> (target, gpu ids, whole)
+    attached: list = field(default_factory=list)
+    stopped: list = field(default_factory=list)
+    started_at: dict = field(default_factory=dict)
+    max_live: int = 0
+
+    def attach(self, name):
+        self.attached.append(name)
+        self.started_at.setdefault(name, self.clock[0])
+
+    def step(self, timeout):
+        self.clock[0] += timeout
+        events = []
+        for run in self.store.list_runs(active=True):
+            events += self._advance(run)
+        self.max_live = max(self.max_live, len(self.store.list_runs(active=True)))
+        return events
+
+    def _advance(self, run):
+        script = self.scripts[run.variant]
+        age = self.clock[0] - self.started_at[run.name]
+        if script.crash_after is not None and age >= script.crash_after:
+            return self._crash(run)
+        if script.exit_after is not None and age >= script.exit_after:
+            decision = {"decision": "exited", "run": run.name, "action": "none", "reason": "exited 0"}
+            self.store.update_run(run.name, state="exited", exit_code=0, decision=decision)
+            return [{"kind": "decision", "decision": decision}]
+        if script.steady_after is not None and age >= script.steady_after and not run.decision:
+            decision = {"decision": "steady", "run": run.name, "action": "keep", "steady_tok_s": 1000.0, "interval": [990.0, 1010.0]}
+            self.store.update_run(run.name, decision=decision)
+            return [{"kind": "decision", "decision": decision}]
+        return []
+
+    def _crash(self, run):
+        rest = list(self.chain[self.chain.index(run.variant) + 1:]) if run.variant in self.chain else []
+        decision = {"decision": "crash", "run": run.name, "action": "fallback" if rest else "stop", "reason": "boom"}
+        self.store.update_run(run.name, state="crashed", exit_code=1, decision=decision)
+        if rest:
+            child = f"{run.name}-{rest[0]}"
+            self.store.add_run(Run(name=child, target=run.target, variant=rest[0], parent=run.name, state="running"))
+            self.gpus_of[child] = self.gpus_of[run.name]
+            self.attach(child)
+        return [{"kind": "decision", "decision": decision}]
+
+    def stop_run(self, name, reason):
+        self.stopped.append((name, reason))
+        self.store.update_run(name, state="stopped")
+
+    def live_gpus(self, target):
+        held = [self.gpus_of[r.name] for r in self.store.list_runs(active=True, target=target)]
+        return held
+
+
+def starter(store, watcher, plan, launched):
+    def start(cell, gpu_ids):
+        whole = cell.gpus is None
+        for other_ids, other_whole in watcher.live_gpus(cell.target):
+            assert not (whole or other_whole or set(other_ids) & set(gpu_ids)), f"{cell.id} overlaps a live run"
+        name = cell.run_name(plan.batch)
+        store.add_run(Run(name=name, target=cell.target, variant=cell.variant, batch=plan.batch, state="running"))
+        watcher.gpus_of[name] = (gpu_ids, whole)
+        launched.append(name)
+        return name
+
+    return start
+
+
+def scheduled(text, scripts, store, clock=None):
+    plan = plan_of(text)
+    clock = clock or [1_800_000_000.0]
+    watcher = FakeWatcher(store, clock, scripts, chain=plan.chain)
+    launched: list[str] = []
+    scheduler = Scheduler(plan, store, watcher, starter(store, watcher, plan, launched), clock=lambda: clock[0], poll_s=5.0)
+    return plan, watcher, launched, scheduler
+
+
+STEADY = {"trees": Script(steady_after=30), "nographs": Script(steady_after=20), "eager": Script(steady_after=10)}
+
+
+def test_scheduler_never_puts_two_runs_on_one_gpu_and_respects_caps():
+    text = """
+        batch: sweep
+        targets: [ct200, ct201]
+        matrix: {variant: [trees, nographs, eager], gpus: [1, 2]}
+        concurrency: {per_target: 3, total: 5}
+    """
+    with Store.in_memory() as store:
+        plan, watcher, launched, scheduler = scheduled(text, STEADY, store)
+        records = scheduler.run()
+    assert [r.state for r in records] == ["done"] * len(plan.cells)
+    assert len(launched) == len(plan.cells) == 12
+    assert 1 < watcher.max_live <= 5  # cells overlapped in time, never more than total
+    assert all(reason.endswith("stop_when steady") for _, reason in watcher.stopped)
+    assert records[0].outcome["decision"]["steady_tok_s"] == 1000.0
+
+
+def test_a_crash_follows_the_chain_and_a_failed_cell_does_not_stop_the_batch():
+    scripts = {"trees": Script(crash_after=10), "nographs": Script(steady_after=20), "eager": Script(crash_after=5)}
+    text = "batch: sweep\ntargets: [ct200, ct300]\nmatrix: {variant: [trees, eager]}\nfallback: [trees, nographs]\n"
+    with Store.in_memory() as store:
+        plan, watcher, launched, scheduler = scheduled(text, scripts, store)
+        records = {r.cell.id: r for r in scheduler.run()}
+        trees = records["trees.ct200.r1"]
+        assert trees.state == "done"
+        assert trees.outcome["runs"] == ["sweep.trees.ct200.r1", "sweep.trees.ct200.r1-nographs"]
+        assert records["eager.ct300.r1"].state == "failed"  # eager is not in the chain: nothing to fall back to
+        assert records["eager.ct300.r1"].outcome["decision"]["decision"] == "crash"
+        assert len(launched) == 4  # the fallback was the watcher's, not a new cell
+
+
+def test_stop_when_steps_and_minutes():
+    scripts = {"trees": Script(steady_after=5)}
+    with Store.in_memory() as store:
+        plan, watcher, _, scheduler = scheduled("batch: m\ntargets: [ct300]\nmatrix: {variant: [trees]}\nstop_when: {minutes: 2}\n", scripts, store)
+        record = scheduler.run()[0]
+        assert record.state == "done" and record.outcome["why"].endswith("minutes")
+        assert 120 <= scheduler.clock() - 1_800_000_000.0 <= 130  # steady at 5 s did not end it; 2 minutes did
+    with Store.in_memory() as store:
+        plan, watcher, _, scheduler = scheduled("batch: s\ntargets: [ct300]\nmatrix: {variant: [trees]}\nstop_when: {steps: 100}\n", scripts, store)
+        original = watcher.step
+
+        def step_with_samples(timeout):
+            events = original(timeout)
+            for run in store.list_runs(active=True):
+                store.add_samples(run.name, [{"step": int(watcher.clock[0] - watcher.started_at[run.name]) * 4, "tok_s": 1.0}])
+            return events
+
+        watcher.step = step_with_samples
+        record = scheduler.run()[0]
+        assert record.state == "done" and record.outcome["why"] == "reached step 100"
+        assert watcher.stopped == [("s.trees.ct300.r1", "batch s: stop_when reached step 100")]
+
+
+def test_a_run_that_exits_before_its_condition_ends_its_cell():
+    with Store.in_memory() as store:
+        _, _, _, scheduler = scheduled("batch: e\ntargets: [ct300]\nmatrix: {variant: [trees]}\n", {"trees": Script(exit_after=10)}, store)
+        record = scheduler.run()[0]
+    assert record.state == "done" and record.outcome["decision"]["decision"] == "exited"
+
+
+def test_second_invocation_skips_finished_cells_and_reattaches_running_ones():
+    text = "batch: r\ntargets: [ct200]\nmatrix: {variant: [trees, nographs, eager]}\n"
+    clock = [1_800_000_000.0]
+    with Store.in_memory() as store:
+        plan, watcher, launched, scheduler = scheduled(text, STEADY, store, clock)
+        seen = []
+
+        def interrupt(progress):
+            seen.append(progress)
+            if progress.counts["done"] == 1 and progress.running:
+                raise KeyboardInterrupt  # Ctrl-C while the second cell runs
+
+        scheduler.on_progress = interrupt
+        with pytest.raises(KeyboardInterrupt):
+            scheduler.run()
+        assert [r.state for r in CellTable(store).records("r")] == ["done", "running", "pending"]
+
+        plan, watcher2, launched2, again = scheduled(text, STEADY, store, clock)
+        watcher2.started_at.update(watcher.started_at)
+        watcher2.gpus_of.update(watcher.gpus_of)
+        records = again.run()
+    assert [r.state for r in records] == ["done"] * 3
+    assert launched2 == ["r.eager.ct200.r1"]  # trees was done, nographs reattached, only eager started
+    assert watcher2.attached[0] == "r.nographs.ct200.r1"
+
+
+def test_a_cell_whose_launch_is_refused_is_reported_and_retried_next_time():
+    from orchestrator.errors import RefusedError
+
+    text = "batch: x\ntargets: [ct200, ct300]\nmatrix: {variant: [eager]}\n"
+    with Store.in_memory() as store:
+        plan, watcher, launched, scheduler = scheduled(text, STEADY, store)
+        good = scheduler.start
+
+        def refuse_ct300(cell, gpu_ids):
+            if cell.target == "ct300":
+                raise RefusedError("GPUs busy")
+            return good(cell, gpu_ids)
+
+        scheduler.start = refuse_ct300
+        states = [(r.state, r.outcome.get("error")) for r in scheduler.run()]
+        assert states == [("done", None), ("error", "GPUs busy")]
+        _, _, launched2, again = scheduled(text, STEADY, store)
+        assert [r.state for r in again.run()] == ["done", "done"]
+        assert launched2 == ["x.eager.ct300.r1"]
+
+
+def test_decision_events_are_read_from_mappings_and_objects():
+    @dataclass
+    class Event:
+        kind: str
+        data: dict
+
+    assert decision_of({"kind": "decision", "decision": {"decision": "steady", "run": "a"}})["run"] == "a"
+    assert decision_of(Event("decision", {"decision": "crash", "run": "b"}))["decision"] == "crash"
+    assert decision_of({"kind": "lines", "run": "a"}) is None
