@@ -87,11 +87,19 @@ def launch_command(
     wandb: str = typer.Option("off", "--wandb", help="Weights & Biases mode passed to the built-in trainer: off|offline|online."),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
+    watch: bool = typer.Option(False, "--watch", help="Go straight into `dfo watch` of this run's chain."),
+    until_decided: bool = typer.Option(False, "--until-decided", help="With --watch: exit once the chain is decided (0: steady/keep)."),
+    no_fallback: bool = typer.Option(False, "--no-fallback", help="With --watch: only report, never stop or launch."),
+    chain: Optional[str] = typer.Option(None, "--chain", help="Fallback chain for this run instead of the inventory's, e.g. trees,nographs,eager.", metavar="A,B,C"),
 ) -> None:
+    from ..watch import chain_from_option
+
     if name is not None:
         check_name(name, "run name")  # before any connection: a bad name costs nothing
     inv = load_inventory(inventory)
-    spec = runs_lib.spec_for(inv, host, variant, sets=runs_lib.parse_sets(sets), wandb=wandb)
+    chain_list = chain_from_option(chain, variant)
+    ahead = tuple(chain_list[chain_list.index(variant) + 1:]) if chain_list else ()
+    spec = runs_lib.spec_for(inv, host, variant, sets=runs_lib.parse_sets(sets), wandb=wandb, chain=ahead)
     with Connections(inv) as connections:
         if not no_preflight:
             _preflight_or_refuse(connections, inv.target(host), force=force)
@@ -104,10 +112,14 @@ def launch_command(
         print_json({"run": run.name, "target": run.target, "pid": run.pid, "log": run.log_path, "exit": run.exit_path,
                     "trainer_hash": run.trainer_hash, "pushed": bool(launched.push and launched.push.transferred),
                     "next": f"dfo watch {run.name}"})
-        return
-    console.print(f"launched [bold]{run.name}[/] on {run.target} (PID {run.pid})", highlight=False)
-    console.print(f"  log:  {run.log_path}", highlight=False)
-    console.print(f"  next: dfo watch {run.name}", highlight=False)
+    else:
+        console.print(f"launched [bold]{run.name}[/] on {run.target} (PID {run.pid})", highlight=False)
+        console.print(f"  log:  {run.log_path}", highlight=False)
+        console.print(f"  next: dfo watch {run.name}", highlight=False)
+    if watch:
+        from .watch import watch_runs
+
+        raise typer.Exit(watch_runs(inv, [run.name], until_decided=until_decided, fallback=not no_fallback, as_json=as_json))
 
 
 def _preflight_or_refuse(connections: Connections, spec: TargetSpec, *, force: bool) -> None:

@@ -1,0 +1,158 @@
+"""`dfo watch [NAME ...]`: follow runs live, decide, fall back; also the body of `dfo launch --watch`.
+
+Parses options, builds a Watcher and drives it, rendering with view.py (or one JSON object per event with
+--json). Ctrl-C ends the watch and leaves every run running. All mechanics live in orchestrator/watch.py.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+import typer
+from rich.live import Live
+
+from ..connections import Connections
+from ..inventory import Inventory, load_inventory
+from ..store import Store
+from ..view import render
+from ..watch import Watcher
+from .common import InventoryOpt, JsonOpt, console, err_console, print_json
+
+EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
+SHOWN_EVENTS = ("decision", "stopped", "launched", "not_signalled", "action_error", "ended", "truncated", "gap",
+                "disconnected", "gpu_error")
+GOOD_ACTIONS = frozenset({"keep"})
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "watch",
+        help=(
+            "Follow runs live (no names: every active run), judge them warming up / steady / crashed / stalled / "
+            "too slow, and on a crash or too-slow verdict stop the run and launch the next variant of its chain."
+        ),
+        epilog=EXAMPLE,
+    )(watch_command)
+
+
+def watch_command(
+    names: Optional[list[str]] = typer.Argument(None, metavar="[NAME]...", help="Run names (see `dfo runs`); a run that fell back means its chain's newest run."),
+    interval: float = typer.Option(0.5, "--interval", help="Seconds between refreshes of the live view.", min=0.05, metavar="S"),
+    poll: Optional[float] = typer.Option(None, "--poll", help="Poll each container every S seconds instead of streaming.", min=0.2, metavar="S"),
+    until_decided: bool = typer.Option(False, "--until-decided", help="Exit once every chain has a final decision: 0 if all steady/keep, else 1."),
+    no_fallback: bool = typer.Option(False, "--no-fallback", help="Only report verdicts: never stop a run or launch another."),
+    inventory: Optional[Path] = InventoryOpt,
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per event, then each chain's final decision."),
+) -> None:
+    inv = load_inventory(inventory)
+    with Store() as store:
+        runs = resolve_names(store, names or [])
+    if not runs:
+        err_console.print("no active runs to watch (see `dfo runs`)", highlight=False)
+        raise typer.Exit(0)
+    raise typer.Exit(watch_runs(inv, runs, interval=interval, poll=poll, until_decided=until_decided,
+                                fallback=not no_fallback, as_json=as_json))
+
+
+def resolve_names(store: Store, names: Sequence[str]) -> list[str]:
+    """Named runs (each replaced by the newest run of its chain), or every active run when none is named."""
+    if not names:
+        return [run.name for run in store.list_runs(active=True)]
+    every = store.list_runs()
+    children = {run.parent: run.name for run in every if run.parent}  # later runs overwrite earlier ones
+    resolved = []
+    for name in names:
+        store.get_run(name)  # UnknownRun names the fix
+        while name in children:
+            name = children[name]
+        if name not in resolved:
+            resolved.append(name)
+    return resolved
+
+
+def watch_runs(
+    inventory: Inventory,
+    names: Sequence[str],
+    *,
+    interval: float = 0.5,
+    poll: float | None = None,
+    until_decided: bool = False,
+    fallback: bool = True,
+    as_json: bool = False,
+    chain: Sequence[str] | None = None,
+) -> int:
+    """Watch `names` until Ctrl-C, until every chain is decided (--until-decided), or until every run ended.
+
+    Returns the exit status: with --until-decided 0 when every chain ends steady/keep, else 1; 130 on Ctrl-C."""
+    with Connections(inventory) as connections, Store() as store:
+        watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
+                          on_event=print_json if as_json else None)
+        try:
+            for name in names:
+                watcher.attach(name)
+            if as_json:
+                drive(watcher, until_decided, interval, lambda events: None)
+            else:
+                with Live(render(watcher), console=console, auto_refresh=False, transient=False) as live:
+                    drive(watcher, until_decided, interval, lambda events: show(live, watcher, events))
+        except KeyboardInterrupt:
+            err_console.print("stopped watching; the runs go on (dfo watch again to reattach)", highlight=False)
+            return 130
+        finally:
+            watcher.close()
+        decisions = watcher.final_decisions()
+    if as_json:
+        for decision in decisions:
+            print_json(decision)
+    else:
+        summarise(decisions)
+    if not until_decided:
+        return 0
+    return 0 if all(d.get("action") in GOOD_ACTIONS for d in decisions) else 1
+
+
+def drive(watcher: Watcher, until_decided: bool, interval: float, refresh) -> None:
+    """Step the watcher until it is done, calling `refresh(events)` at most every `interval` seconds."""
+    shown_at, pending = 0.0, []
+    while not done(watcher, until_decided):
+        pending += watcher.step(min(0.25, interval))
+        if time.monotonic() - shown_at >= interval:
+            refresh(pending)
+            shown_at, pending = time.monotonic(), []
+    refresh(pending)
+
+
+def done(watcher: Watcher, until_decided: bool) -> bool:
+    if not watcher.settled():
+        return False
+    if until_decided:
+        return True
+    return all(w.alive is False for w in watcher.runs() if w.name in {c["current"] for c in watcher.chains()})
+
+
+def show(live: Live, watcher: Watcher, events: list[dict]) -> None:
+    for event in events:
+        if event["event"] in SHOWN_EVENTS:
+            live.console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
+    live.update(render(watcher), refresh=True)
+
+
+def event_line(event: dict) -> str:
+    """One line for the scroll-back above the live view."""
+    who = event.get("run") or event.get("target") or ""
+    kind = event["event"]
+    if kind == "decision":
+        d = event["decision"]
+        nxt = f" -> {d['next_run']}" if d.get("next_run") else ""
+        return f"{event['at'][11:19]} {who}: {d['decision']} (action {d['action']}{nxt}): {d.get('reason', '')}"
+    detail = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("event", "at", "run", "chain", "target"))
+    return f"{event['at'][11:19]} {who}: {kind} {detail}".rstrip()
+
+
+def summarise(decisions: list[dict]) -> None:
+    for d in decisions:
+        where = f" at step {d['at_step']}" if d.get("at_step") is not None else ""
+        console.print(f"{d['chain']}: {d['run']} {d['decision']}{where}, action {d['action']}: {d.get('reason', '')}",
+                      highlight=False, markup=False, soft_wrap=True)

@@ -1,0 +1,132 @@
+"""The live view of `dfo watch`: one panel per followed run, built from the Watcher's state.
+
+Per run: variant and target, step, tok/s with a sparkline of recent steps, warm-up/steady state, per-GPU
+memory and utilisation bars, queue fill and active drafters when the trainer reports them, the last log
+lines, and the decision with its reason. A header line shows each container's channel: connected,
+reconnecting (and why), and the gaps it came back from.
+
+What it must not do: read the store, reach a machine or change the Watcher. Rendering is plain text
+building (no measuring, no layout tricks), cheap enough for a few refreshes a second.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from .watch import Link, WatchedRun, Watcher
+
+SPARK = "▁▂▃▄▅▆▇█"
+BAR_WIDTH = 10
+COLOURS = {"steady": "green", "exited": "green", "undecided": "yellow", "crash": "red", "stall": "red",
+           "too_slow": "magenta"}
+
+
+def sparkline(values: Sequence[float], width: int = 30) -> str:
+    """The last `width` values as block characters scaled between their min and max."""
+    values = list(values)[-width:]
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    span = high - low
+    if span <= 0:
+        return SPARK[len(SPARK) // 2] * len(values)
+    return "".join(SPARK[min(len(SPARK) - 1, int((v - low) / span * len(SPARK)))] for v in values)
+
+
+def bar(fraction: float | None, width: int = BAR_WIDTH) -> str:
+    """`███░░░░░░░` for a fraction in [0, 1]; `?` when unknown."""
+    if fraction is None:
+        return "?" * width
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    return "█" * filled + "░" * (width - filled)
+
+
+def state_text(watched: WatchedRun) -> Text:
+    """What the run is doing now, coloured by its decision."""
+    decision = watched.decision
+    colour = COLOURS.get(decision.decision, "white")
+    if watched.stopped_reason:
+        return Text(f"stopped by dfo: {watched.stopped_reason}", style="cyan")
+    if decision.decision == "undecided":
+        label = "waiting for the first step" if watched.latest is None else "warming up"
+    elif decision.decision == "steady" and decision.steady_tok_s is not None:
+        label = f"steady {decision.steady_tok_s:,.0f} tok/s"
+        if decision.interval:
+            label += f" (95% {decision.interval[0]:,.0f}..{decision.interval[1]:,.0f})"
+    else:
+        label = decision.decision
+        if decision.signature:
+            label += f" [{decision.signature}]"
+    action = f"  -> {decision.action}" if decision.action not in ("none", "keep") or decision.decision == "steady" else ""
+    if decision.next_run:
+        action += f" {decision.next_run}"
+    elif watched.acting:
+        action += " (in progress)"
+    return Text(label + action, style=f"bold {colour}")
+
+
+def gpu_rows(watched: WatchedRun) -> Iterable[str]:
+    for gpu in watched.gpu_now:
+        used, total, util = gpu.get("mem_used_mib"), gpu.get("mem_total_mib"), gpu.get("util_pct")
+        mem_fraction = used / total if used is not None and total else None
+        mem = f"{used / 1024:5.1f}/{total / 1024:.0f} GiB" if used is not None and total else "   ?"
+        util_text = f"{util:3.0f}%" if util is not None else "  ?"
+        yield (f"GPU{gpu.get('index')}  mem {bar(mem_fraction)} {mem}   "
+               f"util {bar(util / 100 if util is not None else None)} {util_text}")
+
+
+def progress_line(watched: WatchedRun) -> Text:
+    latest = watched.latest
+    if latest is None:
+        return Text("no step yet", style="dim")
+    parts = [f"step {latest.step:,}", f"{latest.tok_s:,.0f} tok/s {sparkline(watched.throughput)}"]
+    if latest.loss is not None:
+        parts.append(f"loss {latest.loss:.4g}")
+    if latest.q_fill is not None:
+        parts.append(f"queue {latest.q_fill:.0%}")
+    if latest.active is not None:
+        parts.append(f"active drafters {latest.active}")
+    if latest.phase != "train":
+        parts.append(latest.phase)
+    return Text("   ".join(parts))
+
+
+def run_panel(watched: WatchedRun) -> Panel:
+    body = Table.grid(padding=(0, 1))
+    body.add_column()
+    body.add_row(progress_line(watched))
+    body.add_row(state_text(watched))
+    if watched.decision.decision != "undecided" or watched.latest is not None:
+        body.add_row(Text(watched.decision.reason, style="dim"))
+    for row in gpu_rows(watched):
+        body.add_row(Text(row))
+    for line in list(watched.lines)[-3:]:
+        body.add_row(Text("│ " + line, style="dim", no_wrap=True, overflow="ellipsis"))
+    title = f"[bold]{watched.name}[/]  {watched.run.variant or '?'} on {watched.run.target}"
+    if watched.run.parent:
+        title += f"  (after {watched.run.parent})"
+    return Panel(body, title=title, title_align="left", border_style=COLOURS.get(watched.decision.decision, "white"))
+
+
+def link_text(name: str, link: Link) -> Text:
+    if link.connected:
+        text = Text(f"{name}: connected", style="green")
+    else:
+        text = Text(f"{name}: reconnecting" + (f" ({link.reason})" if link.reason else ""), style="yellow")
+    if link.reconnects:
+        text.append(f", {link.reconnects} gap(s), last {link.last_gap_s or 0:.1f} s", style="yellow")
+    if link.gpu_error:
+        text.append(f", nvidia-smi: {link.gpu_error}", style="red")
+    return text
+
+
+def render(watcher: Watcher) -> RenderableType:
+    """The whole view: the channels' line, then one panel per run (the current run of each chain last)."""
+    links = Text("  ").join(link_text(name, link) for name, link in watcher.links.items())
+    panels = [run_panel(watched) for watched in watcher.runs()]
+    return Group(links, *panels) if panels else Group(links, Text("no runs followed", style="dim"))
