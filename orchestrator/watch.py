@@ -569,16 +569,16 @@ class Watcher:
                 "decision": watched.decision.to_json(), "settled": settled}
 
     def _emit(self, kind: str, watched: WatchedRun, data: dict, *, store: bool = True) -> None:
-        self._publish({"event": kind, "at": utc_now(), "run": watched.name, "chain": watched.root, **data},
+        self._publish({"kind": kind, "at": utc_now(), "run": watched.name, "chain": watched.root, **data},
                       watched.name if store else None, store)
 
     def _emit_source(self, kind: str, source: str, data: dict) -> None:
-        self._publish({"event": kind, "at": utc_now(), "target": source, **data}, None, True)
+        self._publish({"kind": kind, "at": utc_now(), "target": source, **data}, None, True)
 
     def _publish(self, event: Event, run: str | None, store: bool) -> None:
         if store:
-            data = {k: v for k, v in event.items() if k not in ("event", "at", "run")}
-            self.store.add_event(run, event["event"], data, at=event["at"])
+            data = {k: v for k, v in event.items() if k not in ("kind", "at", "run")}
+            self.store.add_event(run, event["kind"], data, at=event["at"])
         self._events.append(event)
         if self.on_event is not None:
             self.on_event(event)

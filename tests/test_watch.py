@@ -4,6 +4,9 @@ reports, and a re-attach continues from the stored offsets without counting a st
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,10 +14,14 @@ from pathlib import Path
 import pytest
 
 from harness import write_inventory
+from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
+from rich.console import Console
+
 from orchestrator.connections import Connections
 from orchestrator.inventory import load_inventory
 from orchestrator.runs import launch, spec_for, stop
 from orchestrator.store import Store
+from orchestrator.view import render
 from orchestrator.watch import Watcher, fallback_names
 
 PY = sys.executable
@@ -78,8 +85,11 @@ def write_trainers(directory: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def lab(tmp_path, monkeypatch):
-    """A local target with its own workspace, the test trainers as variants, a fresh registry."""
+def lab(tmp_path, monkeypatch, pct_env):
+    """A local target with its own workspace, the test trainers as variants, a fresh registry, and the
+    nvidia-smi stand-in showing one busy H200."""
+    gpu_state = NvidiaSmiState(tmp_path / "nvidia-smi.json", [Gpu(0, memory_used_mib=40960, utilization_pct=87)])
+    monkeypatch.setenv(STATE_ENV, str(gpu_state.path))
     workspace = tmp_path / "ws"
     commands = write_trainers(tmp_path / "scripts")
     path = write_inventory(tmp_path, {
@@ -93,6 +103,7 @@ def lab(tmp_path, monkeypatch):
     inventory = load_inventory(path)
     with Connections(inventory) as connections, Store(tmp_path / "state" / "dfo.db") as store:
         lab = Lab(inventory, connections, store, workspace)
+        lab.path = path
         yield lab
         for watcher in lab.watchers:
             watcher.close()
@@ -145,7 +156,13 @@ def test_steady_command_reaches_steady_keep_and_stores_every_step(lab) -> None:
     assert stored["decision"] == "steady" and stored["evidence"]["steady"]["steps_used"] > 0
     steps = [s["step"] for s in lab.store.samples("s1")]
     assert steps == lab.log_steps("s1")[: len(steps)] and len(steps) >= 40
-    assert [e["event"] for e in events].count("decision") == 1
+    assert [e["kind"] for e in events].count("decision") == 1
+    view = Console(record=True, width=120)
+    view.print(render(watcher))
+    shown = view.export_text()
+    assert "s1" in shown and "steady 1,0" in shown and "active drafters 1/1" in shown and "queue 90%" in shown
+    assert "GPU0" in shown and "87%" in shown and "here: connected" in shown
+    assert any(ch in shown for ch in "▁▂▃▄▅▆▇")  # the tok/s sparkline
     watcher.close()
     assert lab.store.get_run("s1").state == "running"  # closing the watch never stops a run
 
@@ -162,7 +179,7 @@ def test_crash_while_alive_stops_it_and_launches_the_next_variant_linked(lab) ->
     assert (crashed.decision["action"], crashed.decision["next_run"]) == ("fallback", "c1.2-nographs")
     child = lab.store.get_run("c1.2-nographs")
     assert (child.parent, child.variant, child.chain) == ("c1", "nographs", [])
-    kinds = [e["event"] for e in events]
+    kinds = [e["kind"] for e in events]
     assert kinds.index("stopped") < kinds.index("launched")
     assert {e["kind"] for e in lab.store.events("c1")} >= {"decision", "stopped", "launched"}
 
@@ -195,3 +212,34 @@ def test_reattach_continues_from_the_offset_without_counting_twice(lab) -> None:
     steps = [s["step"] for s in lab.store.samples("r1")]
     assert steps == sorted(set(steps)) and steps == lab.log_steps("r1")[: len(steps)]
     second.close()
+
+
+def test_truncated_log_is_read_again_from_zero_with_an_event_and_no_double_count(lab) -> None:
+    lab.launch("nographs", "t1")
+    watcher = lab.watcher()
+    watcher.attach("t1")
+    run_until(watcher, lambda w: len(lab.store.samples("t1")) >= 60)
+    before = len(lab.store.samples("t1"))
+    (lab.workspace / "logs" / "t1.log").write_bytes(b"")  # rotated away under the run
+    events = run_until(watcher, lambda w: len(lab.store.samples("t1")) >= before + 20)
+    assert [e for e in events if e["kind"] == "truncated"]
+    steps = [s["step"] for s in lab.store.samples("t1")]
+    assert steps == sorted(set(steps))
+    assert {e["kind"] for e in lab.store.events("t1")} >= {"attached", "truncated"}
+
+
+@pytest.mark.slow
+def test_launch_watch_cli_follows_its_own_chain_to_steady(lab, tmp_path) -> None:
+    env = {**os.environ, "DFO_HOME": str(tmp_path / "state")}
+    env.pop("DFO_INVENTORY", None)
+    dfo = str(Path(sys.executable).parent / "dfo")
+    done = subprocess.run(
+        [dfo, "launch", "--host", "here", "--variant", "failing", "--name", "w1", "--no-preflight", "--chain",
+         "failing,nographs", "--watch", "--until-decided", "--json", "-i", str(lab.path)],
+        capture_output=True, text=True, timeout=90, env=env)
+    assert done.returncode == 0, done.stderr + done.stdout[-2000:]
+    objects = [json.loads(line) for line in done.stdout.splitlines()]
+    assert objects[0]["run"] == "w1" and "pid" in objects[0]  # launch's own JSON comes first
+    final = objects[-1]
+    assert (final["run"], final["decision"], final["action"], final["chain"]) == ("w1.2-nographs", "steady", "keep", "w1")
+    assert lab.store.get_run("w1").decision["signature"] == "exit_nonzero"

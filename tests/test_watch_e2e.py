@@ -67,10 +67,10 @@ def test_tls_crash_with_live_process_is_stopped_and_the_chain_ends_steady(lab, c
     watched = dfo(inventory, state, "watch", "c1", "--until-decided", "--json", timeout=120)
     assert watched.returncode == 0, watched.stderr + watched.stdout[-2000:]
     objects = [json.loads(line) for line in watched.stdout.splitlines()]
-    events = [o for o in objects if "event" in o]
-    finals = [o for o in objects if "event" not in o]
+    events = [o for o in objects if "kind" in o]
+    finals = [o for o in objects if "kind" not in o]
 
-    crash = next(e["decision"] for e in events if e["event"] == "decision" and e["run"] == "c1" and e["decision"]["next_run"])
+    crash = next(e["decision"] for e in events if e["kind"] == "decision" and e["run"] == "c1" and e["decision"]["next_run"])
     assert DECISION_KEYS <= set(crash)
     assert (crash["decision"], crash["signature"], crash["action"], crash["next_run"]) == (
         "crash", "cudagraph_tls", "fallback", "c1.2-nographs")
@@ -112,7 +112,7 @@ def test_sshd_killed_and_restarted_mid_watch_loses_and_doubles_nothing_while_nvi
         logged = [int(line.split(" step=")[1].split()[0]) for line in log if " event=step " in line]
         stored = [sample["step"] for sample in store.samples("s1")]
         assert stored == logged and len(logged) == 400
-        kinds = [e["event"] for e in events]
+        kinds = [e["kind"] for e in events]
         assert "disconnected" in kinds and "gap" in kinds
         assert store.get_run("s1").decision["decision"] in ("steady", "exited")
         assert store.get_run("s1").decision["action"] == "keep"

@@ -134,7 +134,7 @@ def done(watcher: Watcher, until_decided: bool) -> bool:
 
 def show(live: Live, watcher: Watcher, events: list[dict]) -> None:
     for event in events:
-        if event["event"] in SHOWN_EVENTS:
+        if event["kind"] in SHOWN_EVENTS:
             live.console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
     live.update(render(watcher), refresh=True)
 
@@ -142,12 +142,12 @@ def show(live: Live, watcher: Watcher, events: list[dict]) -> None:
 def event_line(event: dict) -> str:
     """One line for the scroll-back above the live view."""
     who = event.get("run") or event.get("target") or ""
-    kind = event["event"]
+    kind = event["kind"]
     if kind == "decision":
         d = event["decision"]
         nxt = f" -> {d['next_run']}" if d.get("next_run") else ""
         return f"{event['at'][11:19]} {who}: {d['decision']} (action {d['action']}{nxt}): {d.get('reason', '')}"
-    detail = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("event", "at", "run", "chain", "target"))
+    detail = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("kind", "at", "run", "chain", "target"))
     return f"{event['at'][11:19]} {who}: {kind} {detail}".rstrip()
 
 
