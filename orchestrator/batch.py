@@ -1,15 +1,18 @@
 """`dfo batch`: an experiments file expanded into cells, run across targets by a resumable scheduler.
 
-    experiments file (YAML) --load_experiments--> Experiments --expand--> [Cell]  (deterministic ids)
-    Scheduler: CellTable (SQLite rows per cell) + GpuLedger (who holds which GPUs) + a Watcher
-      pending --start--> running --stop_when holds / chain ends--> done | failed      (launch refused: error)
+    experiments file (YAML) --load_experiments--> Plan (Experiments + [Cell], deterministic ids)
+    Scheduler: CellTable (SQLite rows per cell) + GpuLedger (who holds which GPUs) + a Watcher that judges
+      pending --launch--> running --stop_when holds, or the chain ends--> done | failed   (not started: error)
 
-A cell is one (target, variant, settings, GPU count, repeat). Its first run is named `BATCH.CELL`; the
-Watcher falls back along the chain with runs whose `parent` points back, and the cell follows that chain
-to its last run. Two cells never hold the same GPU at once: a cell without `gpus:` takes the whole target,
-one with `gpus: N` takes N of the target's listed GPUs and runs with CUDA_VISIBLE_DEVICES set to them.
-Everything the scheduler learns goes to the store first, so running the same file again skips finished
-cells, reattaches to running chains and starts the rest.
+A cell is one (target, variant, settings, GPU count, repeat). Its first run is named `BATCH.CELL`. The
+Watcher (built with fallback=False) judges runs; on a crash, stall or too-slow verdict the scheduler stops
+the run and starts the next variant of the chain (decide.next_variant, the policy `dfo watch` uses) as
+`BATCH.CELL.<n>-<variant>` with `parent` set, on the same GPUs with the same settings, so a fallback never
+lands on another cell's GPUs. Two cells never hold one GPU at once: a cell without `gpus:` takes the whole
+target; one with `gpus: N` takes N of the target's listed GPUs and runs with CUDA_VISIBLE_DEVICES set to
+them; GPUs are released only once the cell's last run has ended. Everything the scheduler learns goes to
+the store first, so running the same file again skips finished cells, reattaches to running chains and
+starts the rest; a cell that could not start (`error`) is tried again.
 
 This module must not render (the CLI draws Progress snapshots), parse logs or judge runs (the Watcher and
 decide/ do), or reach a machine except through runs.launch, preflight and the Watcher.
@@ -24,6 +27,7 @@ import math
 import re
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal, Mapping, Optional, Protocol, Union
@@ -32,17 +36,19 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import runs
+from .decide import Catalogue, next_variant
 from .errors import DfoError, InvalidName, InventoryError, UnknownTarget
 from .inventory import Inventory, describe_validation_error
 from .logfmt import format_ts, parse_ts
 from .names import check_name
-from .store import Store
+from .store import Run, Store
 
 CELL_STATES = ("pending", "running", "done", "failed", "error")
 FINAL_STATES = ("done", "failed")  # `error` (never started: refused or unreachable) is retried by the next invocation
 FALLBACK_VERDICTS = ("crash", "stall", "too_slow")
-FALLBACK_WAIT_S = 120.0  # a chain whose next run has not appeared this long after `action: fallback` has ended
 EXIT_GRACE_S = 15.0  # time the Watcher gets to judge a run that ended before its cell is closed without a verdict
+STOP_WAIT_S = 120.0  # a stop that has not ended the run by then (target unreachable) closes the cell anyway
+MAX_PARALLEL_LAUNCHES = 16
 SLUG_MAX = 40
 
 Scalar = Union[bool, int, float, str]
@@ -387,15 +393,18 @@ def _record(row: Any) -> CellRecord:
 # ---------------------------------------------------------------------------------------------- scheduler
 
 class WatcherLike(Protocol):
-    """What the scheduler needs of orchestrator.watch.Watcher."""
+    """What the scheduler needs of orchestrator.watch.Watcher (built with fallback=False: the batch falls back)."""
 
     def attach(self, run_name: str) -> Any: ...
     def step(self, timeout: float) -> list[Any]: ...
     def stop_run(self, name: str, reason: str) -> Any: ...
 
 
-Starter = Callable[[Cell, tuple[int, ...]], str]
-"""Starts a cell's first run on the given GPUs and returns its name (runs.launch in the field)."""
+class Starter(Protocol):
+    """Starts run `name` of `variant` for a cell on the given GPUs (runs.launch in the field); `parent` is the
+    run it falls back from. A name already in the registry is adopted, never started twice."""
+
+    def __call__(self, cell: Cell, gpu_ids: tuple[int, ...], variant: str, name: str, parent: Optional[str]) -> str: ...
 
 
 @dataclass
@@ -408,20 +417,32 @@ class Progress:
     eta_s: Optional[float]
     news: list[str]
 
-    @property
-    def left(self) -> int:
-        return self.counts.get("pending", 0) + self.counts.get("error", 0)
+
+@dataclass
+class _Stopping:
+    """A stop the scheduler asked for, and what follows once the run has ended."""
+
+    reason: str
+    state: str  # the cell's state if nothing follows
+    next_variant: Optional[str]
+    since: float
 
 
 @dataclass
 class _Active:
     record: CellRecord
     started: float  # epoch seconds
-    waiting_since: Optional[float] = None  # when the chain's last run ended without a verdict or fallback yet
+    waiting_since: Optional[float] = None  # when the chain's last run was first seen ended without a verdict
+    stopping: Optional[_Stopping] = None
 
 
 class Scheduler:
-    """Runs a plan's unfinished cells to an outcome; see the module docstring for the state machine."""
+    """Runs a plan's unfinished cells to an outcome; see the module docstring for the state machine.
+
+    A final verdict (crash, stall, too slow) stops the run and starts the next variant of the plan's chain on
+    the same GPUs with the same settings (decide.next_variant, as `dfo watch` does); a stop_when condition
+    stops it and closes the cell. The cell's GPUs are freed only once its last run has ended.
+    """
 
     def __init__(
         self,
@@ -434,12 +455,15 @@ class Scheduler:
         poll_s: float = 1.0,
         on_progress: Optional[Callable[[Progress], None]] = None,
         ready: Optional[Callable[[str], Optional[str]]] = None,
+        catalogue: Optional[Catalogue] = None,
+        stop_wait_s: float = STOP_WAIT_S,
     ) -> None:
         self.plan, self.store, self.watcher, self.start = plan, store, watcher, start
         self.table = CellTable(store)
-        self.clock, self.poll_s = clock, poll_s
+        self.clock, self.poll_s, self.stop_wait_s = clock, poll_s, stop_wait_s
         self.on_progress = on_progress or (lambda progress: None)
         self.ready = ready or (lambda target: None)  # target -> None, or why it cannot take runs now
+        self.catalogue = catalogue or Catalogue()
         concurrency = plan.experiments.concurrency
         self.ledger = GpuLedger(plan.target_gpus, per_target=concurrency.per_target, total=concurrency.total)
         self.records: dict[str, CellRecord] = {}
@@ -452,7 +476,7 @@ class Scheduler:
 
     def run(self) -> list[CellRecord]:
         """Until every cell is done, failed or could not start; returns the cells in plan order."""
-        self.table.save_plan(self.plan, self._stamp())
+        self.table.save_plan(self.plan, format_ts(self.clock()))
         wanted = {cell.id for cell in self.plan.cells}
         self.records = {r.cell.id: r for r in self.table.records(self.plan.batch) if r.cell.id in wanted}
         self._resume()
@@ -486,6 +510,8 @@ class Scheduler:
             self.news.append(f"{record.cell.id}: reattached to {last}")
 
     def _start_ready(self) -> None:
+        """Give GPUs to every pending cell that fits now, and launch those cells at once (one thread each)."""
+        starting: list[tuple[CellRecord, tuple[int, ...]]] = []
         blocked: dict[str, Optional[str]] = {}
         for record in self.records.values():
             if record.state != "pending":
@@ -498,24 +524,32 @@ class Scheduler:
                 continue
             gpu_ids = self.ledger.take(record.cell)
             if gpu_ids is not None:
-                self._start_cell(record, gpu_ids)
-
-    def _start_cell(self, record: CellRecord, gpu_ids: tuple[int, ...]) -> None:
-        cell, now = record.cell, self.clock()
-        self._set(record, state="running", root_run=cell.run_name(self.plan.batch), gpu_ids=gpu_ids,
-                  started_at=format_ts(now), ended_at=None, outcome={})
-        try:
-            name = self.start(cell, gpu_ids)
-        except DfoError as exc:
-            self.ledger.release(cell.id)
-            self._set(record, state="error", root_run=None, ended_at=format_ts(self.clock()), outcome={"error": str(exc)})
-            self.news.append(f"{cell.id}: could not start: {exc}")
+                starting.append((record, gpu_ids))
+        if not starting:
             return
-        self._set(record, root_run=name)
-        active = _Active(record, now)
-        self.active[cell.id] = active
-        self._attach(active, name)
-        self.news.append(f"{cell.id}: started {name}" + (f" on GPUs {','.join(map(str, gpu_ids))}" if cell.gpus else ""))
+        for record, gpu_ids in starting:
+            self._set(record, state="running", root_run=record.cell.run_name(self.plan.batch), gpu_ids=gpu_ids,
+                      started_at=format_ts(self.clock()), ended_at=None, outcome={})
+        with ThreadPoolExecutor(max_workers=min(len(starting), MAX_PARALLEL_LAUNCHES), thread_name_prefix="launch") as pool:
+            results = list(pool.map(lambda pair: self._launch_root(*pair), starting))
+        for (record, _), error in zip(starting, results):
+            if error is None:
+                active = self.active[record.cell.id] = _Active(record, self.clock())
+                self._attach(active, record.root_run)
+            else:
+                self.ledger.release(record.cell.id)
+                self._set(record, state="error", root_run=None, ended_at=format_ts(self.clock()), outcome={"error": error})
+
+    def _launch_root(self, record: CellRecord, gpu_ids: tuple[int, ...]) -> Optional[str]:
+        """Launch a cell's first run; the error text if it could not start."""
+        cell = record.cell
+        try:
+            self.start(cell, gpu_ids, cell.variant, record.root_run, None)
+        except DfoError as exc:
+            self.news.append(f"{cell.id}: could not start: {exc}")
+            return str(exc)
+        self.news.append(f"{cell.id}: started {record.root_run}" + (f" on GPUs {','.join(map(str, gpu_ids))}" if cell.gpus else ""))
+        return None
 
     def _attach(self, active: _Active, run: str) -> None:
         try:
@@ -530,31 +564,36 @@ class Scheduler:
                 continue
             self.decisions[decision["run"]] = decision
             if decision.get("decision") != "undecided":
-                self.news.append(f"{decision['run']}: {decision.get('decision')} ({decision.get('action')})")
+                self.news.append(f"{decision['run']}: {decision.get('decision')}")
 
     # -- one cell
 
     def _check(self, active: _Active) -> None:
-        record = active.record
-        chain = self.table.chain(record.root_run)
+        chain = self.table.chain(active.record.root_run)
         run = self.store.get_run(chain[-1])
         decision = self.decisions.get(run.name) or run.decision or {}
+        if active.stopping is not None:
+            if not run.active or self.clock() - active.stopping.since >= self.stop_wait_s:
+                self._after_stop(active, chain, decision)
+            return
         verdict = decision.get("decision")
         if verdict in FALLBACK_VERDICTS:
-            if decision.get("action") == "fallback" and not self._waited(active, run.active, FALLBACK_WAIT_S):
-                return  # the watcher is starting the next variant of the chain
-            self._finish(active, chain, decision, "failed", decision.get("reason") or verdict)
+            following = self._next_variant(run.variant, decision)
+            why = f"{verdict}: {decision.get('reason') or ''}".strip(": ")
+            self._stop(active, run, why, "failed", following)
             return
         reached = self._stop_reason(active, run.name, verdict)
         if reached:
-            if run.active:
-                self._stop(run.name, reached)
-            self._finish(active, chain, decision, "done", reached)
-        elif not run.active and (verdict in ("exited", "steady") or self._waited(active, False, EXIT_GRACE_S)):
+            self._stop(active, run, f"stop_when {reached}", "done", None)
+        elif not run.active and (verdict in ("exited", "steady") or self._waited(active, EXIT_GRACE_S)):
             state = "done" if run.state == "exited" or verdict in ("exited", "steady") else "failed"
             self._finish(active, chain, decision, state, f"run ended ({run.state}, exit code {run.exit_code})")
         elif run.active:
             active.waiting_since = None
+
+    def _next_variant(self, variant: Optional[str], decision: dict) -> Optional[str]:
+        signature = self.catalogue.by_id(decision["signature"]) if decision.get("signature") else None
+        return next_variant(self.plan.chain, variant, signature)
 
     def _stop_reason(self, active: _Active, run: str, verdict: Optional[str]) -> Optional[str]:
         stop_when = self.plan.experiments.stop_when
@@ -566,19 +605,36 @@ class Scheduler:
         elapsed = self.clock() - active.started
         return f"{elapsed / 60:.1f} minutes" if elapsed >= stop_when.value * 60 else None
 
-    def _waited(self, active: _Active, run_active: bool, limit_s: float) -> bool:
-        """True once the chain's last run has been over, with nothing new, for `limit_s`."""
-        if run_active:
-            return False
+    def _waited(self, active: _Active, limit_s: float) -> bool:
+        """True once the chain's last run has been over, with no verdict, for `limit_s`."""
         now = self.clock()
         active.waiting_since = active.waiting_since or now
         return now - active.waiting_since >= limit_s
 
-    def _stop(self, run: str, reason: str) -> None:
+    def _stop(self, active: _Active, run: Run, reason: str, state: str, following: Optional[str]) -> None:
+        """Ask the watcher to stop `run` (if it still runs); `_after_stop` goes on once it has ended."""
+        active.stopping = _Stopping(reason, state, following, self.clock())
+        if run.active:
+            try:
+                self.watcher.stop_run(run.name, f"batch {self.plan.batch}: {reason}")
+            except (DfoError, KeyError) as exc:  # ended meanwhile, or not followed: the outcome stands
+                self.news.append(f"{run.name}: stop failed: {exc}")
+
+    def _after_stop(self, active: _Active, chain: list[str], decision: dict) -> None:
+        stopping, record = active.stopping, active.record
+        active.stopping = None
+        if stopping.next_variant is None:
+            self._finish(active, chain, decision, stopping.state, stopping.reason)
+            return
+        name = f"{record.root_run}.{len(chain) + 1}-{stopping.next_variant}"  # the watcher's fallback names
         try:
-            self.watcher.stop_run(run, f"batch {self.plan.batch}: stop_when {reason}")
-        except DfoError as exc:  # the run ended meanwhile, or its target is unreachable: the outcome stands
-            self.news.append(f"{run}: stop failed: {exc}")
+            self.start(record.cell, record.gpu_ids, stopping.next_variant, name, chain[-1])
+        except DfoError as exc:
+            self._finish(active, chain, decision, "failed", f"{stopping.reason}; fallback {name} did not start: {exc}")
+            return
+        self.news.append(f"{record.cell.id}: {chain[-1]} {stopping.reason[:60]}; falling back to {name}")
+        active.waiting_since = None
+        self._attach(active, name)
 
     def _finish(self, active: _Active, chain: list[str], decision: dict, state: str, why: str) -> None:
         record = active.record
@@ -587,7 +643,7 @@ class Scheduler:
         self.ledger.release(record.cell.id)
         self.active.pop(record.cell.id, None)
         self.durations.append(self.clock() - active.started)
-        self.news.append(f"{record.cell.id}: {state} ({why})")
+        self.news.append(f"{record.cell.id}: {state} ({why[:80]})")
 
     # -- bookkeeping
 
@@ -595,9 +651,6 @@ class Scheduler:
         self.table.update(self.plan.batch, record.cell.id, **values)
         for key, value in values.items():
             setattr(record, key, tuple(value) if key == "gpu_ids" else value)
-
-    def _stamp(self) -> str:
-        return format_ts(self.clock())
 
     def _report(self) -> None:
         counts = {state: 0 for state in CELL_STATES}
@@ -617,38 +670,36 @@ class Scheduler:
 
 
 def decision_of(event: Any) -> Optional[dict]:
-    """The Decision JSON carried by a watcher `decision` event (a mapping or an object), else None."""
+    """The Decision JSON carried by a watcher `decision` event ({"event": "decision", "decision": {...}})."""
     get = event.get if isinstance(event, Mapping) else (lambda key, default=None: getattr(event, key, default))
-    if get("kind", None) != "decision" and get("type", None) != "decision":
+    if "decision" not in (get("event", None), get("kind", None)):
         return None
-    for key in ("decision", "data", "payload"):
-        value = get(key, None)
-        if hasattr(value, "to_json"):
-            value = value.to_json()
-        if isinstance(value, Mapping) and "decision" in value:
-            return dict(value)
-    return None
+    value = get("decision", None)
+    value = value.to_json() if hasattr(value, "to_json") else value
+    return dict(value) if isinstance(value, Mapping) and "decision" in value else None
 
 
 # ---------------------------------------------------------------------------------------------- the field
 
-def run_spec(plan: Plan, inventory: Inventory, cell: Cell, gpu_ids: tuple[int, ...], *, wandb: str = "off") -> runs.RunSpec:
-    """The RunSpec of a cell's first run: its variant and settings, grouped under the batch, on its GPUs."""
-    spec = runs.spec_for(inventory, cell.target, cell.variant, sets=dict(cell.sets) or None, wandb=wandb,
-                         batch=plan.batch, chain=plan.chain)
+def run_spec(plan: Plan, inventory: Inventory, cell: Cell, gpu_ids: tuple[int, ...], variant: str, *,
+             parent: Optional[str] = None, wandb: str = "off") -> runs.RunSpec:
+    """A run of a cell: `variant` (the cell's, or a fallback) with the cell's settings, on its GPUs, in the batch."""
+    chain = plan.chain[plan.chain.index(variant) + 1:] if variant in plan.chain else ()
+    builtin = inventory.variant(variant).command is None
+    spec = runs.spec_for(inventory, cell.target, variant, sets=dict(cell.sets) if builtin else None, wandb=wandb,
+                         batch=plan.batch, chain=chain, parent=parent)
     if cell.gpus:
         spec = replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids))})
     return spec
 
 
 def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *, wandb: str = "off") -> Starter:
-    """A Starter that launches through runs.launch; a run already recorded under the cell's name (an earlier
+    """A Starter that launches through runs.launch; a run already recorded under the name (an earlier
     invocation stopped right after launching it) is adopted, never started twice."""
 
-    def start(cell: Cell, gpu_ids: tuple[int, ...]) -> str:
-        name = cell.run_name(plan.batch)
+    def start(cell: Cell, gpu_ids: tuple[int, ...], variant: str, name: str, parent: Optional[str]) -> str:
         if store.find_run(name) is None:
-            spec = run_spec(plan, inventory, cell, gpu_ids, wandb=wandb)
+            spec = run_spec(plan, inventory, cell, gpu_ids, variant, parent=parent, wandb=wandb)
             runs.launch(connections.container(cell.target), spec, store, name=name)
         return name
 
@@ -679,13 +730,12 @@ def preflight_problems(connections: Any, targets: list[str], *, ours: set[str]) 
     return problems
 
 
-def open_watcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, **options: Any) -> Any:
-    """The Watcher of `dfo watch`, with the batch's fallback chain (or none when the file says `fallback: false`)."""
+def open_watcher(inventory: Inventory, connections: Any, store: Store, **options: Any) -> Any:
+    """The Watcher of `dfo watch`, judging only: the scheduler stops runs and falls back itself, so a fallback
+    keeps its cell's settings and GPUs."""
     from .watch import Watcher  # the watch loop and its agent channels load only when a batch runs
 
-    override = plan.experiments.fallback
-    return Watcher(inventory, connections, store, fallback=override != [], chain_override=list(override) if override else None,
-                   **options)
+    return Watcher(inventory, connections, store, fallback=False, **options)
 
 
 def run_batch(
@@ -706,8 +756,9 @@ def run_batch(
     ours = {r.cell.target for r in records if r.state == "running"}
     needed = sorted({r.cell.target for r in records if r.state != "running"})
     problems = preflight_problems(connections, needed, ours=ours) if needed else {}
+    catalogue = Catalogue().extended([signature.model_dump() for signature in inventory.signatures])
     scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb),
-                          poll_s=poll_s, on_progress=on_progress, ready=problems.get)
+                          poll_s=poll_s, on_progress=on_progress, ready=problems.get, catalogue=catalogue)
     return scheduler.run()
 
 

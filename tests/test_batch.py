@@ -175,19 +175,19 @@ class Script:
 
     steady_after: float | None = None
     crash_after: float | None = None
+    stall_after: float | None = None  # judged stalled while its process lives on
     exit_after: float | None = None
 
 
 @dataclass
 class FakeWatcher:
-    """Plays the Watcher: advances the fake clock, writes decisions and run states to the store as the real
-    one does, and starts the next variant of the chain on a crash. Checks that no two live runs share a GPU."""
+    """Plays the Watcher built with fallback=False: advances the fake clock and writes decisions and run
+    states to the store as the real one does; stop_run ends a run."""
 
     store: Store
     clock: list
     scripts: dict
-    chain: tuple = ()
-    gpus_of: dict = field(default_factory=dict)  # run -> (target, gpu ids, whole)
+    gpus_of: dict = field(default_factory=dict)  # run -> (gpu ids, whole target)
     attached: list = field(default_factory=list)
     stopped: list = field(default_factory=list)
     started_at: dict = field(default_factory=dict)
@@ -209,44 +209,34 @@ class FakeWatcher:
         script = self.scripts[run.variant]
         age = self.clock[0] - self.started_at[run.name]
         if script.crash_after is not None and age >= script.crash_after:
-            return self._crash(run)
+            return self._decide(run, {"decision": "crash", "action": "stop", "signature": "exit_nonzero"}, state="crashed")
+        if script.stall_after is not None and age >= script.stall_after and not run.decision:
+            return self._decide(run, {"decision": "stall", "action": "stop", "reason": "no new step"})
         if script.exit_after is not None and age >= script.exit_after:
-            decision = {"decision": "exited", "run": run.name, "action": "none", "reason": "exited 0"}
-            self.store.update_run(run.name, state="exited", exit_code=0, decision=decision)
-            return [{"kind": "decision", "decision": decision}]
+            return self._decide(run, {"decision": "exited", "action": "none", "reason": "exited 0"}, state="exited")
         if script.steady_after is not None and age >= script.steady_after and not run.decision:
-            decision = {"decision": "steady", "run": run.name, "action": "keep", "steady_tok_s": 1000.0, "interval": [990.0, 1010.0]}
-            self.store.update_run(run.name, decision=decision)
-            return [{"kind": "decision", "decision": decision}]
+            return self._decide(run, {"decision": "steady", "action": "keep", "steady_tok_s": 1000.0, "interval": [990.0, 1010.0]})
         return []
 
-    def _crash(self, run):
-        rest = list(self.chain[self.chain.index(run.variant) + 1:]) if run.variant in self.chain else []
-        decision = {"decision": "crash", "run": run.name, "action": "fallback" if rest else "stop", "reason": "boom"}
-        self.store.update_run(run.name, state="crashed", exit_code=1, decision=decision)
-        if rest:
-            child = f"{run.name}-{rest[0]}"
-            self.store.add_run(Run(name=child, target=run.target, variant=rest[0], parent=run.name, state="running"))
-            self.gpus_of[child] = self.gpus_of[run.name]
-            self.attach(child)
-        return [{"kind": "decision", "decision": decision}]
+    def _decide(self, run, decision, state=None):
+        decision = {**decision, "run": run.name}
+        self.store.update_run(run.name, decision=decision, **({"state": state} if state else {}))
+        return [{"event": "decision", "run": run.name, "chain": run.name, "decision": decision}]
 
     def stop_run(self, name, reason):
         self.stopped.append((name, reason))
         self.store.update_run(name, state="stopped")
 
     def live_gpus(self, target):
-        held = [self.gpus_of[r.name] for r in self.store.list_runs(active=True, target=target)]
-        return held
+        return [self.gpus_of[r.name] for r in self.store.list_runs(active=True, target=target)]
 
 
 def starter(store, watcher, plan, launched):
-    def start(cell, gpu_ids):
+    def start(cell, gpu_ids, variant, name, parent):
         whole = cell.gpus is None
         for other_ids, other_whole in watcher.live_gpus(cell.target):
             assert not (whole or other_whole or set(other_ids) & set(gpu_ids)), f"{cell.id} overlaps a live run"
-        name = cell.run_name(plan.batch)
-        store.add_run(Run(name=name, target=cell.target, variant=cell.variant, batch=plan.batch, state="running"))
+        store.add_run(Run(name=name, target=cell.target, variant=variant, batch=plan.batch, parent=parent, state="running"))
         watcher.gpus_of[name] = (gpu_ids, whole)
         launched.append(name)
         return name
@@ -257,7 +247,7 @@ def starter(store, watcher, plan, launched):
 def scheduled(text, scripts, store, clock=None):
     plan = plan_of(text)
     clock = clock or [1_800_000_000.0]
-    watcher = FakeWatcher(store, clock, scripts, chain=plan.chain)
+    watcher = FakeWatcher(store, clock, scripts)
     launched: list[str] = []
     scheduler = Scheduler(plan, store, watcher, starter(store, watcher, plan, launched), clock=lambda: clock[0], poll_s=5.0)
     return plan, watcher, launched, scheduler
@@ -284,17 +274,21 @@ def test_scheduler_never_puts_two_runs_on_one_gpu_and_respects_caps():
 
 
 def test_a_crash_follows_the_chain_and_a_failed_cell_does_not_stop_the_batch():
-    scripts = {"trees": Script(crash_after=10), "nographs": Script(steady_after=20), "eager": Script(crash_after=5)}
+    scripts = {"trees": Script(stall_after=10), "nographs": Script(steady_after=20), "eager": Script(crash_after=5)}
     text = "batch: sweep\ntargets: [ct200, ct300]\nmatrix: {variant: [trees, eager]}\nfallback: [trees, nographs]\n"
     with Store.in_memory() as store:
         plan, watcher, launched, scheduler = scheduled(text, scripts, store)
         records = {r.cell.id: r for r in scheduler.run()}
         trees = records["trees.ct200.r1"]
         assert trees.state == "done"
-        assert trees.outcome["runs"] == ["sweep.trees.ct200.r1", "sweep.trees.ct200.r1-nographs"]
+        assert trees.outcome["runs"] == ["sweep.trees.ct200.r1", "sweep.trees.ct200.r1.2-nographs"]
+        assert ("sweep.trees.ct200.r1", "batch sweep: stall: no new step") in watcher.stopped  # stopped before the fallback
+        assert store.get_run("sweep.eager.ct300.r1").state == "crashed" and not any("eager" in n for n, _ in watcher.stopped)
+        assert store.get_run("sweep.trees.ct200.r1.2-nographs").parent == "sweep.trees.ct200.r1"
         assert records["eager.ct300.r1"].state == "failed"  # eager is not in the chain: nothing to fall back to
         assert records["eager.ct300.r1"].outcome["decision"]["decision"] == "crash"
-        assert len(launched) == 4  # the fallback was the watcher's, not a new cell
+        assert sorted(launched) == ["sweep.eager.ct200.r1", "sweep.eager.ct300.r1", "sweep.trees.ct200.r1",
+                                    "sweep.trees.ct200.r1.2-nographs", "sweep.trees.ct300.r1", "sweep.trees.ct300.r1.2-nographs"]
 
 
 def test_stop_when_steps_and_minutes():
@@ -316,7 +310,7 @@ def test_stop_when_steps_and_minutes():
 
         watcher.step = step_with_samples
         record = scheduler.run()[0]
-        assert record.state == "done" and record.outcome["why"] == "reached step 100"
+        assert record.state == "done" and record.outcome["why"] == "stop_when reached step 100"
         assert watcher.stopped == [("s.trees.ct300.r1", "batch s: stop_when reached step 100")]
 
 
@@ -361,10 +355,10 @@ def test_a_cell_whose_launch_is_refused_is_reported_and_retried_next_time():
         plan, watcher, launched, scheduler = scheduled(text, STEADY, store)
         good = scheduler.start
 
-        def refuse_ct300(cell, gpu_ids):
+        def refuse_ct300(cell, *args):
             if cell.target == "ct300":
                 raise RefusedError("GPUs busy")
-            return good(cell, gpu_ids)
+            return good(cell, *args)
 
         scheduler.start = refuse_ct300
         states = [(r.state, r.outcome.get("error")) for r in scheduler.run()]
@@ -380,6 +374,6 @@ def test_decision_events_are_read_from_mappings_and_objects():
         kind: str
         data: dict
 
-    assert decision_of({"kind": "decision", "decision": {"decision": "steady", "run": "a"}})["run"] == "a"
-    assert decision_of(Event("decision", {"decision": "crash", "run": "b"}))["decision"] == "crash"
-    assert decision_of({"kind": "lines", "run": "a"}) is None
+    assert decision_of({"event": "decision", "run": "a", "decision": {"decision": "steady", "run": "a"}})["run"] == "a"
+    assert decision_of(Event("decision", {"decision": "crash", "run": "b"})) is None  # no `decision` field
+    assert decision_of({"event": "step", "run": "a", "step": 3}) is None
