@@ -42,6 +42,7 @@ from .store import Run, Store, utc_now
 FALLBACK_VERDICTS = frozenset({"crash", "stall", "too_slow"})
 DRAIN_MAX = 5000  # observations handled per step(); the rest wait for the next one
 VANISHED_GRACE_S = 3.0  # a dead PID with no exit file yet: wait this long for the wrapper to write it
+CATCH_UP_S = 3.0  # after a (re)connect, ticks wait this long for the log written meanwhile to arrive
 MAX_NAME_TRIES = 5
 SPARK_POINTS = 60
 RECENT_LINES = 6
@@ -112,6 +113,11 @@ class Link:
     last_gap_s: float | None = None
     reason: str | None = None
     gpu_error: str | None = None
+    ticks_from: float = 0.0  # no ticks before this time (the run's news since the drop is still on its way)
+
+    def ticking(self, now: float) -> bool:
+        """Whether silence means anything now: not while the channel is down or catching up."""
+        return self.connected and now >= self.ticks_from
 
 
 class Watcher:
@@ -351,7 +357,7 @@ class Watcher:
         if link is None:
             return
         if obs.kind == "connected":
-            link.connected, link.reason = True, None
+            link.connected, link.reason, link.ticks_from = True, None, obs.at + CATCH_UP_S
             if isinstance(obs.data.get("ts"), (int, float)):
                 self.skew[obs.source] = float(obs.data["ts"]) - obs.at
         elif obs.kind == "disconnected":
@@ -448,8 +454,8 @@ class Watcher:
     def _tick(self) -> None:
         now = time.time()
         for watched in self.watched.values():
-            if watched.stopping or watched.handled:
-                continue
+            if watched.stopping or watched.handled or not self.links[watched.source].ticking(now):
+                continue  # while the channel is down, silence says nothing about the run
             if watched.gone_at is not None and now - watched.gone_at > VANISHED_GRACE_S:
                 watched.gone_at = None
                 self._ended(watched, -1, self._clock(watched.source, now), why="the process is gone and left no exit status")
@@ -485,7 +491,7 @@ class Watcher:
         watched.stopping = watched.acting = True
         self._emit("acting", watched, {"action": decision.action, "next_variant": decision.next_variant})
         self._start_action(watched, launch_next=decision.next_variant if decision.action == "fallback" else None,
-                           reason=f"{decision.decision}: {decision.reason}")
+                           reason=decision.decision + (f" [{decision.signature}]" if decision.signature else ""))
 
     def _start_action(self, watched: WatchedRun, *, launch_next: str | None, reason: str) -> None:
         running = watched.alive is not False and watched.run.active

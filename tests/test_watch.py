@@ -18,6 +18,7 @@ from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 from rich.console import Console
 
 from orchestrator.connections import Connections
+from orchestrator.decide import DecideConfig
 from orchestrator.inventory import load_inventory
 from orchestrator.runs import launch, spec_for, stop
 from orchestrator.store import Store
@@ -81,6 +82,7 @@ def write_trainers(directory: Path) -> dict[str, str]:
         "nographs": f"{PY} {directory}/steady_trainer.py 400 0.02",
         "short": f"{PY} {directory}/steady_trainer.py 30 0.02",
         "failing": f"{PY} {directory}/steady_trainer.py 5 0.02; exit 3",
+        "silent": f"{PY} {directory}/steady_trainer.py 3 0.02; sleep 600",
     }
 
 
@@ -243,3 +245,28 @@ def test_launch_watch_cli_follows_its_own_chain_to_steady(lab, tmp_path) -> None
     final = objects[-1]
     assert (final["run"], final["decision"], final["action"], final["chain"]) == ("w1.2-nographs", "steady", "keep", "w1")
     assert lab.store.get_run("w1").decision["signature"] == "exit_nonzero"
+
+
+def test_a_silent_run_is_stalled_on_the_watch_clock_and_falls_back(lab) -> None:
+    lab.launch("silent", "q1")
+    config = DecideConfig(stall_floor_s=2, min_steady_steps=40, min_steady_seconds=1)
+    watcher = lab.watcher(decide_config=config, chain_override=["silent", "nographs"])
+    watcher.attach("q1")
+    run_until(watcher, lambda w: lab.store.get_run("q1").decision is not None
+              and lab.store.get_run("q1").decision["decision"] == "stall")
+    stalled = lab.store.get_run("q1").decision
+    assert stalled["at_step"] == 3 and stalled["evidence"]["silent_s"] > 2
+    assert stalled["action"] == "fallback" and stalled["next_variant"] == "nographs"
+    run_until(watcher, lambda w: len(w.chains()[0]["runs"]) == 2)
+    assert watcher.chains()[0]["runs"] == ["q1", "q1.2-nographs"]
+
+
+def test_poll_mode_reaches_the_same_verdict(lab) -> None:
+    lab.launch("nographs", "p1")
+    watcher = lab.watcher(poll=0.5)
+    watcher.attach("p1")
+    run_until(watcher, Watcher.settled)
+    [decision] = watcher.final_decisions()
+    assert (decision["decision"], decision["action"]) == ("steady", "keep")
+    steps = [s["step"] for s in lab.store.samples("p1")]
+    assert steps == lab.log_steps("p1")[: len(steps)]
