@@ -625,8 +625,9 @@ def sample_of(record: StepRecord) -> dict[str, Any]:
     return {**record.extra, **sample}
 
 
-def chain_from_option(text: str | None, variant: str | None = None) -> list[str] | None:
-    """`--chain a,b,c` -> ["a", "b", "c"] (the launched variant first when it is not in the list)."""
+def chain_from_option(text: str | None, variant: str | None = None, inventory: Inventory | None = None) -> list[str] | None:
+    """`--chain a,b,c` -> ["a", "b", "c"] (the launched variant first when it is not in the list); each name
+    is checked against `inventory`, so a typo is refused before anything starts."""
     if not text:
         return None
     names = [part.strip() for part in text.split(",") if part.strip()]
@@ -634,4 +635,6 @@ def chain_from_option(text: str | None, variant: str | None = None) -> list[str]
         raise UsageError(f"--chain {text!r}: expected variant names separated by commas, e.g. trees,nographs,eager")
     if variant is not None and variant not in names:
         names.insert(0, variant)
+    for name in names if inventory is not None else ():
+        inventory.variant(name)
     return names

@@ -183,6 +183,7 @@ def test_crash_while_alive_stops_it_and_launches_the_next_variant_linked(lab) ->
     assert (child.parent, child.variant, child.chain) == ("c1", "nographs", [])
     kinds = [e["kind"] for e in events]
     assert kinds.index("stopped") < kinds.index("launched")
+    assert len(watcher.observers) == 1  # the fallback is followed on the container's one channel
     assert {e["kind"] for e in lab.store.events("c1")} >= {"decision", "stopped", "launched"}
 
 

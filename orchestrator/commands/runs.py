@@ -97,7 +97,7 @@ def launch_command(
     if name is not None:
         check_name(name, "run name")  # before any connection: a bad name costs nothing
     inv = load_inventory(inventory)
-    chain_list = chain_from_option(chain, variant)
+    chain_list = chain_from_option(chain, variant, inv)
     ahead = tuple(chain_list[chain_list.index(variant) + 1:]) if chain_list else ()
     spec = runs_lib.spec_for(inv, host, variant, sets=runs_lib.parse_sets(sets), wandb=wandb, chain=ahead)
     with Connections(inv) as connections:
