@@ -5,10 +5,11 @@
       pending --launch--> running --stop_when holds, or the chain ends--> done | failed   (not started: error)
 
 A cell is one (target, variant, settings, GPU count, repeat). Its first run is named `BATCH.CELL`. The
-Watcher (built with fallback=False) judges runs; on a crash, stall or too-slow verdict the scheduler stops
-the run and starts the next variant of the chain (decide.next_variant, the policy `dfo watch` uses) as
+Watcher (built with fallback=False) judges runs; on a crash or stall verdict the scheduler stops the run
+and starts the next variant of the chain (decide.next_variant, the policy `dfo watch` uses) as
 `BATCH.CELL.<n>-<variant>` with `parent` set, on the same GPUs with the same settings, so a fallback never
-lands on another cell's GPUs. Two cells never hold one GPU at once: a cell without `gpus:` takes the whole
+lands on another cell's GPUs. A too-slow verdict ends the cell as `done`: its steady figure is the result
+(the baseline may be the best peer of the same batch, and a sweep is there to measure the slow ones too). Two cells never hold one GPU at once: a cell without `gpus:` takes the whole
 target; one with `gpus: N` takes N of the target's listed GPUs and runs with CUDA_VISIBLE_DEVICES set to
 them; GPUs are released only once the cell's last run has ended. Everything the scheduler learns goes to
 the store first, so running the same file again skips finished cells, reattaches to running chains and
@@ -45,7 +46,7 @@ from .store import Run, Store
 
 CELL_STATES = ("pending", "running", "done", "failed", "error")
 FINAL_STATES = ("done", "failed")  # `error` (never started: refused or unreachable) is retried by the next invocation
-FALLBACK_VERDICTS = ("crash", "stall", "too_slow")
+FALLBACK_VERDICTS = ("crash", "stall")  # too_slow is a steady measurement: in a sweep it is a result, not a failure
 EXIT_GRACE_S = 15.0  # time the Watcher gets to judge a run that ended before its cell is closed without a verdict
 STOP_WAIT_S = 120.0  # a stop that has not ended the run by then (target unreachable) closes the cell anyway
 MAX_PARALLEL_LAUNCHES = 16
@@ -439,7 +440,7 @@ class _Active:
 class Scheduler:
     """Runs a plan's unfinished cells to an outcome; see the module docstring for the state machine.
 
-    A final verdict (crash, stall, too slow) stops the run and starts the next variant of the plan's chain on
+    A crash or stall verdict stops the run and starts the next variant of the plan's chain on
     the same GPUs with the same settings (decide.next_variant, as `dfo watch` does); a stop_when condition
     stops it and closes the cell. The cell's GPUs are freed only once its last run has ended.
     """
@@ -581,6 +582,9 @@ class Scheduler:
             following = self._next_variant(run.variant, decision)
             why = f"{verdict}: {decision.get('reason') or ''}".strip(": ")
             self._stop(active, run, why, "failed", following)
+            return
+        if verdict == "too_slow":
+            self._stop(active, run, f"too_slow: {decision.get('reason') or ''}".rstrip(": "), "done", None)
             return
         reached = self._stop_reason(active, run.name, verdict)
         if reached:

@@ -102,7 +102,7 @@ def warmup_seconds(store: Store, run: Run, decision: dict) -> Optional[float]:
     samples = [s for s in store.samples(run.name) if s.get("step") is not None and s.get("ts") is not None]
     reached = next((s["ts"] for s in samples if s["step"] >= end_step), None)
     start = parse_ts(run.started_at) if run.started_at else (samples[0]["ts"] if samples else None)
-    return round(reached - start, 1) if reached is not None and start is not None else None
+    return round(max(reached - start, 0.0), 1) if reached is not None and start is not None else None  # clocks may differ a little
 
 
 def peak_gpu_memory(store: Store, run: Run, gpu_ids: tuple[int, ...]) -> Optional[float]:

@@ -176,6 +176,7 @@ class Script:
     steady_after: float | None = None
     crash_after: float | None = None
     stall_after: float | None = None  # judged stalled while its process lives on
+    too_slow_after: float | None = None
     exit_after: float | None = None
 
 
@@ -210,6 +211,8 @@ class FakeWatcher:
         age = self.clock[0] - self.started_at[run.name]
         if script.crash_after is not None and age >= script.crash_after:
             return self._decide(run, {"decision": "crash", "action": "stop", "signature": "exit_nonzero"}, state="crashed")
+        if script.too_slow_after is not None and age >= script.too_slow_after and not run.decision:
+            return self._decide(run, {"decision": "too_slow", "action": "stop", "steady_tok_s": 500.0, "reason": "below baseline"})
         if script.stall_after is not None and age >= script.stall_after and not run.decision:
             return self._decide(run, {"decision": "stall", "action": "stop", "reason": "no new step"})
         if script.exit_after is not None and age >= script.exit_after:
@@ -312,6 +315,15 @@ def test_stop_when_steps_and_minutes():
         record = scheduler.run()[0]
         assert record.state == "done" and record.outcome["why"] == "stop_when reached step 100"
         assert watcher.stopped == [("s.trees.ct300.r1", "batch s: stop_when reached step 100")]
+
+
+def test_too_slow_is_a_measurement_the_cell_is_done_without_a_fallback():
+    with Store.in_memory() as store:
+        _, watcher, launched, scheduler = scheduled("batch: w\ntargets: [ct300]\nmatrix: {variant: [trees]}\n",
+                                                    {"trees": Script(too_slow_after=10)}, store)
+        record = scheduler.run()[0]
+    assert (record.state, record.outcome["decision"]["steady_tok_s"]) == ("done", 500.0)
+    assert launched == ["w.trees.ct300.r1"] and watcher.stopped == [("w.trees.ct300.r1", "batch w: too_slow: below baseline")]
 
 
 def test_a_run_that_exits_before_its_condition_ends_its_cell():

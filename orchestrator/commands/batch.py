@@ -1,0 +1,174 @@
+"""`dfo batch FILE` and `dfo report BATCH`: parse, call orchestrator/batch.py and report.py, render.
+
+The scheduler, its resume rules and the figures live in the library; this module draws the live progress
+(cells done/running/left, ETA), the results table and the best configuration per target. Ctrl-C ends dfo,
+never a run: the same command again resumes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich import box
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from .. import report as report_lib
+from ..batch import Plan, Progress, load_experiments, open_watcher, plan_rows, run_batch
+from ..connections import Connections
+from ..inventory import load_inventory
+from ..store import Store
+from .common import InventoryOpt, JsonOpt, console, err_console, print_json
+
+EXAMPLES = {
+    "batch": "Example: dfo batch inventory/compile-sweep.example.yaml -i inventory/lab.yaml --dry-run   (then without --dry-run)",
+    "report": "Example: dfo report compile-sweep --plot sweep.png --csv sweep.csv",
+}
+FAILED_STATES = ("failed", "error")
+NUMERIC = ("tok/s", "±95%", "warm-up s", "peak MiB")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "batch",
+        help=(
+            "Run an experiments file: expand its matrix into cells, run them over the targets (never two on one GPU), "
+            "fall back on crashes, stop each at its stop_when, then print the results. Run it again to resume."
+        ),
+        epilog=EXAMPLES["batch"],
+    )(batch_command)
+    app.command(
+        "report",
+        help="Results of a batch from the registry: a row per cell, the best configuration per target; --plot/--csv/--json.",
+        epilog=EXAMPLES["report"],
+    )(report_command)
+
+
+def batch_command(
+    file: Path = typer.Argument(..., help="Experiments file (YAML): batch, targets, matrix, repeats, concurrency, stop_when.", metavar="FILE"),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (each cell, its run name, start/skip/reattach); start nothing."),
+    poll: float = typer.Option(1.0, "--poll", help="Seconds between looks at the running cells.", min=0.1, metavar="S"),
+    wandb: str = typer.Option("off", "--wandb", help="Weights & Biases mode for built-in trainer runs: off|offline|online."),
+    inventory: Optional[Path] = InventoryOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    inv = load_inventory(inventory)
+    plan = load_experiments(file, inv)
+    if dry_run:
+        show_plan(plan, as_json)
+        return
+    with Connections(inv) as connections, Store() as store:
+        watcher = open_watcher(inv, connections, store)
+        try:
+            if as_json:
+                run_batch(plan, inv, connections, store, watcher, wandb=wandb, poll_s=poll)
+            else:
+                with Live(Text(f"batch {plan.batch}: preflight ..."), console=console, auto_refresh=False) as live:
+                    run_batch(plan, inv, connections, store, watcher, wandb=wandb, poll_s=poll,
+                              on_progress=lambda progress: live.update(render_progress(progress), refresh=True))
+        except KeyboardInterrupt:
+            err_console.print(f"interrupted: running cells go on; `dfo batch {file}` again resumes", highlight=False)
+            raise typer.Exit(130)
+        finally:
+            watcher.close()
+        rows = report_lib.cell_rows(store, plan.batch)
+    show_report(plan.batch, rows, as_json)
+    raise typer.Exit(1 if any(row.state in FAILED_STATES for row in rows) else 0)
+
+
+def show_plan(plan: Plan, as_json: bool) -> None:
+    with Store() as store:
+        rows = plan_rows(plan, store)
+    if as_json:
+        print_json({"batch": plan.batch, "stop_when": plan.experiments.stop_when.describe(), "chain": list(plan.chain),
+                    "concurrency": plan.experiments.concurrency.model_dump(), "cells": rows})
+        return
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column in ("run", "target", "variant", "settings", "gpus", "action"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        settings = " ".join(f"{k}={v}" for k, v in row["sets"].items())
+        table.add_row(row["run"], row["target"], row["variant"], settings, str(row["gpus"] or "all"), row["action"])
+    console.print(table)
+    concurrency = plan.experiments.concurrency
+    console.print(
+        f"{len(rows)} cells; stop when {plan.experiments.stop_when.describe()}; at most {concurrency.per_target} per target"
+        f"{f', {concurrency.total} in all' if concurrency.total else ''}; fallback chain: {' -> '.join(plan.chain) or 'none'}",
+        highlight=False,
+    )
+
+
+def render_progress(progress: Progress) -> Group:
+    """Counts and ETA on one line, then the running cells and the latest news."""
+    counts = progress.counts
+    eta = f"  ETA {_duration(progress.eta_s)}" if progress.eta_s is not None else ""
+    head = Text(
+        f"batch {progress.batch}: {counts['done']} done, {counts['failed'] + counts['error']} failed, "
+        f"{counts['running']} running, {counts['pending']} left{eta}",
+        style="bold",
+    )
+    running = Table(box=None, show_header=False, pad_edge=False)
+    for cell, run in progress.running:
+        running.add_row(f"  {cell}", run)
+    return Group(head, running, *(Text(f"  {line}", style="dim") for line in progress.news))
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
+
+
+def report_command(
+    batch: str = typer.Argument(..., help="Batch name (the experiments file's `batch:`)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: throughput over time per run, steady tok/s per configuration.", metavar="OUT.png"),
+    csv_path: Optional[str] = typer.Option(None, "--csv", help="Write the rows as CSV to this file ('-': stdout).", metavar="FILE"),
+    as_json: bool = JsonOpt,
+) -> None:
+    with Store() as store:
+        rows = report_lib.cell_rows(store, batch)
+        if plot is not None:
+            report_lib.plot(store, batch, rows, plot)
+    if csv_path == "-":
+        sys.stdout.write(report_lib.to_csv(rows))
+        return
+    if csv_path is not None:
+        Path(csv_path).write_text(report_lib.to_csv(rows))
+    show_report(batch, rows, as_json)
+    if plot is not None and not as_json:
+        console.print(f"plot: {plot}", highlight=False)
+
+
+def show_report(batch: str, rows: list[report_lib.CellRow], as_json: bool) -> None:
+    if as_json:
+        print_json(report_lib.to_json(batch, rows))
+        return
+    columns = {
+        "cell": lambda row: row.cell,
+        "state": lambda row: row.state,
+        "decision": lambda row: row.decision or (row.why[:40] if row.state == "error" else ""),
+        "tok/s": lambda row: _number(row.steady_tok_s),
+        "±95%": lambda row: _number((row.interval_high - row.interval_low) / 2) if row.interval_low is not None else "",
+        "warm-up s": lambda row: _number(row.warmup_s),
+        "fallbacks": lambda row: " ".join(row.fallbacks),
+        "peak MiB": lambda row: _number(row.peak_gpu_mem_mib),
+    }
+    cells = {name: [render(row) for row in rows] for name, render in columns.items()}
+    shown = [name for name in columns if name in ("cell", "state", "decision") or any(cells[name])]  # empty ones left out
+    table = Table(title=f"batch {batch}", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in shown:
+        table.add_column(name, no_wrap=name != "cell", overflow="fold", justify="right" if name in NUMERIC else "left")
+    for index in range(len(rows)):
+        table.add_row(*(cells[name][index] for name in shown))
+    console.print(table)
+    for best in report_lib.best_per_target(rows):
+        console.print(f"best on {best['target']}: {best['config']} at {best['steady_tok_s']:,.0f} tok/s "
+                      f"(mean of {best['repeats']})", highlight=False)
+
+
+def _number(value: Optional[float]) -> str:
+    return "" if value is None else f"{value:,.0f}"
