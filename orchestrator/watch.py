@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .connections import Connections
 from .decide import Catalogue, DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
-from .errors import DfoError, RefusedError, UsageError
+from .errors import DfoError, RefusedError, UnknownRun, UsageError
 from .inventory import Inventory
 from .logfmt import StepRecord, make_parser, parse_ts
 from .observe import Observation, Observer, ObserverBase, PollObserver
@@ -169,6 +169,7 @@ class Watcher:
             if name in self.watched:
                 return self.watched[name]
             run = self.store.get_run(name)
+            observer = self._observer_for(run.target)  # first: a target out of reach registers nothing
             root, chain_runs = self._lineage(run)
             state = self._chains.get(root)
             if state is None:
@@ -178,7 +179,6 @@ class Watcher:
             watched = self._new_watched(run, root, state.variants)
             self.watched[name] = watched
             self._resume(watched)
-            observer = self._observer_for(run.target)
             observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=run.log_offset)
             self._emit("attached", watched, {"target": run.target, "variant": run.variant, "offset": run.log_offset,
                                               "steps_stored": len(watched.throughput)})
@@ -222,7 +222,9 @@ class Watcher:
     def stop_run(self, name: str, reason: str) -> None:
         """Stop a followed run for the caller's own reason (batch's stop_when); no fallback follows."""
         with self._lock:
-            watched = self.watched[name]
+            watched = self.watched.get(name)
+            if watched is None:
+                raise UnknownRun(f"run {name!r} is not followed by this watch", hint="attach it first")
             if watched.stopping:
                 return
             watched.stopping = watched.acting = True
@@ -554,7 +556,10 @@ class Watcher:
             watched.decision = Decision(**decision)
             self._record_decision(watched)
             self._emit("launched", watched, {"next_run": done.launched.name, "variant": done.launched.variant})
-            self.attach(done.launched.name)
+            try:
+                self.attach(done.launched.name)
+            except DfoError as exc:  # it runs; `dfo watch` can pick it up once the target answers
+                self._emit("action_error", watched, {"error": f"cannot follow {done.launched.name}: {exc}"})
 
     # ------------------------------------------------------------------ chains and events
 
