@@ -4,6 +4,7 @@ driven by a fake clock and a scripted watcher (overlap, concurrency caps, fallba
 from __future__ import annotations
 
 import textwrap
+import threading
 from dataclasses import dataclass, field
 
 import pytest
@@ -235,13 +236,16 @@ class FakeWatcher:
 
 
 def starter(store, watcher, plan, launched):
+    lock = threading.Lock()  # the scheduler launches several cells at once, on threads
+
     def start(cell, gpu_ids, variant, name, parent):
         whole = cell.gpus is None
-        for other_ids, other_whole in watcher.live_gpus(cell.target):
-            assert not (whole or other_whole or set(other_ids) & set(gpu_ids)), f"{cell.id} overlaps a live run"
-        store.add_run(Run(name=name, target=cell.target, variant=variant, batch=plan.batch, parent=parent, state="running"))
-        watcher.gpus_of[name] = (gpu_ids, whole)
-        launched.append(name)
+        with lock:
+            for other_ids, other_whole in watcher.live_gpus(cell.target):
+                assert not (whole or other_whole or set(other_ids) & set(gpu_ids)), f"{cell.id} overlaps a live run"
+            watcher.gpus_of[name] = (gpu_ids, whole)
+            store.add_run(Run(name=name, target=cell.target, variant=variant, batch=plan.batch, parent=parent, state="running"))
+            launched.append(name)
         return name
 
     return start
