@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        return F.rms_norm(x, (x.shape[-1],), self.weight.to(x.dtype), self.eps)
 
 
 class Rotary(nn.Module):
@@ -209,22 +210,38 @@ def dense_mask(layout: BlockLayout) -> torch.Tensor:
     return torch.cat((sees_ctx, sees_block), dim=-1)[:, None]  # (b, 1, A*B, T+A*B)
 
 
-def flex_block_mask(layout: BlockLayout):
-    """The same mask as a FlexAttention BlockMask (skips fully masked tiles)."""
-    from torch.nn.attention.flex_attention import create_block_mask
+class FlexMaskBuilder:
+    """Builds the mask as a FlexAttention BlockMask (skips fully masked tiles), one builder per replica.
 
-    query_anchor = layout.query_anchor()  # (b, A*B)
-    context_len, block_size = layout.context_len, layout.block_size
+    The mask_mod is created once and reads a persistent per-query anchor buffer that each step overwrites:
+    a new closure per step would make torch.compile guard on (and recompile for) a new function every
+    step, and CUDA graphs want the tensors a kernel reads at fixed addresses.
+    """
 
-    def mask_mod(b, h, q_idx, kv_idx):
-        in_context = kv_idx < query_anchor[b, q_idx]
-        same_block = (kv_idx >= context_len) & ((kv_idx - context_len) // block_size == q_idx // block_size)
-        return in_context | same_block
+    def __init__(self) -> None:
+        self.query_anchor: torch.Tensor | None = None  # (b, A*B)
+        self.context_len = self.block_size = 0
 
-    b, num_queries = query_anchor.shape
-    return create_block_mask(
-        mask_mod, b, None, num_queries, context_len + num_queries, device=query_anchor.device
-    )
+        def mask_mod(b, h, q_idx, kv_idx):
+            in_context = kv_idx < self.query_anchor[b, q_idx]
+            offset = kv_idx - self.context_len
+            same_block = (offset >= 0) & (offset // self.block_size == q_idx // self.block_size)
+            return in_context | same_block
+
+        self.mask_mod = mask_mod
+
+    def __call__(self, layout: BlockLayout):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        query_anchor = layout.query_anchor()  # (b, A*B)
+        if self.query_anchor is None or self.query_anchor.shape != query_anchor.shape:
+            self.query_anchor = torch.empty_like(query_anchor)
+        self.query_anchor.copy_(query_anchor)
+        self.context_len, self.block_size = layout.context_len, layout.block_size
+        b, num_queries = query_anchor.shape
+        return create_block_mask(
+            self.mask_mod, b, None, num_queries, layout.context_len + num_queries, device=query_anchor.device
+        )
 
 
 _compiled_flex = None
@@ -376,5 +393,6 @@ class DraftObjective(nn.Module):
         return loss, accuracy, accept_len
 
 
-def build_mask(layout: BlockLayout, use_flex: bool):
-    return flex_block_mask(layout) if use_flex else dense_mask(layout)
+def mask_builder(use_flex: bool) -> Callable[[BlockLayout], object]:
+    """A per-replica callable layout -> mask: FlexMaskBuilder (BlockMask) or dense_mask (SDPA)."""
+    return FlexMaskBuilder() if use_flex else dense_mask

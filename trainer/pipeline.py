@@ -32,7 +32,7 @@ from trainer.compile import Compiled, apply_strategy
 from trainer.config import Config
 from trainer.data import TokenSource
 from trainer.metrics import MetricLog
-from trainer.model import BlockLayout, DraftObjective, Drafter, build_mask, build_target, model_dtype
+from trainer.model import BlockLayout, DraftObjective, Drafter, build_target, mask_builder, model_dtype
 
 EXIT_OK = 0
 EXIT_WORKER_FAILED = 1
@@ -147,7 +147,7 @@ class Replica:
     compiled: Compiled
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    use_flex: bool
+    build_mask: Callable[[BlockLayout], object]
     autocast: bool
     stream: object = None
     stats: tuple[torch.Tensor, ...] = ()
@@ -175,8 +175,9 @@ def build_replicas(cfg: Config, frozen: dict[str, tuple[nn.Module, nn.Module]]) 
         optimizer, scheduler = build_optimizer(cfg, drafter, device)
         attention = cfg.drafter.attention
         use_flex = attention == "flex" or (attention == "auto" and is_cuda(device))
-        autocast = cfg.run.dtype == "bf16" and is_cuda(device)
-        replicas.append(Replica(index, device, drafter, compiled, optimizer, scheduler, use_flex, autocast))
+        autocast = cfg.run.dtype == "bf16"
+        replicas.append(Replica(index, device, drafter, compiled, optimizer, scheduler, mask_builder(use_flex),
+                                autocast))
     return replicas
 
 
@@ -357,9 +358,9 @@ class ThreadedRun:
         if replica.stream is not None:
             for tensor in (tokens, features, anchors):
                 tensor.record_stream(replica.stream)
-        mask = build_mask(BlockLayout(anchors, self.cfg.drafter.block_size, tokens.shape[1]), replica.use_flex)
+        mask = replica.build_mask(BlockLayout(anchors, self.cfg.drafter.block_size, tokens.shape[1]))
         replica.compiled.step_begin()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=replica.autocast):
+        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=replica.autocast):
             loss, acc, accept = replica.compiled.step_fn(tokens, features, anchors, mask)
         loss.backward()
         replica.stats = (loss.detach().clone(), acc.detach().clone(), accept.detach().clone())

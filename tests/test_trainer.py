@@ -1,0 +1,121 @@
+"""Trainer internals on CPU, in-process: config, mask, fused loss, data, replicas and reproducibility."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainer.config import ConfigError, build_config, tap_layers
+from trainer.data import build_source
+from trainer.flops import flops_per_sample
+from trainer.metrics import MetricLog
+from trainer.model import BlockLayout, FusedHeadCrossEntropy, dense_mask
+from trainer.pipeline import EXIT_OK, ThreadedRun
+
+
+def test_taps_spread_over_one_to_l_minus_three():
+    assert tap_layers(36, 5) == [1, 9, 17, 25, 33]
+    assert tap_layers(6, 2) == [1, 3]
+
+
+def test_presets_have_the_documented_shapes():
+    qwen = build_config("qwen3-8b-shape", [])
+    assert (qwen.target.layers, qwen.target.hidden, qwen.target.intermediate) == (36, 4096, 12288)
+    assert (qwen.target.heads, qwen.target.kv_heads, qwen.target.vocab_size) == (32, 8, 151936)
+    assert qwen.drafter.layers == 5 and qwen.run.dtype == "bf16"
+    # counted like ../shared/perf-notes.md: ~100 TFLOP a 2048-token sample (34 of 36 target layers run)
+    assert 95e12 < flops_per_sample(qwen)["total"] < 101e12
+
+
+@pytest.mark.parametrize(
+    "assignment, words",
+    [("run.steps=ten", ["run.steps", "an integer"]), ("drafter.attention=fast", ["drafter.attention", "flex"]),
+     ("run.nosuch=1", ["run.nosuch", "unknown key"]), ("steps=5", ["section.key=value"]),
+     ("run.compile=turbo", ["run.compile", "nographs"])],
+)
+def test_bad_override_names_key_and_expected_form(assignment, words):
+    with pytest.raises(ConfigError) as err:
+        build_config("tiny-cpu", [assignment])
+    assert all(word in str(err.value) for word in words)
+
+
+def test_config_hash_ignores_run_length_but_not_the_model():
+    base = build_config("tiny-cpu", []).hash()
+    assert build_config("tiny-cpu", ["run.steps=999"]).hash() == base
+    assert build_config("tiny-cpu", ["drafter.layers=3"]).hash() != base
+
+
+def test_block_sees_context_before_its_anchor_and_its_own_block_only():
+    layout = BlockLayout(torch.tensor([[3, 10]]), block_size=4, context_len=16)
+    mask = dense_mask(layout)[0, 0]  # (A*B, T+A*B)
+    first_block_query, second_block_query = mask[1], mask[4]
+    assert first_block_query[:16].nonzero().flatten().tolist() == [0, 1, 2]
+    assert first_block_query[16:].nonzero().flatten().tolist() == [0, 1, 2, 3]
+    assert second_block_query[:16].nonzero().flatten().tolist() == list(range(10))
+    assert second_block_query[16:].nonzero().flatten().tolist() == [4, 5, 6, 7]
+
+
+def test_fused_head_loss_matches_cross_entropy_and_its_gradient():
+    torch.manual_seed(0)
+    hidden = torch.randn(10, 8, dtype=torch.float64, requires_grad=True)
+    weight, labels = torch.randn(20, 8, dtype=torch.float64), torch.randint(0, 20, (10,))
+    row_weights = torch.rand(10, dtype=torch.float64)
+    row_weights = row_weights / row_weights.sum()
+    loss, argmax = FusedHeadCrossEntropy.apply(hidden, weight, labels, row_weights, 3)
+    logits = hidden @ weight.t()
+    reference = (F.cross_entropy(logits, labels, reduction="none") * row_weights).sum()
+    assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
+    assert torch.equal(argmax, logits.argmax(-1))
+    (grad,) = torch.autograd.grad(loss, hidden)
+    (grad_ref,) = torch.autograd.grad(reference, hidden)
+    assert torch.allclose(grad, grad_ref, atol=1e-6)
+
+
+def test_synthetic_data_is_a_function_of_seed_step_and_stream():
+    cfg = build_config("tiny-cpu", [])
+    source = build_source(cfg)
+    tokens, anchors = source.batch(5, 1)
+    assert torch.equal(tokens, source.batch(5, 1)[0]) and not torch.equal(tokens, source.batch(6, 1)[0])
+    assert tokens.max() < cfg.target.vocab_size - 1  # the last id is MASK
+    assert (anchors.diff(dim=1) > 0).all() and anchors.max() <= cfg.data.seq_len - cfg.drafter.block_size
+
+
+def test_bin_source_reads_windows_of_a_uint16_token_file(tmp_path):
+    path = tmp_path / "train.bin"
+    np.arange(1000, dtype=np.uint16).__mod__(50).astype(np.uint16).tofile(path)
+    cfg = build_config("tiny-cpu", ["data.source=bin", f"data.path={path}"])
+    tokens, _ = build_source(cfg).batch(0, 0)
+    assert tokens.shape == (1, cfg.data.seq_len)
+    assert ((tokens[0, 1:] - tokens[0, :-1]) % 50 == 1).all()  # consecutive file contents
+
+
+def train_in_process(tmp_path, *overrides: str) -> ThreadedRun:
+    cfg = build_config("tiny-cpu", ["run.drafters=cpu,cpu", "run.steps=12", "run.log_every=4", *overrides])
+    run = ThreadedRun(cfg, build_source(cfg), MetricLog(io.StringIO()), tmp_path, resume=False)
+    run.start()
+    assert run.wait() == EXIT_OK
+    return run
+
+
+def weights(run: ThreadedRun, replica: int) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in run.replicas[replica].drafter.parameters()]
+
+
+def test_two_drafter_threads_stay_bit_identical(tmp_path):
+    run = train_in_process(tmp_path)
+    first, second = weights(run, 0), weights(run, 1)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    initial = train_in_process(tmp_path / "short", "run.steps=1")
+    assert not all(torch.equal(a, b) for a, b in zip(first, weights(initial, 0)))  # they did train
+
+
+def test_seeded_runs_reproduce_and_seeds_differ(tmp_path):
+    first = weights(train_in_process(tmp_path / "a"), 0)
+    again = weights(train_in_process(tmp_path / "b"), 0)
+    other = weights(train_in_process(tmp_path / "c", "run.seed=7"), 0)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other))
