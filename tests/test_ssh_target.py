@@ -106,6 +106,24 @@ def test_stream_read_returns_eof_when_the_connection_drops(target, sshd):
     stream.close()
 
 
+def test_a_dropped_connection_fails_the_running_command_at_once_and_the_next_reconnects(target, sshd):
+    def drop_soon():
+        time.sleep(0.5)
+        sshd.kill_sessions()
+
+    threading.Thread(target=drop_soon).start()
+    started = time.monotonic()
+    with pytest.raises(ConnectError, match="connection lost"):
+        target.run("sleep 5", timeout=20)
+    assert time.monotonic() - started < 4
+    assert target.run(["echo", "back"]).stdout == "back\n"
+    assert sshd.accepted_connections() == 2
+
+
+def test_command_killed_by_a_signal_reads_exit_code_minus_one(target):
+    assert target.run("kill -KILL $$").exit_code == -1
+
+
 def test_refused_port_is_a_connect_error(ssh_home, sshd):
     sshd.stop()
     with pytest.raises(ConnectError, match="refused"):

@@ -362,7 +362,8 @@ def _with_env(command: str, env: dict[str, str] | None) -> str:
 def _exchange(channel: paramiko.Channel, data: bytes | None, deadline: float) -> tuple[bytes | None, bytes]:
     """Feed stdin (then close it, so readers see EOF) while reading stdout and stderr until the command
     exits; (None, stderr so far) if the deadline passes first. Interleaved, so a command that echoes a large
-    input back cannot block on a full window while we still send."""
+    input back cannot block on a full window while we still send. A command killed by a signal has no exit
+    status (sshd sends exit-signal, which paramiko ignores): its exit code reads -1."""
     pending = memoryview(data or b"")
     stdout, stderr = bytearray(), bytearray()
     if not pending:
@@ -376,8 +377,11 @@ def _exchange(channel: paramiko.Channel, data: bytes | None, deadline: float) ->
             stdout += channel.recv(65536)
         while channel.recv_stderr_ready():
             stderr += channel.recv_stderr(65536)
-        if channel.exit_status_ready() and channel.eof_received and not channel.recv_ready() and not channel.recv_stderr_ready():
-            return bytes(stdout), bytes(stderr)
+        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
+            if channel.closed and not channel.eof_received and not channel.get_transport().is_active():
+                raise EOFError("the connection dropped while the command ran")
+            if channel.eof_received or channel.closed:
+                return bytes(stdout), bytes(stderr)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None, bytes(stderr)
