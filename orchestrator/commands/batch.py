@@ -72,7 +72,8 @@ def batch_command(
                     run_batch(plan, inv, connections, store, watcher, wandb=wandb, poll_s=poll,
                               on_progress=lambda progress: live.update(render_progress(progress), refresh=True))
         except KeyboardInterrupt:
-            err_console.print(f"interrupted: running cells go on; `dfo batch {file}` again resumes", highlight=False)
+            err_console.print(f"interrupted: running cells go on; `dfo batch {file}` again resumes", highlight=False,
+                              markup=False, soft_wrap=True)
             raise typer.Exit(130)
         finally:
             watcher.close()
@@ -161,7 +162,8 @@ def show_report(batch: str, rows: list[report_lib.CellRow], as_json: bool) -> No
     shown = [name for name in columns if name in ("cell", "state", "decision") or any(cells[name])]  # empty ones left out
     table = Table(title=f"batch {batch}", box=box.SIMPLE_HEAD, pad_edge=False)
     for name in shown:
-        table.add_column(name, no_wrap=name != "cell", overflow="fold", justify="right" if name in NUMERIC else "left")
+        width = max(map(len, cells[name]), default=0) if name == "cell" else None  # ids stay whole; others give way
+        table.add_column(name, no_wrap=True, min_width=width, overflow="ellipsis", justify="right" if name in NUMERIC else "left")
     for index in range(len(rows)):
         table.add_row(*(cells[name][index] for name in shown))
     console.print(table)
