@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -231,11 +232,15 @@ def test_truncated_log_is_read_again_from_zero_with_an_event_and_no_double_count
     assert {e["kind"] for e in lab.store.events("t1")} >= {"attached", "truncated"}
 
 
-@pytest.mark.slow
-def test_launch_watch_cli_follows_its_own_chain_to_steady(lab, tmp_path) -> None:
+def cli(tmp_path: Path) -> tuple[str, dict]:
     env = {**os.environ, "DFO_HOME": str(tmp_path / "state")}
     env.pop("DFO_INVENTORY", None)
-    dfo = str(Path(sys.executable).parent / "dfo")
+    return str(Path(sys.executable).parent / "dfo"), env
+
+
+@pytest.mark.slow
+def test_launch_watch_cli_follows_its_own_chain_to_steady(lab, tmp_path) -> None:
+    dfo, env = cli(tmp_path)
     done = subprocess.run(
         [dfo, "launch", "--host", "here", "--variant", "failing", "--name", "w1", "--no-preflight", "--chain",
          "failing,nographs", "--watch", "--until-decided", "--json", "-i", str(lab.path)],
@@ -271,3 +276,24 @@ def test_poll_mode_reaches_the_same_verdict(lab) -> None:
     assert (decision["decision"], decision["action"]) == ("steady", "keep")
     steps = [s["step"] for s in lab.store.samples("p1")]
     assert steps == lab.log_steps("p1")[: len(steps)]
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_watch_and_leaves_the_run_and_no_agent_running(lab, tmp_path) -> None:
+    lab.launch("nographs", "k1")
+    dfo, env = cli(tmp_path)
+    watching = subprocess.Popen([dfo, "watch", "k1", "--json", "-i", str(lab.path)], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines = (watching.stdout.readline() for _ in range(50))
+        assert any('"kind": "step"' in line for line in lines)  # it is watching
+        ours = f"{lab.workspace}/.dfo/pkg/.*dfo_agent.py"
+        agents = subprocess.run(["pgrep", "-f", ours], capture_output=True, text=True).stdout.split()
+        assert agents
+        watching.send_signal(signal.SIGINT)
+        assert watching.wait(timeout=20) == 130
+        assert "the runs go on" in watching.stderr.read()
+    finally:
+        watching.kill()
+    assert lab.store.get_run("k1").state == "running"
+    assert all(not Path(f"/proc/{pid}").exists() for pid in agents)  # its channel's agent exited with it
