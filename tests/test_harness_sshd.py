@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from harness import STANDIN_BIN
 
 
@@ -46,6 +48,7 @@ def test_stopped_server_refuses_connections(ssh_home, sshd):
     assert "refused" in result.stderr
 
 
+@pytest.mark.lxc
 def test_pct_standin_reaches_containers_through_an_ssh_session(ssh_home, container):
     result = ssh(ssh_home, f"pct status {container.name}; pct exec {container.name} -- nvidia-smi -L")
     assert result.returncode == 0, result.stderr
