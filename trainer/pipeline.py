@@ -8,31 +8,31 @@ replica's device, copy back: the same code for CUDA and CPU "devices"), so repli
 
 Failure: a dying worker's traceback is printed by threading.excepthook, then the failure is recorded, the
 barrier is broken and the main thread ends the process with EXIT_WORKER_FAILED. SIGTERM: the step in
-flight finishes, a checkpoint is written, the process exits EXIT_STOPPED. What is not here: the model
-(model.py), compile strategies (compile.py), formatting (metrics.py), the CLI (__main__.py).
+flight finishes, a checkpoint is written, the process exits EXIT_STOPPED. What is not here: the replica's
+step (replica.py), the model (model.py), compile strategies (compile.py), formatting (metrics.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import queue
-import resource
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
 
 from trainer.checkpoint import load_checkpoint, save_checkpoint
-from trainer.compile import Compiled, apply_strategy
 from trainer.config import Config
 from trainer.data import TokenSource
 from trainer.metrics import MetricLog
-from trainer.model import BlockLayout, DraftObjective, Drafter, build_target, mask_builder, model_dtype
+from trainer.model import build_target, model_dtype
+from trainer.replica import (
+    Replica, Reporter, build_replica, forward_backward, memory_gb, optimizer_step, restore_replica,
+    seeded_drafter, stream_context, stream_for, synchronize,
+)
 
 EXIT_OK = 0
 EXIT_WORKER_FAILED = 1
@@ -65,24 +65,6 @@ class RunState:
 
     def should_quit(self) -> bool:
         return self.failed.is_set()
-
-
-def is_cuda(device: str) -> bool:
-    return device.startswith("cuda")
-
-
-def stream_for(device: str):
-    """A side CUDA stream for this thread's work (none on CPU)."""
-    return torch.cuda.Stream(device=device) if is_cuda(device) else None
-
-
-def stream_context(stream):
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-
-
-def synchronize(device: str) -> None:
-    if is_cuda(device):
-        torch.cuda.synchronize(device)
 
 
 def put_until(q: queue.Queue, item: object, state: RunState) -> bool:
@@ -139,46 +121,11 @@ class Producer:
 # ------------------------------------------------------------------------------------------ replicas
 
 
-@dataclass
-class Replica:
-    index: int
-    device: str
-    drafter: Drafter
-    compiled: Compiled
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    build_mask: Callable[[BlockLayout], object]
-    autocast: bool
-    stream: object = None
-    stats: tuple[torch.Tensor, ...] = ()
-
-
-def build_optimizer(cfg: Config, drafter: nn.Module, device: str):
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-                                  fused=is_cuda(device))
-    warmup = max(cfg.optim.warmup_steps, 1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-    return optimizer, scheduler
-
-
 def build_replicas(cfg: Config, frozen: dict[str, tuple[nn.Module, nn.Module]]) -> list[Replica]:
     """Identical replicas: built once from the seed on the first drafter device, then copied."""
-    torch.manual_seed(cfg.run.seed + 1)
-    with torch.device(cfg.run.drafter_devices[0]):
-        prototype = Drafter(cfg.target, cfg.drafter)
-    replicas = []
-    for index, device in enumerate(cfg.run.drafter_devices):
-        drafter = copy.deepcopy(prototype).to(device)
-        embed, lm_head = frozen[device]
-        objective = DraftObjective(drafter, embed, lm_head, cfg).to(device)
-        compiled = apply_strategy(cfg.run.compile, objective, cfg.run.localtls_mode)
-        optimizer, scheduler = build_optimizer(cfg, drafter, device)
-        attention = cfg.drafter.attention
-        use_flex = attention == "flex" or (attention == "auto" and is_cuda(device))
-        autocast = cfg.run.dtype == "bf16"
-        replicas.append(Replica(index, device, drafter, compiled, optimizer, scheduler, mask_builder(use_flex),
-                                autocast))
-    return replicas
+    prototype = seeded_drafter(cfg, cfg.run.drafter_devices[0])
+    return [build_replica(cfg, index, device, prototype, *frozen[device])
+            for index, device in enumerate(cfg.run.drafter_devices)]
 
 
 def build_targets(cfg: Config) -> dict[str, nn.Module]:
@@ -227,42 +174,6 @@ def average_gradients(replicas: list[Replica]) -> None:
 # ----------------------------------------------------------------------------------------- the run
 
 
-class Reporter:
-    """Turns per-step replica stats into event=step lines; runs inside the barrier action."""
-
-    def __init__(self, cfg: Config, log: MetricLog, queues: list[queue.Queue], start_step: int,
-                 active: Callable[[], int]) -> None:
-        self.cfg, self.log, self.queues, self.active = cfg, log, queues, active
-        self.warmup_end = start_step + cfg.run.warmup_log_steps
-        self.tokens_per_step = len(queues) * cfg.data.batch * cfg.data.seq_len
-        self.interval_start, self.interval_steps = time.monotonic(), 0
-        self.last_step = cfg.run.steps
-
-    def after_step(self, done: int, replicas: list[Replica]) -> None:
-        """`done` = steps completed (1-based)."""
-        self.interval_steps += 1
-        at_warmup_end = done == self.warmup_end
-        if done % self.cfg.run.log_every and done != self.last_step and not at_warmup_end:
-            return
-        elapsed = time.monotonic() - self.interval_start
-        loss, acc, accept = (sum(float(r.stats[i]) for r in replicas) / len(replicas) for i in range(3))
-        self.log.emit(
-            "step", step=done, tok_s=self.tokens_per_step * self.interval_steps / max(elapsed, 1e-9),
-            loss=loss, acc=acc, accept_len=accept, lr=replicas[0].scheduler.get_last_lr()[0],
-            q_fill=sum(q.qsize() / q.maxsize for q in self.queues) / len(self.queues),
-            active=f"{self.active()}/{len(replicas)}", mem_gb=memory_gb(replicas),
-            phase="warmup" if done <= self.warmup_end else "train",
-        )
-        self.interval_start, self.interval_steps = time.monotonic(), 0
-
-
-def memory_gb(replicas: list[Replica]) -> float:
-    cuda_devices = {r.device for r in replicas if is_cuda(r.device)}
-    if cuda_devices:
-        return max(torch.cuda.max_memory_allocated(d) for d in cuda_devices) / 1e9
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB -> GB
-
-
 class ThreadedRun:
     """Owns the threads of one training run and decides how the process ends."""
 
@@ -275,7 +186,8 @@ class ThreadedRun:
         self.replicas = build_replicas(cfg, frozen_heads(cfg, self.targets))
         self.start_step = self._restore() if resume else 0
         self.queues = [queue.Queue(maxsize=cfg.run.queue_depth) for _ in self.replicas]
-        self.reporter = Reporter(cfg, log, self.queues, self.start_step, self._active_count)
+        self.reporter = Reporter(cfg, log, self.start_step, len(self.replicas), self._queue_fill,
+                                 self._active_count)
         self.barrier = threading.Barrier(len(self.replicas), action=self._after_backward)
         self.done_step = self.start_step
         self.workers: list[threading.Thread] = []
@@ -283,10 +195,15 @@ class ThreadedRun:
     def _restore(self) -> int:
         state = load_checkpoint(self.run_dir, self.config_hash)
         for replica in self.replicas:
-            replica.drafter.load_state_dict(state["drafter"])
-            replica.optimizer.load_state_dict(state["optimizer"])
-            replica.scheduler.load_state_dict(state["scheduler"])
+            restore_replica(replica, state)
         return int(state["step"])
+
+    def _queue_fill(self) -> float:
+        return sum(q.qsize() / q.maxsize for q in self.queues) / len(self.queues)
+
+    def _mean_stats(self) -> tuple[float, float, float]:
+        n = len(self.replicas)
+        return tuple(sum(float(r.stats[i]) for r in self.replicas) / n for i in range(3))
 
     def _active_count(self) -> int:
         return sum(1 for w in self.workers if w.name.startswith("drafter") and w.is_alive())
@@ -297,7 +214,9 @@ class ThreadedRun:
         self.done_step += 1
         if self.state.stop_requested.is_set() and self.state.stop_at is None:
             self.state.stop_at = self.done_step
-        self.reporter.after_step(self.done_step, self.replicas)
+        lead = self.replicas[0]
+        self.reporter.after_step(self.done_step, self._mean_stats, lead.scheduler.get_last_lr()[0],
+                                 memory_gb([r.device for r in self.replicas]))
 
     def start(self) -> None:
         steps = range(self.start_step, self.cfg.run.steps)
@@ -332,7 +251,7 @@ class ThreadedRun:
         if debug.step_sleep_s:
             time.sleep(debug.step_sleep_s)
         started = time.monotonic()
-        self._forward_backward(replica, batch)
+        self._receive_and_train(replica, batch)
         if step == self.start_step:
             synchronize(replica.device)
             self.log.emit("compile", drafter=replica.index, device=replica.device, variant=self.cfg.run.compile,
@@ -343,34 +262,21 @@ class ThreadedRun:
             if self.state.failed.wait(timeout=2.0):  # another worker broke it: its failure is the story
                 return False
             raise TimeoutError(f"drafter replicas did not meet within {self.cfg.run.step_timeout_s:.0f} s") from None
-        self._optimizer_step(replica)
+        optimizer_step(self.cfg, replica)
         done = step + 1
         every = self.cfg.run.checkpoint_every
         if replica.index == 0 and every and done % every == 0 and done != self.cfg.run.steps:
             self.write_checkpoint(done)
         return True
 
-    def _forward_backward(self, replica: Replica, batch: Batch) -> None:
+    def _receive_and_train(self, replica: Replica, batch: Batch) -> None:
         device = replica.device
-        tokens = batch.tokens.to(device, non_blocking=True)
-        features = batch.features.to(device, non_blocking=True)
-        anchors = batch.anchors.to(device, non_blocking=True)
+        tokens, features, anchors = (t.to(device, non_blocking=True)
+                                     for t in (batch.tokens, batch.features, batch.anchors))
         if replica.stream is not None:
             for tensor in (tokens, features, anchors):
-                tensor.record_stream(replica.stream)
-        mask = replica.build_mask(BlockLayout(anchors, self.cfg.drafter.block_size, tokens.shape[1]))
-        replica.compiled.step_begin()
-        with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=replica.autocast):
-            loss, acc, accept = replica.compiled.step_fn(tokens, features, anchors, mask)
-        loss.backward()
-        replica.stats = (loss.detach().clone(), acc.detach().clone(), accept.detach().clone())
-
-    def _optimizer_step(self, replica: Replica) -> None:
-        if self.cfg.optim.grad_clip:
-            torch.nn.utils.clip_grad_norm_(replica.drafter.parameters(), self.cfg.optim.grad_clip)
-        replica.optimizer.step()
-        replica.scheduler.step()
-        replica.optimizer.zero_grad(set_to_none=False)
+                tensor.record_stream(replica.stream)  # produced on the producer's stream
+        forward_backward(self.cfg, replica, tokens, features, anchors)
 
     def write_checkpoint(self, step: int) -> None:
         replica = self.replicas[0]
