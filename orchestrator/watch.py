@@ -188,13 +188,13 @@ class Watcher:
         """Handle what arrived within `timeout` seconds: parse, persist, judge, act. Returns the new events."""
         items = self._drain(timeout)
         with self._lock:
-            batch = Batch()
+            writes = Writes()
             for item in items:
                 if isinstance(item, ActionDone):
                     self._action_done(item)
                 else:
-                    self._observed(item, batch)
-            self._persist(batch)
+                    self._observed(item, writes)
+            self._persist(writes)
             self._tick()
             self._judge()
             events, self._events = self._events, []
@@ -349,15 +349,16 @@ class Watcher:
         """A workstation time on the container's clock."""
         return at + self.skew.get(source, 0.0)
 
-    def _observed(self, obs: Observation, batch: "Batch") -> None:
+    def _observed(self, obs: Observation, writes: "Writes") -> None:
         if obs.run is not None:
             watched = self.watched.get(obs.run)
             if watched is not None:
-                self._run_observed(watched, obs, batch)
-            return
-        link = self.links.get(obs.source)
-        if link is None:
-            return
+                self._run_observed(watched, obs, writes)
+        elif obs.source in self.links:
+            self._link_observed(self.links[obs.source], obs, writes)
+
+    def _link_observed(self, link: Link, obs: Observation, writes: "Writes") -> None:
+        """News about a container's channel or GPUs (not about one run)."""
         if obs.kind == "connected":
             link.connected, link.reason, link.ticks_from = True, None, obs.at + CATCH_UP_S
             if isinstance(obs.data.get("ts"), (int, float)):
@@ -371,29 +372,29 @@ class Watcher:
             self._emit_source("gap", obs.source, {"duration_s": link.last_gap_s})
         elif obs.kind == "gpu":
             link.gpu_error = None
-            self._gpu_observed(obs, batch)
+            self._gpu_observed(obs, writes)
         elif obs.kind == "gpu_error":
             link.gpu_error = str(obs.data.get("text") or "").strip()[:200]
             self._emit_source("gpu_error", obs.source, dict(obs.data))
         elif obs.kind == "error":
             self._emit_source("error", obs.source, dict(obs.data))
 
-    def _run_observed(self, watched: WatchedRun, obs: Observation, batch: "Batch") -> None:
+    def _run_observed(self, watched: WatchedRun, obs: Observation, writes: "Writes") -> None:
         if obs.kind == "lines":
             received = self._clock(obs.source, obs.at)
             for line in obs.lines:
-                self._line(watched, line, received, batch)
-            batch.offsets[watched.name] = obs.offset
+                self._line(watched, line, received, writes)
+            writes.offsets[watched.name] = obs.offset
         elif obs.kind == "truncated":
             watched.lines.append(f"[dfo: log truncated to {obs.data.get('size')} bytes; reading again from 0]")
-            batch.offsets[watched.name] = 0
+            writes.offsets[watched.name] = 0
             self._emit("truncated", watched, dict(obs.data))
         elif obs.kind == "proc":
             self._proc(watched, obs)
         elif obs.kind == "error":
             self._emit("error", watched, dict(obs.data))
 
-    def _line(self, watched: WatchedRun, line: str, received: float, batch: "Batch") -> None:
+    def _line(self, watched: WatchedRun, line: str, received: float, writes: "Writes") -> None:
         record = watched.parse(line, received)
         if isinstance(record, StepRecord):
             if watched.last_stored_step is not None and record.step <= watched.last_stored_step:
@@ -401,7 +402,7 @@ class Watcher:
             watched.last_stored_step = record.step
             watched.latest = record
             watched.throughput.append(record.tok_s)
-            batch.samples.setdefault(watched.name, []).append(sample_of(record))
+            writes.samples.setdefault(watched.name, []).append(sample_of(record))
             self._emit("step", watched, {"step": record.step, "tok_s": record.tok_s, "loss": record.loss,
                                          "phase": record.phase}, store=False)
         else:
@@ -429,7 +430,7 @@ class Watcher:
         if run is not None and run.active:
             watched.run = self.store.update_run(watched.name, state=state, exit_code=data["exit_code"], ended_at=utc_now())
 
-    def _gpu_observed(self, obs: Observation, batch: "Batch") -> None:
+    def _gpu_observed(self, obs: Observation, writes: "Writes") -> None:
         gpus = [g for g in obs.data.get("gpus") or [] if isinstance(g, dict)]
         ts = obs.data.get("ts") if isinstance(obs.data.get("ts"), (int, float)) else self._clock(obs.source, obs.at)
         followed = [w for w in self.watched.values() if w.source == obs.source and not w.stopping]
@@ -439,15 +440,15 @@ class Watcher:
             watched.judge.observe(GpuObs(ts, mine))
         active = [w for w in followed if w.alive is not False]
         owner = active[0].name if len(active) == 1 else None
-        batch.gpu_samples.append((obs.source, owner, [{**g, "ts": ts} for g in gpus]))
+        writes.gpu_samples.append((obs.source, owner, [{**g, "ts": ts} for g in gpus]))
 
-    def _persist(self, batch: "Batch") -> None:
+    def _persist(self, writes: "Writes") -> None:
         """Samples first, then offsets: after a crash in between, the step check drops what is stored twice."""
-        for name, samples in batch.samples.items():
+        for name, samples in writes.samples.items():
             self.store.add_samples(name, samples)
-        for source, run, samples in batch.gpu_samples:
+        for source, run, samples in writes.gpu_samples:
             self.store.add_gpu_samples(source, samples, run=run)
-        for name, offset in batch.offsets.items():
+        for name, offset in writes.offsets.items():
             if offset is not None:
                 self.store.set_offset(name, offset)
 
@@ -596,7 +597,7 @@ class Watcher:
 
 
 @dataclass
-class Batch:
+class Writes:
     """What one step() collected for the store, written in a few transactions at its end."""
 
     samples: dict[str, list[dict]] = field(default_factory=dict)
