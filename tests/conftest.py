@@ -37,13 +37,14 @@ def pct_standin_env(lxc_path) -> dict[str, str]:
 
 @pytest.fixture
 def sshd(tmp_path_factory, pct_standin_env) -> SshServer:
-    """A running OpenSSH server on a free 127.0.0.1 port, stopped (by PID) at teardown. Its sessions have the
+    """A running OpenSSH server on a free 127.0.0.1 port, stopped (by PID, open sessions too) at teardown. Its sessions have the
     stand-ins (pct, nvidia-smi) first on PATH and reach this session's containers."""
     if not os.path.exists("/usr/sbin/sshd"):
         pytest.skip("openssh-server is not installed (scripts/test.sh installs it)")
     server = SshServer(tmp_path_factory.mktemp("sshd"), env=dict(pct_standin_env))
     server.start()
     yield server
+    server.kill_sessions()  # connections a test left open end with it
     server.stop()
 
 
