@@ -164,9 +164,9 @@ def wrapper_script(spec: RunSpec, name: str, command: str, *, with_secrets: bool
         parts.append(f"export {key}={shlex.quote(str(value))}")
     # A subshell, so a user's command that says `exit` still lets the wrapper write the exit file. Its TERM trap
     # waits for the running command (a trainer checkpointing on SIGTERM) and passes on that command's status
-    # instead of dying at once with 143 or going on to the next command. The newline before `)` keeps a
-    # trailing comment in the command from swallowing it.
-    run = f"( trap 'exit $?' TERM; {command}\n)"
+    # instead of dying at once or going on to the next command; a 0 there (TERM arrived between commands)
+    # becomes 143. The newline before `)` keeps a trailing comment in the command from swallowing it.
+    run = f"( trap 's=$?; [ $s = 0 ] && s=143; exit $s' TERM; {command}\n)"
     return "; ".join(parts) + f"; {run}; echo $? > {shlex.quote(exit_path(spec.workspace, name))}"
 
 

@@ -279,3 +279,10 @@ def test_argument_and_environment_names_with_shell_syntax_are_refused_up_front(s
     with pytest.raises(UsageError):
         launch(LocalTarget("here"), spec(workspace, None if "args" in change else "true", compile="eager", **change), store, name="r")
     assert store.list_runs() == [] and os.listdir(workspace) == []
+
+
+def test_a_shell_loop_stopped_between_commands_is_recorded_as_terminated_not_as_success(store, workspace):
+    run = launch(LocalTarget("here"), spec(workspace, "echo up; i=0; while :; do i=$((i + 1)); done"), store, name="spin").run
+    wait_for(lambda: "up" in Path(run.log_path).read_text(), what="loop start")
+    result = stop(LocalTarget("here"), store, "spin", grace_s=5)
+    assert (result.signal, result.run.exit_code) == ("TERM", 143)
