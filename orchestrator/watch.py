@@ -556,7 +556,7 @@ class Watcher:
             decision["next_run"] = done.launched.name
             watched.decision = Decision(**decision)
             self._record_decision(watched)
-            self._emit("launched", watched, {"next_run": done.launched.name, "variant": done.launched.variant})
+            self._emit("fell_back", watched, {"next_run": done.launched.name, "variant": done.launched.variant})
             try:
                 self.attach(done.launched.name)
             except DfoError as exc:  # it runs; `dfo watch` can pick it up once the target answers

@@ -183,9 +183,9 @@ def test_crash_while_alive_stops_it_and_launches_the_next_variant_linked(lab) ->
     child = lab.store.get_run("c1.2-nographs")
     assert (child.parent, child.variant, child.chain) == ("c1", "nographs", [])
     kinds = [e["kind"] for e in events]
-    assert kinds.index("stopped") < kinds.index("launched")
+    assert kinds.index("stopped") < kinds.index("fell_back")
     assert len(watcher.observers) == 1  # the fallback is followed on the container's one channel
-    assert {e["kind"] for e in lab.store.events("c1")} >= {"decision", "stopped", "launched"}
+    assert {e["kind"] for e in lab.store.events("c1")} >= {"decision", "stopped", "fell_back"}
 
 
 def test_no_fallback_reports_a_nonzero_exit_and_launches_nothing(lab) -> None:

@@ -21,7 +21,7 @@ from ..watch import Watcher
 from .common import InventoryOpt, JsonOpt, console, err_console, print_json
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
-SHOWN_EVENTS = ("decision", "stopped", "launched", "not_signalled", "action_error", "ended", "truncated", "gap",
+SHOWN_EVENTS = ("decision", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
                 "disconnected", "gpu_error")
 GOOD_ACTIONS = frozenset({"keep"})
 
