@@ -151,7 +151,7 @@ def test_steady_command_reaches_steady_keep_and_stores_every_step(lab) -> None:
     lab.launch("nographs", "s1")
     watcher = lab.watcher()
     watcher.attach("s1")
-    events = run_until(watcher, Watcher.settled)
+    events = run_until(watcher, lambda w: w.settled() and w.runs()[0].gpu_now)  # a GPU sample shown, too
     [decision] = watcher.final_decisions()
     assert (decision["decision"], decision["action"], decision["run"]) == ("steady", "keep", "s1")
     assert 980 < decision["steady_tok_s"] < 1020 and decision["warmup_end_step"] is not None
