@@ -22,7 +22,9 @@ from orchestrator.connections import Connections
 from orchestrator.decide import DecideConfig
 from orchestrator.inventory import load_inventory
 from orchestrator.runs import launch, spec_for, stop
-from orchestrator.store import Store
+from orchestrator.commands.watch import resolve_names
+from orchestrator.errors import UnknownRun
+from orchestrator.store import Run, Store
 from orchestrator.view import render
 from orchestrator.watch import Watcher, fallback_names
 
@@ -297,3 +299,16 @@ def test_ctrl_c_ends_the_watch_and_leaves_the_run_and_no_agent_running(lab, tmp_
         watching.kill()
     assert lab.store.get_run("k1").state == "running"
     assert all(not Path(f"/proc/{pid}").exists() for pid in agents)  # its channel's agent exited with it
+
+
+def test_watch_names_resolve_to_the_newest_run_of_their_chain_and_default_to_active_runs() -> None:
+    with Store.in_memory() as store:
+        store.add_run(Run("a", "here", variant="trees", state="stopped"))
+        store.add_run(Run("a.2-notrees", "here", variant="notrees", parent="a", state="crashed"))
+        store.add_run(Run("a.3-nographs", "here", variant="nographs", parent="a.2-notrees", state="running"))
+        store.add_run(Run("b", "here", variant="eager", state="running"))
+        store.add_run(Run("old", "here", variant="eager", state="exited"))
+        assert resolve_names(store, []) == ["a.3-nographs", "b"]
+        assert resolve_names(store, ["a", "a.2-notrees", "old"]) == ["a.3-nographs", "old"]
+        with pytest.raises(UnknownRun):
+            resolve_names(store, ["nope"])
