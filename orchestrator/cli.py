@@ -29,13 +29,7 @@ def _register_commands() -> None:
     import importlib
 
     for module in ("inventory", "preflight", "runs", "watch", "batch", "replay"):
-        try:
-            mod = importlib.import_module(f"orchestrator.commands.{module}")
-        except ModuleNotFoundError as exc:  # a command module not written yet
-            if exc.name == f"orchestrator.commands.{module}":
-                continue
-            raise
-        mod.register(app)
+        importlib.import_module(f"orchestrator.commands.{module}").register(app)
 
 
 _register_commands()
@@ -67,7 +61,7 @@ def main() -> None:
         if isinstance(exc, (click.exceptions.ClickException, vendored.ClickException)):
             exc.show()
             sys.exit(exc.exit_code)
-        if isinstance(exc, (click.exceptions.Abort, vendored.Abort)):
+        if isinstance(exc, (click.exceptions.Abort, typer.Abort)):
             sys.stderr.write("aborted\n")
             sys.exit(130)
         raise
