@@ -234,11 +234,13 @@ def load_inventory(path: Optional[Path] = None) -> Inventory:
         text = resources.files("orchestrator.builtin").joinpath(BUILTIN_NAME).read_text()
         return parse_inventory(text, source=f"<built-in {BUILTIN_NAME}>")
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InventoryError([f"{path}: file not found (pass an existing file with -i, or unset DFO_INVENTORY)"]) from None
     except OSError as exc:
-        raise InventoryError([f"{path}: cannot read: {exc.strerror}"]) from None
+        raise InventoryError([f"{path}: cannot read: {exc.strerror} (pass a readable YAML file with -i)"]) from None
+    except UnicodeDecodeError as exc:
+        raise InventoryError([f"{path}: not UTF-8 text (byte {exc.start}): expected a YAML file"]) from None
     return parse_inventory(text, source=str(path))
 
 
@@ -256,9 +258,25 @@ def parse_inventory(text: str, *, source: str = "<memory>") -> Inventory:
     return inventory
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently,
+    which would drop a container or a setting without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (each key may appear once per mapping)", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _parse_yaml(text: str, source: str) -> Any:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -282,6 +300,9 @@ def _describe(exc: ValidationError, root: Any = None) -> list[str]:
         if error["type"] == "extra_forbidden":
             parent, key = loc[:-1], loc[-1]
             lines.append(f"{_dotted(parent)}: unknown key {key!r}{_suggestion(parent, key, root)}")
+        elif loc and loc[-1] == "[key]":  # a name YAML read as a number, e.g. `200:` under containers
+            lines.append(f"{_dotted(loc[:-1])}: expected a name, got the {type(error['input']).__name__} "
+                         f"{error['input']!r} (quote it: '{error['input']}')")
         else:
             lines.append(f"{_dotted(loc)}: {_expected(error)}")
     return lines

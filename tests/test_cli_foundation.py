@@ -86,3 +86,39 @@ def test_preflight_without_a_target_is_a_usage_error_not_a_traceback() -> None:
     result = dfo("preflight")
     assert result.returncode == 2 and "Missing option '--host'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def command_paths(group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every command and command group of the app, as the words a user types."""
+    paths = []
+    for name, command in getattr(group, "commands", {}).items():
+        paths.append((*prefix, name))
+        paths += command_paths(command, (*prefix, name))
+    return paths
+
+
+def test_every_command_and_group_help_shows_an_example() -> None:
+    import typer.main
+    from typer.testing import CliRunner
+
+    from orchestrator.cli import app
+
+    paths = command_paths(typer.main.get_command(app))
+    assert len(paths) >= 14, paths
+    runner = CliRunner()
+    missing = [" ".join(path) for path in paths if "Example: dfo " not in runner.invoke(app, [*path, "--help"]).output]
+    assert missing == []
+
+
+def test_an_ugly_inventory_is_one_line_and_exit_2_never_a_traceback(tmp_path: Path) -> None:
+    binary = tmp_path / "lab.yaml"
+    binary.write_bytes(b"hosts:\n\xff\xfe")
+    for path in (binary, tmp_path):  # not UTF-8; a directory
+        result = dfo("preflight", "--host", "ct200", "-i", str(path))
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert result.stderr.startswith(f"dfo: error: {path}: ") and "Traceback" not in result.stderr
+
+
+def test_error_text_is_printed_as_is_not_read_as_rich_markup() -> None:
+    result = dfo("preflight", "--host", "[red]ct200")
+    assert result.returncode == 2 and "invalid target '[red]ct200'" in result.stderr

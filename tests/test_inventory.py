@@ -162,3 +162,36 @@ def test_the_reference_example_validates() -> None:
     doc = (REPO / "docs" / "inventory.md").read_text()
     example = doc.split("```yaml\n", 1)[1].split("```", 1)[0]
     assert parse_inventory(example).target("ct201").workspace == "/data/workspace"
+
+
+def test_a_container_named_twice_on_one_host_is_an_error_not_a_silent_override(tmp_path: Path) -> None:
+    (problem,) = problems_of(with_hosts("ct200: {ctid: 200}\nct200: {ctid: 201}"), tmp_path)
+    assert problem.startswith(f"{tmp_path}/lab.yaml: line 6, column 7: ") and "duplicate key 'ct200'" in problem
+
+
+def test_a_name_yaml_reads_as_a_number_says_to_quote_it(tmp_path: Path) -> None:
+    (problem,) = problems_of(with_hosts("200: {ctid: 200}"), tmp_path)
+    assert problem == f"{tmp_path}/lab.yaml: hosts.pve1.containers.200: expected a name, got the int 200 (quote it: '200')"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("- a\n- b\n", "expected a mapping with at least 'hosts:', got list"),
+        ("", "expected a mapping with at least 'hosts:', got an empty file"),
+        ("hosts: {p: {address: x, port: twenty}}\n", "hosts.p.port: expected an integer, got 'twenty'"),
+        ("hosts: {p: {address: x, port: 70000}}\n", "hosts.p.port: expected a number less than or equal to 65535, got 70000"),
+        ("hosts: {p: {address: x, containers: [ct200]}}\n", "hosts.p.containers: expected a mapping, got ['ct200']"),
+    ],
+)
+def test_wrong_shapes_name_the_key_and_what_was_found(text: str, expected: str, tmp_path: Path) -> None:
+    assert problems_of(text, tmp_path) == [f"{tmp_path}/lab.yaml: {expected}"]
+
+
+def test_unreadable_inputs_are_one_line_each(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match=r": cannot read: Is a directory \(pass a readable YAML file with -i\)"):
+        load_inventory(tmp_path)
+    binary = tmp_path / "lab.yaml"
+    binary.write_bytes(b"hosts:\n\xff\xfe")
+    with pytest.raises(InventoryError, match=r"lab.yaml: not UTF-8 text \(byte 7\): expected a YAML file"):
+        load_inventory(binary)

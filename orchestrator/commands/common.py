@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..errors import DfoError, InventoryError
 
@@ -29,7 +30,7 @@ def print_error(err: DfoError) -> None:
     """One line per problem on stderr, prefixed `dfo: error:`."""
     lines = err.problems if isinstance(err, InventoryError) else [str(err)]
     for line in lines:
-        err_console.print(f"[bold red]dfo: error:[/] {line}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]dfo: error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def print_json(obj: Any) -> None:

@@ -15,7 +15,7 @@ CHECK_EXAMPLE = "Example: dfo inventory check -i inventory/lab.example.yaml"
 
 
 def register(app: typer.Typer) -> None:
-    inventory_app = typer.Typer(help="Inspect the inventory (hosts, containers, variants).", no_args_is_help=True)
+    inventory_app = typer.Typer(help="Inspect the inventory (hosts, containers, variants).", no_args_is_help=True, epilog=CHECK_EXAMPLE)
     inventory_app.command("check", help="Validate an inventory and list its targets.", epilog=CHECK_EXAMPLE)(check)
     app.add_typer(inventory_app, name="inventory")
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..connections import Connections
@@ -27,7 +28,7 @@ def register(app: typer.Typer) -> None:
         help="Check targets in parallel: SSH, container running, nvidia-smi, GPUs idle, workspace, python/torch.",
         epilog=PREFLIGHT_EXAMPLE,
     )(preflight_command)
-    hostkey_app = typer.Typer(help="Manage SSH host keys in ~/.ssh/known_hosts.", no_args_is_help=True)
+    hostkey_app = typer.Typer(help="Manage SSH host keys in ~/.ssh/known_hosts.", no_args_is_help=True, epilog=TRUST_EXAMPLE)
     hostkey_app.command("trust", help="Record an unknown host's key (prints its fingerprint).", epilog=TRUST_EXAMPLE)(
         trust_command
     )
@@ -61,7 +62,7 @@ def report_table(reports: list[TargetReport]) -> Table:
     for report in reports:
         for index, check in enumerate(report.checks):
             mark = "[dim]skip[/]" if check.skipped else ("[green]ok[/]" if check.ok else "[bold red]FAIL[/]")
-            table.add_row(report.target if index == 0 else "", check.name, mark, check.detail, end_section=index == len(report.checks) - 1)
+            table.add_row(report.target if index == 0 else "", check.name, mark, escape(check.detail), end_section=index == len(report.checks) - 1)
     return table
 
 
@@ -74,4 +75,4 @@ def trust_command(host: str = typer.Argument(..., help="Inventory host (or targe
     from ..remote.ssh import trust_host_key  # paramiko is loaded only when needed
 
     fingerprint = trust_host_key(entry.address, port=entry.port, timeout=inv.defaults.connect_timeout)
-    console.print(f"recorded host key of {host_name} ({entry.address}): {fingerprint}", soft_wrap=True, highlight=False)
+    console.print(escape(f"recorded host key of {host_name} ({entry.address}): {fingerprint}"), soft_wrap=True, highlight=False)
