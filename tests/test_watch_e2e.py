@@ -17,6 +17,7 @@ import pytest
 from harness import write_inventory
 from harness.lxc import LxcContainer
 from orchestrator.connections import Connections
+from orchestrator.decide import DecideConfig
 from orchestrator.inventory import load_inventory
 from orchestrator.runs import launch, spec_for, stop
 from orchestrator.store import Store
@@ -90,20 +91,22 @@ def test_tls_crash_with_live_process_is_stopped_and_the_chain_ends_steady(lab, c
         assert store.gpu_samples(target="ct_a")  # the stand-in's GPUs were sampled over the same channel
 
 
-def test_sshd_killed_and_restarted_mid_watch_loses_and_doubles_nothing_while_nvidia_smi_hangs(lab, container, sshd) -> None:
+def test_sshd_outage_mid_watch_loses_doubles_and_stalls_nothing_while_nvidia_smi_hangs(lab, container, sshd) -> None:
     inventory_path, state = lab
     container.nvidia_smi(mode="hang")
     inventory = load_inventory(inventory_path)
     with Connections(inventory) as connections, Store(state / "dfo.db") as store:
         spec = spec_for(inventory, "ct_a", "nographs")
         launch(connections.container("ct_a"), spec, store, name="s1")
-        watcher = Watcher(inventory, connections, store, heartbeat_timeout=3)
+        # A 2 s stall floor: were the watch's clock to run while the channel is down, this outage would be a stall.
+        config = DecideConfig(stall_floor_s=2, min_steady_steps=40, min_steady_seconds=1, first_step_grace_s=60)
+        watcher = Watcher(inventory, connections, store, decide_config=config, heartbeat_timeout=3)
         try:
             watcher.attach("s1")
             events = run_until(watcher, lambda w: len(store.samples("s1")) >= 30)
             sshd.kill_sessions()  # the channel goes, and the host refuses connections for a while
             sshd.stop()
-            time.sleep(1.5)
+            time.sleep(3)
             sshd.start()
             events += run_until(watcher, lambda w: w.runs()[0].alive is False and w.settled(), timeout=60)
         finally:
@@ -114,5 +117,6 @@ def test_sshd_killed_and_restarted_mid_watch_loses_and_doubles_nothing_while_nvi
         assert stored == logged and len(logged) == 400
         kinds = [e["kind"] for e in events]
         assert "disconnected" in kinds and "gap" in kinds
+        assert max(e["duration_s"] for e in events if e["kind"] == "gap") > 3
         assert store.get_run("s1").decision["decision"] in ("steady", "exited")
         assert store.get_run("s1").decision["action"] == "keep"
