@@ -55,7 +55,7 @@ class Connections:
             host_name,
             host.address,
             port=host.port,
-            user=host.user if host.user is not None else self.inventory.defaults.user,
+            user=self.inventory.ssh_user(host_name),
             connect_timeout=self.inventory.defaults.connect_timeout,
             accept_new_host_key=self.accept_new_host_keys,
         )

@@ -72,7 +72,7 @@ class GpuIdle(_Strict):
 
 
 class Defaults(_Strict):
-    user: Optional[str] = "root"  # null: let ~/.ssh/config (or the local user name) decide
+    user: Optional[str] = "root"  # unset or null: ~/.ssh/config's User, else root; set: wins over ~/.ssh/config
     workspace: str = "/workspace"
     python: str = "python3"
     connect_timeout: float = Field(10, gt=0)
@@ -154,6 +154,14 @@ class Inventory(_Strict):
     @property
     def source(self) -> str:
         return self._source
+
+    def ssh_user(self, host_name: str) -> Optional[str]:
+        """The SSH user the inventory sets for `host_name` (host, then defaults), or None when it sets none,
+        so that ~/.ssh/config's User applies (and root after that)."""
+        host = self.hosts[host_name]
+        if host.user is not None:
+            return host.user
+        return self.defaults.user if "user" in self.defaults.model_fields_set else None
 
     def target_names(self) -> list[str]:
         return [name for host in self.hosts.values() for name in host.containers]

@@ -80,10 +80,9 @@ def check_target(connections: Connections, spec: TargetSpec, nvidia_smi_timeout:
 
 def _reach(connections: Connections, spec: TargetSpec) -> list[Check]:
     """The ssh and container rows, from one round trip to the host."""
-    where = f"{spec.user + '@' if spec.user else ''}{spec.address}{':' + str(spec.port) if spec.port else ''}"
-    ssh_ok = Check("ssh", True, "local (this machine, no SSH)" if spec.transport == "local" else f"{where} authenticated")
     try:
         host = connections.host(spec.host)
+        ssh_ok = Check("ssh", True, "local (this machine, no SSH)" if spec.transport == "local" else f"{_login(host, spec)} authenticated")
         if spec.ctid is None:
             host.run(["true"], timeout=spec.connect_timeout + HOST_TIMEOUT_SLACK_S, check=True)
             return [ssh_ok, Check("container", True, "no container (ctid: null): runs on the host", skipped=True)]
@@ -95,6 +94,12 @@ def _reach(connections: Connections, spec: TargetSpec) -> list[Check]:
     if status != "running":
         return [ssh_ok, Check("container", False, f"ct {spec.ctid} is {status} (run `pct start {spec.ctid}` on host {spec.host})")]
     return [ssh_ok, Check("container", True, f"ct {spec.ctid} running")]
+
+
+def _login(host: Target, spec: TargetSpec) -> str:
+    """user@address[:port] as the connection resolved them (~/.ssh/config included)."""
+    user = getattr(host, "user", None) or spec.user
+    return f"{user}@{spec.address}{':' + str(spec.port) if spec.port else ''}"
 
 
 def _inside(target: Target, spec: TargetSpec, nvidia_smi_timeout: float) -> list[Check]:

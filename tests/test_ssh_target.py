@@ -203,3 +203,27 @@ def test_proxyjump_goes_through_the_jump_host_whose_key_is_checked_too(ssh_home,
         ssh_home.known_hosts.write_text(sshd.known_hosts_line())  # forget the jump host only
         with pytest.raises(HostKeyUnknown, match=f":{jump.port}"):
             SshTarget("pve2", "behind", user="root").run("true")
+
+
+def test_ssh_config_user_applies_unless_the_inventory_sets_one(ssh_home, sshd, tmp_path):
+    from harness import write_inventory
+    from orchestrator.connections import Connections
+    from orchestrator.inventory import load_inventory
+
+    with ssh_home.config_path.open("a") as config:
+        config.write(f"Host as-ghost\n    HostName {sshd.host}\n    Port {sshd.port}\n    User ghost\n")
+    hosts = {"pve1": {"address": "as-ghost", "containers": {"ct200": {"ctid": 200}}}}
+    with Connections(load_inventory(write_inventory(tmp_path, {"hosts": hosts}, "plain.yaml"))) as connections:
+        with pytest.raises(AuthError, match="ghost@127.0.0.1"):  # ~/.ssh/config's User, not the default root
+            connections.host("pve1").run("true")
+    explicit = {"defaults": {"user": "root"}, "hosts": hosts}
+    with Connections(load_inventory(write_inventory(tmp_path, explicit, "explicit.yaml"))) as connections:
+        assert connections.host("pve1").run(["id", "-un"]).stdout == "root\n"  # set in the inventory: it wins
+
+
+def test_an_alias_without_user_logs_in_as_root_not_as_the_local_login(ssh_home, sshd, monkeypatch):
+    for variable in ("LOGNAME", "USER", "LNAME", "USERNAME"):  # getpass.getuser(), fabric's fallback
+        monkeypatch.setenv(variable, "alice")
+    with ssh_home.config_path.open("a") as config:
+        config.write(f"Host no-user\n    HostName {sshd.host}\n    Port {sshd.port}\n")
+    assert SshTarget("pve1", "no-user").user == "root"

@@ -30,6 +30,8 @@ from fabric import Config, Connection
 from ..errors import AuthError, CommandFailed, CommandTimeout, ConnectError, DfoError, HostKeyChanged, HostKeyUnknown, TransferError
 from .base import DEFAULT_TIMEOUT, Command, Result, Stream, Target, render
 
+DEFAULT_USER = "root"
+"""The SSH user when neither the caller nor ~/.ssh/config names one."""
 MAX_PARALLEL_COMMANDS = 8
 """Concurrent short-lived channels per connection; OpenSSH's default MaxSessions is 10 (streams use the rest)."""
 POLL_S = 0.2
@@ -38,7 +40,8 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class SshTarget(Target):
-    """A host reached over SSH. `name` is what messages call it; `host` an address or ~/.ssh/config alias."""
+    """A host reached over SSH. `name` is what messages call it; `host` an address or ~/.ssh/config alias.
+    `user`/`port` given here win over ~/.ssh/config; left None, its User/Port apply (else root and 22)."""
 
     def __init__(
         self,
@@ -339,7 +342,10 @@ def _resolve(host: str, *, port: int | None, user: str | None, ssh_config: str |
         config = Config(runtime_ssh_path=str(ssh_config))
     else:
         config = Config(user_ssh_path=os.path.expanduser("~/.ssh/config"))
-    return Connection(host, user=user, port=port, config=config)
+    connection = Connection(host, user=user, port=port, config=config)
+    if user is None and "user" not in connection.ssh_config:  # not the local login name: Proxmox hosts log in as root
+        connection = Connection(host, user=DEFAULT_USER, port=port, config=config)
+    return connection
 
 
 def _known_hosts_path(connection: Connection) -> Path:
