@@ -136,6 +136,7 @@ class Watcher:
         on_event: Callable[[Event], None] | None = None,
         heartbeat_timeout: float = 5.0,
         stop_grace_s: float = 30.0,
+        peer_baseline: bool = True,
     ) -> None:
         self.inventory = inventory
         self.connections = connections
@@ -150,6 +151,7 @@ class Watcher:
         self.on_event = on_event
         self.heartbeat_timeout = heartbeat_timeout
         self.stop_grace_s = stop_grace_s
+        self.peer_baseline = peer_baseline  # False: too slow only against a configured baseline_tok_s
         self.queue: queue.Queue = queue.Queue()
         self.observers: dict[str, ObserverBase] = {}
         self.links: dict[str, Link] = {}
@@ -293,6 +295,8 @@ class Watcher:
             return variant.baseline_tok_s
         if self.inventory.watch.baseline_tok_s:
             return self.inventory.watch.baseline_tok_s
+        if not self.peer_baseline:
+            return None
         root, _ = self._lineage(run)
         peers = [r for r in self.store.list_runs(target=run.target)
                  if r.name != run.name and (self._lineage(r)[0] == root or (run.batch and r.batch == run.batch))]

@@ -36,11 +36,12 @@ STEADY_TRAINER = """\
 import random, sys, time
 from datetime import datetime, timezone
 steps, every = int(sys.argv[1]), float(sys.argv[2])
+level = float(sys.argv[3]) if len(sys.argv) > 3 else 1000.0
 rng = random.Random(7)
 print("ts=%s event=start" % datetime.now(timezone.utc).isoformat(), flush=True)
 for step in range(1, steps + 1):
     ts = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-    tok_s = 1000.0 * (1 + rng.uniform(-0.004, 0.004))
+    tok_s = level * (1 + rng.uniform(-0.004, 0.004))
     print(f"ts={ts} event=step step={step} tok_s={tok_s:.1f} loss={2.0 / step:.4f} q_fill=0.90 active=1/1", flush=True)
     time.sleep(every)
 """
@@ -86,6 +87,7 @@ def write_trainers(directory: Path) -> dict[str, str]:
         "short": f"{PY} {directory}/steady_trainer.py 30 0.02",
         "failing": f"{PY} {directory}/steady_trainer.py 5 0.02; exit 3",
         "silent": f"{PY} {directory}/steady_trainer.py 3 0.02; sleep 600",
+        "slower": f"{PY} {directory}/steady_trainer.py 400 0.02 800",
     }
 
 
@@ -121,8 +123,8 @@ class Lab:
         self.inventory, self.connections, self.store, self.workspace = inventory, connections, store, workspace
         self.watchers: list[Watcher] = []
 
-    def launch(self, variant: str, name: str) -> str:
-        spec = spec_for(self.inventory, "here", variant)
+    def launch(self, variant: str, name: str, batch: str | None = None) -> str:
+        spec = spec_for(self.inventory, "here", variant, batch=batch)
         return launch(self.connections.container("here"), spec, self.store, name=name).run.name
 
     def watcher(self, **options) -> Watcher:
@@ -312,3 +314,22 @@ def test_watch_names_resolve_to_the_newest_run_of_their_chain_and_default_to_act
         assert resolve_names(store, ["a", "a.2-notrees", "old"]) == ["a.3-nographs", "old"]
         with pytest.raises(UnknownRun):
             resolve_names(store, ["nope"])
+
+
+def test_too_slow_against_the_best_steady_run_of_the_same_batch_unless_peer_baselines_are_off(lab) -> None:
+    lab.launch("nographs", "fast1", batch="b1")
+    watcher = lab.watcher(fallback=False)
+    watcher.attach("fast1")
+    run_until(watcher, Watcher.settled)
+    lab.launch("slower", "slow1", batch="b1")
+    lab.launch("slower", "slow2", batch="b1")
+    watcher.attach("slow1")
+    judged_alone = lab.watcher(fallback=False, peer_baseline=False)
+    judged_alone.attach("slow2")
+    run_until(watcher, Watcher.settled)
+    run_until(judged_alone, Watcher.settled)
+    slow = lab.store.get_run("slow1").decision
+    assert (slow["decision"], slow["action"]) == ("too_slow", "stop")
+    assert slow["evidence"]["baseline_tok_s"] == lab.store.get_run("fast1").decision["steady_tok_s"]
+    assert 790 < slow["steady_tok_s"] < 810 and slow["interval"][1] < 0.9 * slow["evidence"]["baseline_tok_s"]
+    assert lab.store.get_run("slow2").decision["decision"] == "steady"
