@@ -134,7 +134,7 @@ def test_silent_host_fails_within_the_connect_timeout(ssh_home):
         silent.bind(("127.0.0.1", 0))
         silent.listen(1)
         started = time.monotonic()
-        with pytest.raises(ConnectError):
+        with pytest.raises(ConnectError, match="no SSH answer from 127.0.0.1"):
             SshTarget("pve9", "127.0.0.1", port=silent.getsockname()[1], connect_timeout=1.0).run("true")
         assert time.monotonic() - started < 3
 

@@ -13,6 +13,7 @@ exceptions (and socket errors) become errors.py classes. It must never add a hos
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import select
@@ -37,6 +38,12 @@ MAX_PARALLEL_COMMANDS = 8
 POLL_S = 0.2
 STDERR_TAIL_BYTES = 8192
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SILENT_PEER_TEXTS = ("Error reading SSH protocol banner", "No existing session")
+"""paramiko's words for a peer that accepted TCP but never spoke SSH within the timeout."""
+
+# paramiko logs its transport thread's failures (with tracebacks) at ERROR; with no handler configured,
+# Python's last-resort handler would print them on the user's terminal. dfo reports them as ConnectError.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 class SshTarget(Target):
@@ -200,16 +207,26 @@ class SshTarget(Target):
                                hint="check the address in the inventory or HostName in ~/.ssh/config") from None
         except (socket.timeout, TimeoutError):
             if action == "connect":
-                raise ConnectError(f"no answer from {address} within {self.connect_timeout:g}s", where=self.name,
-                                   hint="check that the host is up and the address/port are right") from None
+                raise self._no_answer() from None
             raise CommandTimeout(f"{action[:120]} ran past its {timeout:g}s timeout", where=self.name) from None
         except paramiko.ssh_exception.NoValidConnectionsError:
             raise ConnectError(f"connection to {address} refused", where=self.name,
                                hint="check that sshd runs there and the port is right") from None
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            what = "connect" if action == "connect" else "connection lost"
-            raise ConnectError(f"{what} to {address} failed: {exc or type(exc).__name__}", where=self.name,
-                               hint="check that the host is up; dfo reconnects on the next command") from None
+        except paramiko.SSHException as exc:
+            if action == "connect" and any(text in str(exc) for text in SILENT_PEER_TEXTS):
+                raise self._no_answer() from None
+            raise self._lost(action, exc) from None
+        except (EOFError, OSError) as exc:
+            raise self._lost(action, exc) from None
+
+    def _no_answer(self) -> ConnectError:
+        return ConnectError(f"no SSH answer from {self.host}:{self.port} within {self.connect_timeout:g}s", where=self.name,
+                            hint="check that the host is up and the address/port are right")
+
+    def _lost(self, action: str, exc: BaseException) -> ConnectError:
+        what = "connect" if action == "connect" else "connection lost"
+        return ConnectError(f"{what} to {self.host}:{self.port} failed: {exc or type(exc).__name__}", where=self.name,
+                            hint="check that the host is up; dfo reconnects on the next command")
 
 
 class SshStream(Stream):

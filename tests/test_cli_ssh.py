@@ -1,0 +1,76 @@
+"""`dfo preflight` as a user runs it (the console script) against a real sshd, judged by sshd's own log:
+one connection per host per invocation, nothing at all sent for a bad name, and a down or unauthorised host
+reported as one plain line within the connect timeout. Targets here run on the host (ctid: null), so no
+container is needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness import write_inventory
+
+DFO = str(Path(sys.executable).parent / "dfo")
+
+
+def dfo(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "DFO_INVENTORY"}  # HOME is the test's ssh_home
+    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def host_inventory(tmp_path: Path, hosts: dict, connect_timeout: float = 10) -> Path:
+    """Targets on the hosts themselves (no pct), with a workspace and python that exist there."""
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    defaults = {"min_free_disk_gb": 0, "workspace": str(tmp_path / "ws"), "python": sys.executable, "connect_timeout": connect_timeout}
+    return write_inventory(tmp_path, {"defaults": defaults, "hosts": hosts})
+
+
+def checks_of(result: subprocess.CompletedProcess) -> dict[str, dict[str, dict]]:
+    return {report["target"]: {c["name"]: c for c in report["checks"]} for report in json.loads(result.stdout)}
+
+
+def test_one_invocation_opens_one_connection_per_host(tmp_path: Path, sshd, ssh_home) -> None:
+    containers = {"box_a": {"ctid": None}, "box_b": {"ctid": None}}
+    inventory = host_inventory(tmp_path, {"pve1": {"address": "testhost", "containers": containers}})
+    result = dfo("preflight", "--host", "box_a", "--host", "box_b", "-i", str(inventory), "--json")
+    checks = checks_of(result)
+    assert checks["box_a"]["ssh"]["ok"] and checks["box_b"]["workspace"]["ok"], result.stdout
+    assert checks["box_a"]["python"]["ok"] and "torch" in checks["box_a"]["python"]["detail"]
+    assert sshd.accepted_connections() == 1  # two targets, four round trips, one SSH connection
+
+
+def test_a_target_name_with_shell_metacharacters_sends_nothing(tmp_path: Path, sshd, ssh_home) -> None:
+    inventory = host_inventory(tmp_path, {"pve1": {"address": "testhost", "containers": {"box_a": {"ctid": None}}}})
+    result = dfo("preflight", "--host", "box_a", "--host", "box_a;touch /tmp/dfo-pwned", "-i", str(inventory))
+    assert result.returncode == 2 and "invalid target 'box_a;touch /tmp/dfo-pwned'" in result.stderr
+    assert "Connection from" not in sshd.log_path.read_text()  # not even the valid target's host was reached
+    assert not Path("/tmp/dfo-pwned").exists()
+
+
+def test_a_silent_host_is_one_plain_line_within_the_connect_timeout(tmp_path: Path, ssh_home) -> None:
+    with socket.socket() as silent:  # accepts TCP (backlog) but never speaks SSH
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        hosts = {"pve9": {"address": "127.0.0.1", "port": port, "containers": {"box9": {"ctid": None}}}}
+        started = time.monotonic()
+        result = dfo("preflight", "--host", "box9", "-i", str(host_inventory(tmp_path, hosts, connect_timeout=1)), "--json")
+        elapsed = time.monotonic() - started
+    assert result.returncode == 1 and elapsed < 8, elapsed  # 1 s timeout plus dfo's own start-up
+    detail = checks_of(result)["box9"]["ssh"]["detail"]
+    assert detail.startswith(f"pve9: no SSH answer from 127.0.0.1:{port} within 1s (check that the host is up")
+    assert result.stderr == "" and "Traceback" not in result.stdout  # paramiko's own log stays quiet
+
+
+def test_a_rejected_key_is_an_auth_failure_naming_the_fix(tmp_path: Path, sshd, ssh_home) -> None:
+    ssh_home.wrong_client_key()
+    inventory = host_inventory(tmp_path, {"pve1": {"address": "testhost", "containers": {"box_a": {"ctid": None}}}})
+    result = dfo("preflight", "--host", "box_a", "-i", str(inventory), "--json")
+    ssh = checks_of(result)["box_a"]["ssh"]
+    assert result.returncode == 1 and not ssh["ok"]
+    assert f"root@127.0.0.1:{sshd.port} rejected our keys" in ssh["detail"] and "authorized_keys" in ssh["detail"]
