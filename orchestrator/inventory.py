@@ -58,6 +58,7 @@ def _compiled_regex(pattern: str) -> str:
 
 
 Ctid = Annotated[Optional[int], BeforeValidator(_ctid)]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
 class _Strict(BaseModel):
@@ -100,7 +101,7 @@ class Variant(_Strict):
     topology: Literal["threaded", "procsplit"] = "threaded"
     preset: Optional[str] = None
     args: dict[str, Any] = {}
-    env: dict[str, str] = {}
+    env: dict[EnvName, str] = {}
     command: Optional[str] = None  # a user's own trainer, run in the workspace
     metrics: Optional[Annotated[str, BeforeValidator(_compiled_regex)]] = None
     baseline_tok_s: Optional[float] = Field(None, gt=0)
@@ -146,7 +147,7 @@ class Inventory(_Strict):
     hosts: dict[str, Host]
     variants: dict[str, Variant] = {}
     fallback: list[str] = []
-    secrets: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = []
+    secrets: list[EnvName] = []
     watch: Watch = Watch()
     signatures: list[Signature] = []
     _source: str = PrivateAttr("<memory>")  # the file it came from, for messages
@@ -308,11 +309,11 @@ def _describe(exc: ValidationError, root: Any = None) -> list[str]:
         if error["type"] == "extra_forbidden":
             parent, key = loc[:-1], loc[-1]
             lines.append(f"{_dotted(parent)}: unknown key {key!r}{_suggestion(parent, key, root)}")
-        elif loc and loc[-1] == "[key]":  # a name YAML read as a number, e.g. `200:` under containers
+        elif loc[-1:] == ["[key]"] and error["type"] == "string_type":  # a name YAML read as a number: `200:`
             lines.append(f"{_dotted(loc[:-1])}: expected a name, got the {type(error['input']).__name__} "
                          f"{error['input']!r} (quote it: '{error['input']}')")
         else:
-            lines.append(f"{_dotted(loc)}: {_expected(error)}")
+            lines.append(f"{_dotted([part for part in loc if part != '[key]'])}: {_expected(error)}")
     return lines
 
 

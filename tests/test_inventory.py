@@ -195,3 +195,10 @@ def test_unreadable_inputs_are_one_line_each(tmp_path: Path) -> None:
     binary.write_bytes(b"hosts:\n\xff\xfe")
     with pytest.raises(InventoryError, match=r"lab.yaml: not UTF-8 text \(byte 7\): expected a YAML file"):
         load_inventory(binary)
+
+
+def test_variant_env_names_must_be_environment_variable_names(tmp_path: Path) -> None:
+    text = with_hosts("ct200: {ctid: 200}") + "variants:\n  v: {compile: eager, env: {'X;reboot': '1'}}\n"
+    assert problems_of(text, tmp_path) == [
+        f"{tmp_path}/lab.yaml: variants.v.env.X;reboot: expected an environment variable name (letters, digits, _), got 'X;reboot'"
+    ]

@@ -98,3 +98,21 @@ def test_stream_returns_empty_bytes_at_eof(local: LocalTarget) -> None:
         chunks += chunk
     stream.close()
     assert chunks == b"done\n"
+
+
+def test_env_names_that_could_pass_for_options_or_shell_words_are_refused(tmp_path: Path) -> None:
+    from orchestrator.remote.pct import PctTarget
+
+    recorded = []
+
+    class Recorder(LocalTarget):
+        def run(self, cmd, **kwargs):
+            recorded.append(cmd)
+            return super().run(["true"])
+
+    for bad in ("-S", "A B", "X;reboot"):
+        with pytest.raises(ValueError, match="invalid environment variable name"):
+            PctTarget(Recorder("pve1"), 200).run(["true"], env={bad: "1"})
+    assert recorded == []  # refused before anything ran
+    PctTarget(Recorder("pve1"), 200).run(["printenv", "A"], env={"A": "x y"})
+    assert recorded == [["pct", "exec", "200", "--", "env", "A=x y", "printenv", "A"]]

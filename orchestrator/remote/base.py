@@ -10,6 +10,7 @@ This module imports no networking library and never raises a library's exception
 
 from __future__ import annotations
 
+import re
 import shlex
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -20,6 +21,18 @@ Command = Union[Sequence[str], str]
 """An argument list (each element quoted before it reaches a shell) or a POSIX sh script (run by `sh -c`)."""
 
 DEFAULT_TIMEOUT = 30.0
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_argv(env: dict[str, str] | None) -> list[str]:
+    """`env KEY=VALUE ...` words that set `env` for the command after them ([] for none). Names are checked, so
+    none can pass for an option of env(1) or a shell word."""
+    for key in env or {}:
+        if not ENV_NAME.fullmatch(key):
+            raise ValueError(f"invalid environment variable name {key!r}")
+    return ["env", *(f"{key}={value}" for key, value in env.items())] if env else []
 
 
 def render(cmd: Command) -> str:

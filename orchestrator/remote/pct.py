@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 
 from ..errors import CommandFailed, ContainerMissing, ContainerNotRunning, TransferError
-from .base import DEFAULT_TIMEOUT, Command, Result, Stream, Target, as_argv
+from .base import DEFAULT_TIMEOUT, Command, Result, Stream, Target, as_argv, env_argv
 from .local import file_sha256
 
 MISSING_RE = re.compile(r"Configuration file '[^']*' does not exist")
@@ -44,9 +44,7 @@ class PctTarget(Target):
         check: bool = False,
         env: dict[str, str] | None = None,
     ) -> Result:
-        inner_cmd = as_argv(cmd)
-        if env:  # pct exec does not forward the caller's environment reliably: set it inside
-            inner_cmd = ["env", *(f"{key}={value}" for key, value in env.items()), *inner_cmd]
+        inner_cmd = [*env_argv(env), *as_argv(cmd)]  # set inside: pct exec does not forward the caller's environment reliably
         result = self.inner.run(self.exec_argv(inner_cmd), timeout=timeout, input=input)
         self.raise_for_pct(result)
         if check and result.failed:

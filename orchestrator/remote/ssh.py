@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import select
 import shlex
 import socket
@@ -29,7 +28,7 @@ import paramiko
 from fabric import Config, Connection
 
 from ..errors import AuthError, CommandFailed, CommandTimeout, ConnectError, DfoError, HostKeyChanged, HostKeyUnknown, TransferError
-from .base import DEFAULT_TIMEOUT, Command, Result, Stream, Target, render
+from .base import DEFAULT_TIMEOUT, Command, Result, Stream, Target, env_argv, render
 
 DEFAULT_USER = "root"
 """The SSH user when neither the caller nor ~/.ssh/config names one."""
@@ -37,7 +36,6 @@ MAX_PARALLEL_COMMANDS = 8
 """Concurrent short-lived channels per connection; OpenSSH's default MaxSessions is 10 (streams use the rest)."""
 POLL_S = 0.2
 STDERR_TAIL_BYTES = 8192
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SILENT_PEER_TEXTS = ("Error reading SSH protocol banner", "No existing session")
 """paramiko's words for a peer that accepted TCP but never spoke SSH within the timeout."""
 
@@ -374,12 +372,7 @@ def _known_hosts_path(connection: Connection) -> Path:
 
 
 def _with_env(command: str, env: dict[str, str] | None) -> str:
-    if not env:
-        return command
-    for key in env:
-        if not ENV_NAME.fullmatch(key):
-            raise ValueError(f"invalid environment variable name {key!r}")
-    return "env " + " ".join(shlex.quote(f"{key}={value}") for key, value in env.items()) + " " + command
+    return f"{shlex.join(env_argv(env))} {command}" if env else command
 
 
 def _exchange(channel: paramiko.Channel, data: bytes | None, deadline: float) -> tuple[bytes | None, bytes]:
