@@ -74,3 +74,13 @@ def test_a_rejected_key_is_an_auth_failure_naming_the_fix(tmp_path: Path, sshd, 
     ssh = checks_of(result)["box_a"]["ssh"]
     assert result.returncode == 1 and not ssh["ok"]
     assert f"root@127.0.0.1:{sshd.port} rejected our keys" in ssh["detail"] and "authorized_keys" in ssh["detail"]
+
+
+def test_hostkey_trust_of_a_down_host_names_the_host_and_the_fix(tmp_path: Path, ssh_home) -> None:
+    from harness.sshd import free_port
+
+    port = free_port()
+    inventory = host_inventory(tmp_path, {"pve1": {"address": "127.0.0.1", "port": port, "containers": {"box_a": {"ctid": None}}}})
+    result = dfo("hostkey", "trust", "pve1", "-i", str(inventory))
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == f"dfo: error: pve1: connection to 127.0.0.1:{port} refused (check that sshd runs there and the port is right)\n"

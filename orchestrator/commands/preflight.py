@@ -74,5 +74,5 @@ def trust_command(host: str = typer.Argument(..., help="Inventory host (or targe
         raise UsageError(f"host {host_name!r} uses transport {entry.transport}: it has no SSH host key")
     from ..remote.ssh import trust_host_key  # paramiko is loaded only when needed
 
-    fingerprint = trust_host_key(entry.address, port=entry.port, timeout=inv.defaults.connect_timeout)
+    fingerprint = trust_host_key(entry.address, port=entry.port, timeout=inv.defaults.connect_timeout, name=host_name)
     console.print(escape(f"recorded host key of {host_name} ({entry.address}): {fingerprint}"), soft_wrap=True, highlight=False)

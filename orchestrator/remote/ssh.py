@@ -207,7 +207,7 @@ class SshTarget(Target):
             if action == "connect":
                 raise self._no_answer() from None
             raise CommandTimeout(f"{action[:120]} ran past its {timeout:g}s timeout", where=self.name) from None
-        except paramiko.ssh_exception.NoValidConnectionsError:
+        except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError):
             raise ConnectError(f"connection to {address} refused", where=self.name,
                                hint="check that sshd runs there and the port is right") from None
         except paramiko.SSHException as exc:
@@ -320,14 +320,15 @@ def trust_host_key(
     known_hosts: str | Path | None = None,
     ssh_config: str | Path | None = None,
     timeout: float = 10.0,
+    name: str | None = None,
 ) -> str:
     """Fetch `host`'s key and record it in known_hosts (for `dfo hostkey trust`); return its fingerprint.
     `host` may be an ~/.ssh/config alias (HostName and Port apply); the key is fetched directly, not through
     a ProxyJump hop.
 
     A host already trusted with the same key is left alone; one recorded with a different key raises
-    HostKeyChanged (the old entry must be removed deliberately)."""
-    target = SshTarget(host, host, port=port, connect_timeout=timeout, known_hosts=known_hosts, ssh_config=ssh_config)
+    HostKeyChanged (the old entry must be removed deliberately). `name` is what messages call the host."""
+    target = SshTarget(name or host, host, port=port, connect_timeout=timeout, known_hosts=known_hosts, ssh_config=ssh_config)
     hostname = target.host if target.port == 22 else f"[{target.host}]:{target.port}"
     with target._mapped_errors("connect"):
         with socket.create_connection((target.host, target.port), timeout=timeout) as sock:
