@@ -122,3 +122,14 @@ def test_an_ugly_inventory_is_one_line_and_exit_2_never_a_traceback(tmp_path: Pa
 def test_error_text_is_printed_as_is_not_read_as_rich_markup() -> None:
     result = dfo("preflight", "--host", "[red]ct200")
     assert result.returncode == 2 and "invalid target '[red]ct200'" in result.stderr
+
+
+def test_dfo_inventory_is_used_and_dash_i_wins_over_it(tmp_path: Path) -> None:
+    lab = Path(__file__).resolve().parents[1] / "inventory" / "lab.example.yaml"
+    from_env = json.loads(dfo("inventory", "check", "--json", env={"DFO_INVENTORY": str(lab)}).stdout)
+    assert from_env["inventory"] == str(lab) and "ct200" in [row["target"] for row in from_env["targets"]]
+    own = write_inventory(tmp_path, {"hosts": {"box": {"transport": "local", "containers": {"box1": {}}}}})
+    from_flag = json.loads(dfo("inventory", "check", "--json", "-i", str(own), env={"DFO_INVENTORY": str(lab)}).stdout)
+    assert [row["target"] for row in from_flag["targets"]] == ["box1"]
+    missing = dfo("inventory", "check", env={"DFO_INVENTORY": str(tmp_path / "gone.yaml")})
+    assert missing.returncode == 2 and "gone.yaml: file not found (pass an existing file with -i, or unset DFO_INVENTORY)" in missing.stderr
