@@ -1,11 +1,14 @@
-"""Options and rendering helpers shared by every command module."""
+"""Options and rendering helpers shared by every command module.
+
+Renders only: no SSH, SQL or checks here. Text that comes from users, files or remote machines is printed
+verbatim (escaped for rich), never read as markup.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -37,6 +40,3 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, default=str) + "\n")
     sys.stdout.flush()
 
-
-def inventory_path(path: Optional[Path]) -> Optional[Path]:
-    return path
