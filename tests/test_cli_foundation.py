@@ -133,3 +133,12 @@ def test_dfo_inventory_is_used_and_dash_i_wins_over_it(tmp_path: Path) -> None:
     assert [row["target"] for row in from_flag["targets"]] == ["box1"]
     missing = dfo("inventory", "check", env={"DFO_INVENTORY": str(tmp_path / "gone.yaml")})
     assert missing.returncode == 2 and "gone.yaml: file not found (pass an existing file with -i, or unset DFO_INVENTORY)" in missing.stderr
+
+
+def test_a_container_on_a_host_without_pct_fails_its_row_plainly(tmp_path: Path) -> None:
+    inventory = write_inventory(tmp_path, {"hosts": {"box": {"transport": "local", "containers": {"ct200": {"ctid": 200}}}}})
+    result = dfo("preflight", "--host", "ct200", "-i", str(inventory), "--json", env={"PATH": "/usr/bin:/bin"})
+    (report,) = json.loads(result.stdout)
+    container = report["checks"][1]
+    assert result.returncode == 1 and report["checks"][0]["ok"] and container["name"] == "container"
+    assert container["detail"].startswith("ct200: host box has no `pct` command") and not container["ok"]

@@ -116,3 +116,25 @@ def test_env_names_that_could_pass_for_options_or_shell_words_are_refused(tmp_pa
     assert recorded == []  # refused before anything ran
     PctTarget(Recorder("pve1"), 200).run(["printenv", "A"], env={"A": "x y"})
     assert recorded == [["pct", "exec", "200", "--", "env", "A=x y", "printenv", "A"]]
+
+
+def test_a_missing_or_non_executable_program_exits_127_or_126_like_a_shell(local: LocalTarget, tmp_path: Path) -> None:
+    missing = local.run(["dfo-no-such-program", "x"])
+    assert (missing.exit_code, missing.stderr) == (127, "dfo-no-such-program: No such file or directory\n")
+    assert local.run([str(tmp_path)]).exit_code == 126
+    with pytest.raises(CommandFailed, match="exited 127"):
+        local.run(["dfo-no-such-program"], check=True)
+
+
+@pytest.mark.parametrize(
+    "stderr",
+    ["pct: No such file or directory\n", "sh: 1: exec: pct: not found\n", "bash: line 1: exec: pct: not found\n"],
+)
+def test_a_host_without_pct_is_a_container_error_naming_ctid_null(stderr: str) -> None:
+    from orchestrator.errors import ContainerError
+    from orchestrator.remote.base import Result
+    from orchestrator.remote.pct import PctTarget
+
+    with pytest.raises(ContainerError, match=r"host pve1 has no `pct` command.*set `ctid: null`"):
+        PctTarget(LocalTarget("pve1"), 200, name="ct200").raise_for_pct(Result("pct status 200", 127, "", stderr, 0.0))
+    PctTarget(LocalTarget("pve1"), 200).raise_for_pct(Result("pct exec 200 -- x", 127, "", "x: not found\n", 0.0))  # the command's own 127

@@ -39,14 +39,21 @@ class LocalTarget(Target):
         env: dict[str, str] | None = None,
     ) -> Result:
         started = time.monotonic()
-        proc = subprocess.Popen(
-            as_argv(cmd),
-            stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, **env} if env else None,
-            start_new_session=True,
-        )
+        try:
+            proc = subprocess.Popen(
+                as_argv(cmd),
+                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={**os.environ, **env} if env else None,
+                start_new_session=True,
+            )
+        except OSError as exc:  # as a shell reports it: 127 not found, 126 not executable
+            result = Result(render(cmd), 127 if isinstance(exc, FileNotFoundError) else 126, "",
+                            f"{as_argv(cmd)[0]}: {exc.strerror}\n", time.monotonic() - started)
+            if check:
+                raise CommandFailed(result, where=self.name) from None
+            return result
         try:
             stdout, stderr = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:

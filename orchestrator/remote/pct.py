@@ -13,13 +13,15 @@ import re
 import shlex
 from pathlib import Path
 
-from ..errors import CommandFailed, ContainerMissing, ContainerNotRunning, TransferError
+from ..errors import CommandFailed, ContainerError, ContainerMissing, ContainerNotRunning, TransferError
 from .base import DEFAULT_TIMEOUT, Command, Result, Stream, Target, as_argv, env_argv
 from .local import file_sha256
 
 MISSING_RE = re.compile(r"Configuration file '[^']*' does not exist")
 NOT_RUNNING_RE = re.compile(r"container '\d+' not running!|can only push files to a running CT")
 STATUS_RE = re.compile(r"^status:\s*(\S+)", re.MULTILINE)
+PCT_NOT_FOUND_RE = re.compile(r"\bpct: (?:command )?not found|^pct: No such file or directory", re.MULTILINE)
+EXIT_NOT_FOUND = 127
 STATUS_TIMEOUT = 30.0
 
 
@@ -52,10 +54,17 @@ class PctTarget(Target):
         return result
 
     def raise_for_pct(self, result: Result) -> None:
-        """Raise ContainerMissing / ContainerNotRunning when pct itself (not the command) failed."""
+        """Raise ContainerMissing / ContainerNotRunning (or ContainerError: no pct on the host) when pct itself,
+        not the command, failed."""
         if result.ok:
             return
         host = self.inner.name
+        if result.exit_code == EXIT_NOT_FOUND and PCT_NOT_FOUND_RE.search(result.stderr):
+            raise ContainerError(
+                f"host {host} has no `pct` command, so container {self.ctid} cannot be reached",
+                where=self.name,
+                hint="is it a Proxmox host? for a plain machine set `ctid: null` in the inventory",
+            )
         if MISSING_RE.search(result.stderr):
             raise ContainerMissing(
                 f"container {self.ctid} does not exist on host {host}",
