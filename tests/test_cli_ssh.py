@@ -84,3 +84,24 @@ def test_hostkey_trust_of_a_down_host_names_the_host_and_the_fix(tmp_path: Path,
     result = dfo("hostkey", "trust", "pve1", "-i", str(inventory))
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr == f"dfo: error: pve1: connection to 127.0.0.1:{port} refused (check that sshd runs there and the port is right)\n"
+
+
+def test_a_changed_host_key_is_refused_loudly_even_with_accept_new(tmp_path: Path, sshd, ssh_home) -> None:
+    ssh_home.wrong_known_hosts("testhost")
+    before = ssh_home.known_hosts.read_text()
+    inventory = host_inventory(tmp_path, {"pve1": {"address": "testhost", "containers": {"box_a": {"ctid": None}}}})
+    result = dfo("preflight", "--host", "box_a", "-i", str(inventory), "--json", "--accept-new-host-key")
+    detail = checks_of(result)["box_a"]["ssh"]["detail"]
+    assert result.returncode == 1 and detail.startswith(f"pve1: HOST KEY CHANGED for [127.0.0.1]:{sshd.port}")
+    assert "man-in-the-middle" in detail and "ssh-keygen -R" in detail
+    assert ssh_home.known_hosts.read_text() == before and sshd.accepted_connections() == 0
+
+
+def test_the_changed_key_hint_removes_the_right_known_hosts_entry(tmp_path: Path, sshd, ssh_home) -> None:
+    ssh_home.wrong_known_hosts("testhost")
+    inventory = host_inventory(tmp_path, {"pve1": {"address": "testhost", "containers": {"box_a": {"ctid": None}}}})
+    detail = checks_of(dfo("preflight", "--host", "box_a", "-i", str(inventory), "--json"))["box_a"]["ssh"]["detail"]
+    hint = detail.split("run `", 1)[1].split("`", 1)[0]
+    assert hint.startswith("ssh-keygen -R ")
+    subprocess.run(hint, shell=True, check=True, capture_output=True, timeout=30)  # what the user is told to run
+    assert ssh_home.known_hosts.read_text().strip() == ""

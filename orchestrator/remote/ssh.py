@@ -196,7 +196,9 @@ class SshTarget(Target):
         except DfoError:
             raise
         except paramiko.BadHostKeyException as exc:
-            raise _changed_key(self, exc.hostname, exc.key) from None
+            # paramiko names the host without its port; known_hosts (and ssh-keygen -R) use [host]:port off 22
+            hostname = _known_hosts_name(self.host, self.port) if exc.hostname == self.host else exc.hostname
+            raise _changed_key(self, hostname, exc.key) from None
         except paramiko.AuthenticationException as exc:
             raise AuthError(f"{self.user}@{address} rejected our keys ({exc})",
                             where=self.name, hint="add your public key to the host's authorized_keys or set IdentityFile in ~/.ssh/config") from None
@@ -329,7 +331,7 @@ def trust_host_key(
     A host already trusted with the same key is left alone; one recorded with a different key raises
     HostKeyChanged (the old entry must be removed deliberately). `name` is what messages call the host."""
     target = SshTarget(name or host, host, port=port, connect_timeout=timeout, known_hosts=known_hosts, ssh_config=ssh_config)
-    hostname = target.host if target.port == 22 else f"[{target.host}]:{target.port}"
+    hostname = _known_hosts_name(target.host, target.port)
     with target._mapped_errors("connect"):
         with socket.create_connection((target.host, target.port), timeout=timeout) as sock:
             transport = paramiko.Transport(sock)
@@ -350,6 +352,11 @@ def trust_host_key(
 
 
 # -- helpers ------------------------------------------------------------------------------------------------
+
+
+def _known_hosts_name(host: str, port: int) -> str:
+    """How known_hosts names a host: `host` on port 22, else `[host]:port`."""
+    return host if port == 22 else f"[{host}]:{port}"
 
 
 def _resolve(host: str, *, port: int | None, user: str | None, ssh_config: str | Path | None) -> Connection:
