@@ -227,3 +227,26 @@ def test_an_alias_without_user_logs_in_as_root_not_as_the_local_login(ssh_home, 
     with ssh_home.config_path.open("a") as config:
         config.write(f"Host no-user\n    HostName {sshd.host}\n    Port {sshd.port}\n")
     assert SshTarget("pve1", "no-user").user == "root"
+
+
+def test_a_key_held_only_by_ssh_agent_logs_in(ssh_home, sshd, tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    agent_key = tmp_path / "agent_key"
+    shutil.move(ssh_home.identity, agent_key)  # no key file left for paramiko to find on its own
+    ssh_home.config_path.write_text(f"Host testhost\n    HostName {sshd.host}\n    Port {sshd.port}\n    User root\n")
+    socket_path = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 5
+        while not socket_path.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
+        subprocess.run(["ssh-add", "-q", str(agent_key)], check=True, timeout=10, capture_output=True)
+        ssh = SshTarget("pve1", "testhost")
+        assert ssh.run(["echo", "via agent"]).stdout == "via agent\n"
+        ssh.close()
+    finally:
+        agent.terminate()
+        agent.wait(timeout=5)
