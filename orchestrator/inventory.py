@@ -384,15 +384,16 @@ def _unwrap(annotation: Any) -> Any:
 
 
 def _cross_checks(inventory: Inventory) -> list[str]:
-    """Problems pydantic cannot see alone: names, unique containers, fallback and addresses."""
+    """Problems pydantic cannot see alone: names, unique containers, workspaces, fallback and addresses."""
     problems = []
     seen: dict[str, str] = {}
     for host_name, host in inventory.hosts.items():
         problems += _name_problem(f"hosts.{host_name}", host_name, "host")
         if host.transport == "ssh" and not host.address:
             problems.append(f"hosts.{host_name}.address: required for transport ssh (an IP, DNS name or ~/.ssh/config alias)")
-        for name in host.containers:
+        for name, container in host.containers.items():
             problems += _name_problem(f"hosts.{host_name}.containers.{name}", name, "container")
+            problems += _workspace_problem(inventory.defaults, host_name, host, name, container)
             if name in seen:
                 problems.append(f"hosts.{host_name}.containers.{name}: container name already used on host {seen[name]!r}; target names must be unique across hosts")
             seen.setdefault(name, host_name)
@@ -403,6 +404,17 @@ def _cross_checks(inventory: Inventory) -> list[str]:
             known = ", ".join(inventory.variants) or "none"
             problems.append(f"fallback.{index}: unknown variant {name!r}; known variants: {known}")
     return problems
+
+
+def _workspace_problem(defaults: Defaults, host_name: str, host: Host, name: str, container: Container) -> list[str]:
+    """A remote workspace must be absolute: it is quoted on every command line, so `~` would never expand."""
+    if host.transport == "local":
+        return []
+    workspace = container.workspace or defaults.workspace
+    if workspace.startswith("/"):
+        return []
+    where = f"hosts.{host_name}.containers.{name}.workspace" if container.workspace else "defaults.workspace"
+    return [f"{where}: expected an absolute path on SSH host {host_name!r} (e.g. /root/dfo), got {workspace!r}"]
 
 
 def _name_problem(path: str, name: str, kind: str) -> list[str]:

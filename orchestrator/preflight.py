@@ -12,6 +12,7 @@ on a target beyond a temporary file in the workspace that proves it is writable.
 
 from __future__ import annotations
 
+import re
 import shlex
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,8 @@ CHECKS = ("ssh", "container", "nvidia_smi", "gpus_idle", "compute_apps", "worksp
 SECTION = "@@dfo-preflight "
 HOST_TIMEOUT_SLACK_S = 20.0
 PYTHON_TIMEOUT_S = 30
+DF_AVAILABLE_RE = re.compile(r"\s\d+\s+\d+\s+(\d+)\s+\d+%\s")
+"""`df -Pk`'s data row: ... 1024-blocks Used Available Capacity% Mounted-on (either end may hold spaces)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,10 @@ def _workspace_check(section: tuple[int, str], spec: TargetSpec) -> Check:
         return Check("workspace", False, f"{spec.workspace} does not exist (create it: mkdir -p {spec.workspace})")
     if state != "writable":
         return Check("workspace", False, f"{spec.workspace} is not writable ({state})")
-    free_gb = int(lines[1].split()[3]) / 1024**2 if len(lines) > 1 else 0.0
+    available = DF_AVAILABLE_RE.search(lines[1]) if len(lines) > 1 else None
+    if available is None:
+        return Check("workspace", False, f"{spec.workspace} writable, but `df -Pk` gave no free space ({' '.join(lines[1:]) or 'no output'})")
+    free_gb = int(available.group(1)) / 1024**2
     detail = f"{spec.workspace} writable, {free_gb:.1f} GB free"
     if free_gb < spec.min_free_disk_gb:
         return Check("workspace", False, f"{detail} (needs {spec.min_free_disk_gb:g} GB: free some space)")

@@ -202,3 +202,10 @@ def test_variant_env_names_must_be_environment_variable_names(tmp_path: Path) ->
     assert problems_of(text, tmp_path) == [
         f"{tmp_path}/lab.yaml: variants.v.env.X;reboot: expected an environment variable name (letters, digits, _), got 'X;reboot'"
     ]
+
+
+def test_a_remote_workspace_must_be_absolute(tmp_path: Path) -> None:
+    problems = problems_of(with_hosts("ct200: {ctid: 200, workspace: '~/dfo'}"), tmp_path)
+    assert problems == [f"{tmp_path}/lab.yaml: hosts.pve1.containers.ct200.workspace: expected an absolute path on SSH host 'pve1' (e.g. /root/dfo), got '~/dfo'"]
+    local = "defaults: {workspace: '~/dfo'}\nhosts:\n  me: {transport: local, containers: {here: {}}}\n"
+    assert parse_inventory(local).target("here").workspace == str(Path.home() / "dfo")  # expanded on this machine

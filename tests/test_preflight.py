@@ -129,3 +129,12 @@ def test_a_listed_gpu_the_target_cannot_see_fails_idle(tmp_path: Path) -> None:
     spec = local_inventory(tmp_path, gpus=[0, 3]).target("box1")
     check = gpus_idle_check([SmiGpu(0, "H200", 0, 143771, 0), SmiGpu(1, "H200", 0, 143771, None)], spec)
     assert (check.ok, check.detail) == (False, "GPU 3 not visible (sees 0, 1)")
+
+
+def test_a_workspace_with_spaces_and_shell_words_is_quoted(tmp_path: Path, smi: NvidiaSmiState, monkeypatch) -> None:
+    odd = tmp_path / "my ws;touch injected"
+    odd.mkdir()
+    monkeypatch.chdir(tmp_path)  # where an unquoted `touch injected` would land
+    ok, detail = checks_of(local_inventory(tmp_path, workspace=str(odd)), "box1")["workspace"]
+    assert ok and detail.startswith(f"{odd} writable, ") and detail.endswith(" GB free")
+    assert not (tmp_path / "injected").exists() and list(odd.iterdir()) == []  # the probe file was removed
