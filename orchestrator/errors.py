@@ -19,6 +19,7 @@
     |   +-- CommandFailed         a command exited non-zero where success was required (exit code + last lines)
     |   +-- CommandTimeout        a command ran past its timeout
     |   +-- TransferError         a file did not arrive intact
+    |   +-- gpu.NvidiaSmiError    nvidia-smi missing, failing or hung (`kind` says which)
     +-- RefusedError              dfo declined to act (busy GPUs, existing run name, reused PID) (exit 1)
 
 The SSH library's exceptions are caught in exactly one place (remote/ssh.py) and mapped here.
