@@ -29,7 +29,7 @@ from trainer.config import build_config  # noqa: E402
 from trainer.flops import flops_per_sample  # noqa: E402
 
 PEAK_FLOPS = 989e12
-STEPS = {"tiny-cpu": 400, "h200-small": 300, "qwen3-8b-shape": 30}
+STEPS = {"tiny-cpu": 400, "h200-small": 200, "qwen3-8b-shape": 30}
 
 
 def parse_fields(line: str) -> dict[str, str]:
@@ -42,13 +42,13 @@ def parse_fields(line: str) -> dict[str, str]:
 
 
 def device_overrides(preset: str, topology: str) -> list[str]:
-    sets = [f"run.topology={topology}"]
+    """One GPU: threads = 1 target + 2 drafter threads (qwen: 1); procsplit = 1 target + 1 drafter process
+    (NCCL cannot put two ranks on one GPU)."""
+    sets = [f"run.topology={topology}", "run.targets=cuda:0"]
     if preset == "tiny-cpu":
-        sets += ["run.targets=cuda:0", "run.drafters=cuda:0,cuda:0", "run.log_every=20",
-                 "run.warmup_log_steps=20"]
-    if preset != "qwen3-8b-shape" and topology == "threads":
-        sets.append("run.drafters=cuda:0,cuda:0")
-    return sets
+        sets += ["run.log_every=20", "run.warmup_log_steps=20"]
+    two = topology == "threads" and preset != "qwen3-8b-shape"
+    return sets + ["run.drafters=cuda:0,cuda:0" if two else "run.drafters=cuda:0"]
 
 
 def failure_text(output: str) -> str:
@@ -86,7 +86,7 @@ def run_one(preset: str, topology: str, variant: str, timeout: float, log) -> di
            "--out", "/tmp/bench-runs"]
     for assignment in device_overrides(preset, topology):
         cmd += ["--set", assignment]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0", TORCH_LOGS="recompiles")
     started = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
@@ -113,14 +113,30 @@ def profile(preset: str, topology: str, variant: str, out: Path) -> None:
     from trainer.metrics import MetricLog
     from trainer.pipeline import ThreadedRun
 
-    cfg = build_config(preset, device_overrides(preset, topology) + [f"run.compile={variant}", "run.steps=12"])
+    warm, window = 6, 5
+    cfg = build_config(preset, device_overrides(preset, topology) + [f"run.compile={variant}", "run.steps=14"])
     stream = io.StringIO()
     pipeline = ThreadedRun(cfg, build_source(cfg), MetricLog(stream), Path("/tmp/bench-profile"), False)
-    with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        pipeline.start()
-        status = pipeline.wait()
+    prof = torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    pipeline.start()
+    wait_for_step(pipeline, warm)
+    torch.cuda.synchronize()
+    prof.start()
+    started = time.monotonic()
+    wait_for_step(pipeline, warm + window)
+    torch.cuda.synchronize()
+    seconds = time.monotonic() - started
+    prof.stop()
+    status = pipeline.wait()
     table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=60)
-    (out / "profile.txt").write_text(f"{preset} {topology} {variant} exit={status}\n{stream.getvalue()}\n{table}\n")
+    (out / "profile.txt").write_text(
+        f"{preset} {topology} {variant} exit={status}; profiled steps {warm}..{warm + window}: "
+        f"{seconds / window:.3f} s/step under the profiler\n{stream.getvalue()}\n{table}\n")
+
+
+def wait_for_step(pipeline, step: int) -> None:
+    while pipeline.done_step < step and not pipeline.state.failed.is_set():
+        time.sleep(0.005)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -143,18 +159,22 @@ def main() -> None:
     parser.add_argument("--profile", default="", help="PRESET:TOPOLOGY:VARIANT to profile in-process")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per run")
     parser.add_argument("--qwen-timeout", type=float, default=240.0)
+    parser.add_argument("--budget", type=float, default=1e9, help="start no run after this many seconds")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, began = [], time.monotonic()
     with open(args.out / "all.log", "a") as log:
         for spec in args.matrix:
             preset, topology, variants = spec.split(":")
             limit = args.qwen_timeout if preset == "qwen3-8b-shape" else args.timeout
             for variant in variants.split(","):
+                if time.monotonic() - began > args.budget:
+                    print(f"skipped {preset} {topology} {variant}: over --budget", flush=True)
+                    continue
                 rows.append(run_one(preset, topology, variant, limit, log))
                 (args.out / "results.md").write_text(markdown(rows))
                 (args.out / "results.json").write_text(json.dumps(rows, indent=1))
-    if args.profile:
+    if args.profile and time.monotonic() - began < args.budget:
         profile(*args.profile.split(":"), args.out)
 
 

@@ -61,16 +61,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     # torch and the models load only after the config is known to be good: a bad --set answers at once
-    from trainer.metrics import MetricLog, open_sink
+    from trainer.metrics import MetricLog
 
     run_dir = Path(cfg.run.out) / args.run_name
     run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        sink = open_sink(args.wandb, args.run_name, cfg.to_dict(), str(run_dir))
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    log = MetricLog(sink=sink)
+    log = MetricLog()
     try:
         return start_topology(cfg, args, log, run_dir)
     except ConfigError as exc:
@@ -86,11 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def start_topology(cfg: Config, args: argparse.Namespace, log, run_dir: Path) -> int:
+    log_start(cfg, args.run_name, log)
     if cfg.run.topology == "procsplit":
         from trainer.procsplit import run_procsplit
 
-        return run_procsplit(cfg, args.run_name, log, run_dir, args.resume)
-    return run_threads(cfg, args.run_name, log, run_dir, args.resume)
+        return run_procsplit(cfg, args.run_name, args.wandb, log, run_dir, args.resume)
+    return run_threads(cfg, args, log, run_dir)
 
 
 def log_start(cfg: Config, run_name: str, log) -> None:
@@ -104,13 +100,13 @@ def log_start(cfg: Config, run_name: str, log) -> None:
              dtype=cfg.run.dtype, compile_settings=settings, pid=os.getpid())
 
 
-def run_threads(cfg: Config, run_name: str, log, run_dir: Path, resume: bool) -> int:
+def run_threads(cfg: Config, args: argparse.Namespace, log, run_dir: Path) -> int:
     from trainer.data import build_source
+    from trainer.metrics import open_sink
     from trainer.pipeline import ThreadedRun
 
-    log_start(cfg, run_name, log)
-    source = build_source(cfg)
-    pipeline = ThreadedRun(cfg, source, log, run_dir, resume)
+    log.sink = open_sink(args.wandb, args.run_name, cfg.to_dict(), str(run_dir))
+    pipeline = ThreadedRun(cfg, build_source(cfg), log, run_dir, args.resume)
     threading.excepthook = pipeline.on_worker_exception
     signal.signal(signal.SIGTERM, lambda *_: pipeline.state.stop_requested.set())
     pipeline.start()

@@ -38,11 +38,11 @@ def save_checkpoint(run_dir: Path, step: int, config_hash: str, drafter: torch.n
     return path
 
 
-def load_checkpoint(run_dir: Path, config_hash: str) -> dict[str, Any]:
+def load_checkpoint(run_dir: Path, config_hash: str, mmap: bool = False) -> dict[str, Any]:
     path = checkpoint_path(run_dir)
     if not path.is_file():
         raise ConfigError(f"--resume: no checkpoint at {path} (run without --resume to start fresh)")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     if state["config_hash"] != config_hash:
         raise ConfigError(
             f"--resume: {path} was written with config {state['config_hash']}, this run is {config_hash} "

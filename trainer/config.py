@@ -71,7 +71,7 @@ class DrafterConfig:
     gamma: float = 7.0
     """Loss weight of position k is exp(-(k-1)/gamma)."""
     attention: str = "auto"
-    """auto (flex on CUDA, sdpa elsewhere) | flex (FlexAttention BlockMask) | sdpa (dense boolean mask)."""
+    """auto (flex when compiled on CUDA, else sdpa) | flex (FlexAttention BlockMask) | sdpa (dense mask)."""
     loss_chunk: int = 1024
     """Rows of the vocab head computed at once in the fused head + cross-entropy (bounds fp32 logits)."""
 

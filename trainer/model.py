@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -210,51 +209,30 @@ def dense_mask(layout: BlockLayout) -> torch.Tensor:
     return torch.cat((sees_ctx, sees_block), dim=-1)[:, None]  # (b, 1, A*B, T+A*B)
 
 
-class FlexMaskBuilder:
-    """Builds the mask as a FlexAttention BlockMask (skips fully masked tiles), one builder per replica.
+def flex_block_mask(layout: BlockLayout):
+    """The same mask as a FlexAttention BlockMask (skips fully masked tiles).
 
-    The mask_mod is created once and reads a persistent per-query anchor buffer that each step overwrites:
-    a new closure per step would make torch.compile guard on (and recompile for) a new function every
-    step, and CUDA graphs want the tensors a kernel reads at fixed addresses.
+    Called inside the compiled training forward: the mask_mod closure is created in the traced frame, so
+    the compiler never guards on (or recompiles for) a Python function that changes every step.
     """
+    from torch.nn.attention.flex_attention import create_block_mask
 
-    def __init__(self) -> None:
-        self.query_anchor: torch.Tensor | None = None  # (b, A*B)
-        self.context_len = self.block_size = 0
+    query_anchor = layout.query_anchor()  # (b, A*B)
+    context_len, block_size = layout.context_len, layout.block_size
 
-        def mask_mod(b, h, q_idx, kv_idx):
-            in_context = kv_idx < self.query_anchor[b, q_idx]
-            offset = kv_idx - self.context_len
-            same_block = (offset >= 0) & (offset // self.block_size == q_idx // self.block_size)
-            return in_context | same_block
+    def mask_mod(b, h, q_idx, kv_idx):
+        in_context = kv_idx < query_anchor[b, q_idx]
+        offset = kv_idx - context_len
+        return in_context | ((offset >= 0) & (offset // block_size == q_idx // block_size))
 
-        self.mask_mod = mask_mod
-
-    def __call__(self, layout: BlockLayout):
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        query_anchor = layout.query_anchor()  # (b, A*B)
-        if self.query_anchor is None or self.query_anchor.shape != query_anchor.shape:
-            self.query_anchor = torch.empty_like(query_anchor)
-        self.query_anchor.copy_(query_anchor)
-        self.context_len, self.block_size = layout.context_len, layout.block_size
-        b, num_queries = query_anchor.shape
-        return create_block_mask(
-            self.mask_mod, b, None, num_queries, layout.context_len + num_queries, device=query_anchor.device
-        )
-
-
-_compiled_flex = None
+    b, num_queries = query_anchor.shape
+    return create_block_mask(mask_mod, b, None, num_queries, context_len + num_queries, device=query_anchor.device)
 
 
 def flex_attention(q, k, v, block_mask):
-    """FlexAttention is only fast compiled; compile the kernel alone once (also under an eager drafter)."""
-    global _compiled_flex
-    if _compiled_flex is None:
-        from torch.nn.attention.flex_attention import flex_attention as raw
+    from torch.nn.attention.flex_attention import flex_attention as flex
 
-        _compiled_flex = torch.compile(raw, dynamic=False)
-    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+    return flex(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
 # ------------------------------------------------------------------------------------------------ drafter
@@ -359,20 +337,23 @@ class DraftObjective(nn.Module):
     `drafter` is trained and checkpointed.
     """
 
-    def __init__(self, drafter: Drafter, embed: nn.Embedding, lm_head: nn.Linear, cfg: Config) -> None:
+    def __init__(self, drafter: Drafter, embed: nn.Embedding, lm_head: nn.Linear, cfg: Config,
+                 use_flex: bool) -> None:
         super().__init__()
         self.drafter, self.embed, self.lm_head = drafter, embed, lm_head
+        self.use_flex = use_flex  # FlexAttention BlockMask (compiled CUDA) or a dense mask for SDPA
         self.block_size = cfg.drafter.block_size
         self.mask_token = cfg.target.vocab_size - 1
         self.loss_chunk = cfg.drafter.loss_chunk
         k = torch.arange(1, self.block_size, dtype=torch.float32)  # (B-1,)
         self.register_buffer("position_weight", torch.exp(-(k - 1) / cfg.drafter.gamma), persistent=False)
 
-    def forward(self, tokens, features, anchors, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, tokens, features, anchors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """tokens (b, T), features (b, T, K*H), anchors (b, A) sorted; returns (loss, accuracy, accept_len)."""
         b, context_len = tokens.shape
         num_anchors, block = anchors.shape[1], self.block_size
         layout = BlockLayout(anchors, block, context_len)
+        mask = flex_block_mask(layout) if self.use_flex else dense_mask(layout)
         offsets = torch.arange(block, device=tokens.device)  # (B,)
         block_ids = torch.full((b, num_anchors, block), self.mask_token, device=tokens.device)  # (b, A, B)
         block_ids[:, :, 0] = tokens.gather(1, anchors)
@@ -393,6 +374,3 @@ class DraftObjective(nn.Module):
         return loss, accuracy, accept_len
 
 
-def mask_builder(use_flex: bool) -> Callable[[BlockLayout], object]:
-    """A per-replica callable layout -> mask: FlexMaskBuilder (BlockMask) or dense_mask (SDPA)."""
-    return FlexMaskBuilder() if use_flex else dense_mask

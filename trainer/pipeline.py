@@ -30,7 +30,7 @@ from trainer.data import TokenSource
 from trainer.metrics import MetricLog
 from trainer.model import build_target, model_dtype
 from trainer.replica import (
-    Replica, Reporter, build_replica, forward_backward, memory_gb, optimizer_step, restore_replica,
+    Replica, Reporter, build_replica, debug_hooks, forward_backward, memory_gb, optimizer_step, restore_replica,
     seeded_drafter, stream_context, stream_for, synchronize,
 )
 
@@ -245,11 +245,7 @@ class ThreadedRun:
                     return
 
     def _train_step(self, replica: Replica, step: int, batch: Batch) -> bool:
-        debug = self.cfg.debug
-        if step == debug.fail_at_step and replica.index == debug.fail_drafter:
-            raise RuntimeError(f"debug.fail_at_step={step}: injected failure in drafter {replica.index}")
-        if debug.step_sleep_s:
-            time.sleep(debug.step_sleep_s)
+        debug_hooks(self.cfg, replica.index, step)
         started = time.monotonic()
         self._receive_and_train(replica, batch)
         if step == self.start_step:

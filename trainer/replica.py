@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import resource
 import time
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from torch import nn
 from trainer.compile import Compiled, apply_strategy
 from trainer.config import Config
 from trainer.metrics import MetricLog
-from trainer.model import BlockLayout, DraftObjective, Drafter, mask_builder
+from trainer.model import DraftObjective, Drafter
 
 
 def is_cuda(device: str) -> bool:
@@ -51,7 +52,6 @@ class Replica:
     compiled: Compiled
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    build_mask: Callable[[BlockLayout], object]
     autocast: bool
     stream: object = None
     stats: tuple[torch.Tensor, ...] = ()
@@ -76,13 +76,18 @@ def build_replica(cfg: Config, index: int, device: str, prototype: Drafter, embe
                   lm_head: nn.Module) -> Replica:
     """A replica on `device`: a copy of `prototype`, the frozen head, the compile strategy, an optimizer."""
     drafter = copy.deepcopy(prototype).to(device)
-    objective = DraftObjective(drafter, embed, lm_head, cfg).to(device)
+    objective = DraftObjective(drafter, embed, lm_head, cfg, uses_flex(cfg, device)).to(device)
     compiled = apply_strategy(cfg.run.compile, objective, cfg.run.localtls_mode)
     optimizer, scheduler = build_optimizer(cfg, drafter, device)
-    attention = cfg.drafter.attention
-    use_flex = attention == "flex" or (attention == "auto" and is_cuda(device))
-    return Replica(index, device, drafter, compiled, optimizer, scheduler, mask_builder(use_flex),
-                   autocast=cfg.run.dtype == "bf16")
+    return Replica(index, device, drafter, compiled, optimizer, scheduler, autocast=cfg.run.dtype == "bf16")
+
+
+def uses_flex(cfg: Config, device: str) -> bool:
+    """auto: FlexAttention where it is fast (compiled, on CUDA); SDPA with a dense mask otherwise (eager
+    stays free of torch.compile; FlexAttention has no CPU backward)."""
+    if cfg.drafter.attention == "auto":
+        return is_cuda(device) and cfg.run.compile != "eager"
+    return cfg.drafter.attention == "flex"
 
 
 def restore_replica(replica: Replica, state: dict) -> None:
@@ -94,13 +99,28 @@ def restore_replica(replica: Replica, state: dict) -> None:
 def forward_backward(cfg: Config, replica: Replica, tokens: torch.Tensor, features: torch.Tensor,
                      anchors: torch.Tensor) -> None:
     """One forward and backward on tensors already on the replica's device; keeps detached stats."""
-    mask = replica.build_mask(BlockLayout(anchors, cfg.drafter.block_size, tokens.shape[1]))
     replica.compiled.step_begin()
     with torch.autocast(replica.device.split(":")[0], dtype=torch.bfloat16, enabled=replica.autocast):
-        loss, acc, accept = replica.compiled.step_fn(tokens, features, anchors, mask)
+        loss, acc, accept = replica.compiled.step_fn(tokens, features, anchors)
     loss.backward()
     # clones: a CUDA-graph replay overwrites its outputs at the next step
     replica.stats = (loss.detach().clone(), acc.detach().clone(), accept.detach().clone())
+
+
+def debug_hooks(cfg: Config, index: int, step: int) -> None:
+    """Fault injection for tests (debug.*): a deliberate failure or a slow step."""
+    if step == cfg.debug.fail_at_step and index == cfg.debug.fail_drafter:
+        raise RuntimeError(f"debug.fail_at_step={step}: injected failure in drafter {index}")
+    if cfg.debug.step_sleep_s:
+        time.sleep(cfg.debug.step_sleep_s)
+
+
+def weights_digest(drafter: nn.Module) -> str:
+    """sha256 of every parameter's bytes: equal digests mean bit-identical replicas."""
+    digest = hashlib.sha256()
+    for param in drafter.parameters():
+        digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def optimizer_step(cfg: Config, replica: Replica) -> None:

@@ -1,0 +1,93 @@
+"""The procsplit topology on CPU (gloo): a process per drafter and per target, same lines and exits."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from trainer_helpers import run_trainer, trainer_cmd, trainer_env
+
+UNIFORM_LOSS = math.log(63)
+TWO_DRAFTERS = ("--topology", "procsplit", "--set", "run.drafters=cpu,cpu")
+
+
+def child_pids(pid: int) -> set[int]:
+    children = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as listing:
+            children.update(int(c) for c in listing.read().split())
+    return children
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def start_slow_run(tmp_path, name: str) -> subprocess.Popen:
+    cmd = trainer_cmd(tmp_path, name, *TWO_DRAFTERS, "--steps", "1000", "--log-every", "2",
+                      "--set", "debug.step_sleep_s=0.1")
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=trainer_env(),
+                            cwd=tmp_path, start_new_session=True)
+
+
+def read_until_step(proc: subprocess.Popen, step: int, timeout: float = 90) -> list[str]:
+    lines, deadline = [], time.monotonic() + timeout
+    while f"event=step step={step} " not in (lines[-1] if lines else ""):
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+        lines.append(proc.stdout.readline())
+    return lines
+
+
+@pytest.mark.slow
+def test_procsplit_trains_with_identical_replicas(tmp_path):
+    result = run_trainer(tmp_path, "split", *TWO_DRAFTERS, "--steps", "80", "--log-every", "20", timeout=280)
+    assert result.code == 0, result.stderr[-3000:]
+    assert result.events("start")[0].fields["topology"] == "procsplit"
+    assert len({e.fields["pid"] for e in result.events("compile")}) == 2  # two drafter processes
+    steps = result.steps
+    assert all(s.active == "2/2" for s in steps)
+    assert min(s.loss for s in steps[-2:]) < UNIFORM_LOSS * 0.4, [s.loss for s in steps]
+    done = result.events("done")[0].fields
+    assert done["step"] == "80" and done["replicas"] == "identical"
+
+
+@pytest.mark.slow
+def test_a_killed_drafter_process_ends_the_run_nonzero(tmp_path):
+    proc = start_slow_run(tmp_path, "killed")
+    try:
+        lines = read_until_step(proc, 2)
+        pids = {line.split(" drafter=")[1].split()[0]: int(line.split(" pid=")[1].split()[0])
+                for line in lines if "event=compile" in line}
+        os.kill(pids["1"], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    assert proc.returncode == 1
+    assert "event=error" in stdout and "drafter1" in stdout and "signal 9" in stdout
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_process_with_a_checkpoint(tmp_path):
+    proc = start_slow_run(tmp_path, "term")
+    try:
+        read_until_step(proc, 2)
+        children = child_pids(proc.pid)
+        assert len(children) >= 3  # a target and two drafters (plus multiprocessing's resource tracker)
+        os.killpg(proc.pid, signal.SIGTERM)  # as dfo stops a run: the whole process group
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    assert proc.returncode == 75, stderr[-3000:]
+    assert "reason=sigterm" in stdout and "event=checkpoint" in stdout
+    assert (tmp_path / "term" / "checkpoint.pt").is_file()
+    time.sleep(0.5)
+    assert not [pid for pid in children if alive(pid)]
