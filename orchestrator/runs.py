@@ -33,10 +33,15 @@ START_TIMEOUT = 30.0
 LOG_TIMEOUT = 30.0
 LOG_EXISTS_EXIT = 17
 KILL_SETTLE_S = 10.0
+STOP_PROBE_TIMEOUT = 20.0
+STOP_MARGIN_S = KILL_SETTLE_S + 2 * STOP_PROBE_TIMEOUT
+"""A stop's remote calls end within grace + STOP_MARGIN_S (a wedged target gives CommandTimeout, not a hang)."""
 POLL_S = 0.2
 SET_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NAME_SUFFIX = 50
+TRAINER_TOPOLOGIES = {"threaded": "threads", "procsplit": "procsplit"}
+"""Inventory `topology:` -> `python -m trainer --topology` (trainer/config.py TOPOLOGIES)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class RunSpec:
     batch: str | None = None
     parent: str | None = None
     chain: tuple[str, ...] = ()
+    sets: Mapping[str, str] = field(default_factory=dict)  # the user's --set overrides (in `args` too), for fallbacks
 
     @property
     def builtin(self) -> bool:
@@ -106,6 +112,7 @@ def spec_for(inventory, target_name: str, variant_name: str, *, sets: Mapping[st
         args={**variant.args, **(sets or {})},
         env=dict(variant.env),
         secrets=tuple(inventory.secrets),
+        sets=dict(sets or {}),
         **extra,
     )
 
@@ -139,13 +146,21 @@ def trainer_command(spec: RunSpec, name: str, pkg_dir: str) -> str:
         argv += ["--variant", spec.compile]
     if spec.preset:
         argv += ["--preset", spec.preset]
-    if spec.topology == "procsplit":  # the trainer's default is its threaded topology
-        argv += ["--topology", "procsplit"]
+    if spec.topology:
+        argv += ["--topology", trainer_topology(spec.topology)]
     for key, value in spec.args.items():
         key = str(key)
         argv += ["--set", f"{key}={_arg(value)}"] if "." in key else [f"--{key.replace('_', '-')}", _arg(value)]
     argv += ["--wandb", spec.wandb]
     return f"PYTHONPATH={shlex.quote(pkg_dir)}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.join(argv)}"
+
+
+def trainer_topology(topology: str) -> str:
+    """The trainer's `--topology` word for an inventory `topology:` (the inventory says `threaded`)."""
+    try:
+        return TRAINER_TOPOLOGIES[topology]
+    except KeyError:
+        raise UsageError(f"topology {topology!r}: expected one of {', '.join(TRAINER_TOPOLOGIES)}") from None
 
 
 def _arg(value: Any) -> str:
@@ -240,7 +255,7 @@ def launch(
     run = store.update_run(
         name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command
     )
-    store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant})
+    store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets)})
     return Launched(run, pushed, missing)
 
 
@@ -248,6 +263,8 @@ def validate_spec(spec: RunSpec) -> None:
     """Refuse, before anything reaches a shell, names and keys that could carry shell syntax."""
     check_name(spec.variant, "variant")
     check_name(spec.target, "target")
+    if spec.topology:
+        trainer_topology(spec.topology)
     for key in spec.args:
         if not SET_KEY_RE.fullmatch(str(key)):
             raise UsageError(f"variant {spec.variant!r}: argument name {key!r} must be letters, digits, '_', '.', '-'")
@@ -404,7 +421,7 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GR
     run = store.get_run(name)
     if not run.active or run.pid is None:
         raise RefusedError(f"run {name} is not running (state {run.state}); nothing to stop")
-    output = target.run(identity_script(run), timeout=PROBE_TIMEOUT, check=True).stdout
+    output = _stop_call(target, run, identity_script(run), STOP_PROBE_TIMEOUT)
     head, _, cmdline = output.partition("cmdline=")
     info = parse_probe(head)
     stat = info.get("stat", "")
@@ -418,10 +435,22 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GR
             f"the run at tick {run.proc_starttime} (command {cmdline.strip()[:60]!r}); not signalling it",
             hint="the run had already ended; it is now recorded as such",
         )
-    result = target.run(kill_script(run.pid, grace_s, run.exit_path), timeout=grace_s + KILL_SETTLE_S + PROBE_TIMEOUT, check=True)
-    info = parse_probe(result.stdout)
+    output = _stop_call(target, run, kill_script(run.pid, grace_s, run.exit_path), grace_s + KILL_SETTLE_S + STOP_PROBE_TIMEOUT)
+    info = parse_probe(output)
     ended = _record_end(store, run, info.get("exit", ""), f"stopped by dfo (SIG{info.get('signal', 'TERM')})", state="stopped")
     return Stopped(ended, info.get("signal"))
+
+
+def _stop_call(target: Target, run: Run, script: str, timeout: float) -> str:
+    """Run one of stop's scripts; a target that does not answer in time is a CommandTimeout naming the run."""
+    try:
+        return target.run(script, timeout=timeout, check=True).stdout
+    except CommandTimeout:
+        raise CommandTimeout(
+            f"stopping {run.name}: no answer within {timeout:g}s; the run may still be going",
+            where=run.target,
+            hint=f"check it with `dfo logs {run.name}`, then run `dfo stop {run.name}` again",
+        ) from None
 
 
 def _record_end(store: Store, run: Run, exit_text: str, why: str, *, state: str | None = None) -> Run:

@@ -6,12 +6,14 @@ trainer and the SSH + pct paths are in tests/test_launch*.py.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from orchestrator.errors import InvalidName, RefusedError, RemoteError, UsageErr
 from orchestrator.package import build_package, package_files
 from orchestrator.remote.local import LocalTarget
 from orchestrator.runs import RunSpec, follow_log, launch, log_tail, stop
-from orchestrator.store import Store
+from orchestrator.store import Run, Store
 
 FAKE_TRAINER_MAIN = """
 import os, sys, time
@@ -286,3 +288,62 @@ def test_a_shell_loop_stopped_between_commands_is_recorded_as_terminated_not_as_
     wait_for(lambda: "up" in Path(run.log_path).read_text(), what="loop start")
     result = stop(LocalTarget("here"), store, "spin", grace_s=5)
     assert (result.signal, result.run.exit_code) == ("TERM", 143)
+
+
+@pytest.mark.parametrize("topology,flag", [("threaded", "threads"), ("procsplit", "procsplit")])
+def test_inventory_topology_reaches_the_trainer_in_its_own_words(store, workspace, tmp_path, topology, flag):
+    from orchestrator.inventory import Variant, parse_inventory
+    from orchestrator.runs import spec_for, trainer_topology
+    from trainer.config import TOPOLOGIES
+
+    inventory = parse_inventory(json.dumps({  # JSON is YAML
+        "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None, "workspace": workspace, "python": sys.executable}}}},
+        "variants": {"v1": {"compile": "eager", "preset": "tiny-cpu", "topology": topology}},
+    }))
+    launched = launch(LocalTarget("here"), spec_for(inventory, "here", "v1"), store, name="topo", package=fake_trainer_package(tmp_path))
+    wait_for(Path(launched.run.exit_path).exists, what="exit file")
+    assert f"--topology {flag} " in Path(launched.run.log_path).read_text()
+    inventory_words = typing.get_args(Variant.model_fields["topology"].annotation)
+    assert {trainer_topology(word) for word in inventory_words} == set(TOPOLOGIES)  # the trainer accepts each one
+
+
+def test_a_stop_whose_target_never_answers_times_out_and_leaves_the_run_recorded(store, workspace, monkeypatch):
+    import orchestrator.runs as runs_module
+    from orchestrator.errors import CommandTimeout
+
+    class KillHangs(LocalTarget):
+        def run(self, cmd, **kw):
+            return super().run("sleep 600" if isinstance(cmd, str) and "kill -TERM" in cmd else cmd, **kw)
+
+    monkeypatch.setattr(runs_module, "STOP_PROBE_TIMEOUT", 1.0)
+    monkeypatch.setattr(runs_module, "KILL_SETTLE_S", 0.5)
+    run = launch(LocalTarget("here"), spec(workspace, "sleep 30"), store, name="wedged").run
+    wait_for(lambda: alive(run.pid), what="run start")
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout, match=r"stopping wedged: no answer within 2s.*dfo stop wedged"):
+        stop(KillHangs("here"), store, "wedged", grace_s=0.5)
+    assert time.monotonic() - started < 8
+    assert store.get_run("wedged").state == "running" and alive(run.pid)  # nothing recorded that did not happen
+    assert stop(LocalTarget("here"), store, "wedged", grace_s=5).run.state == "stopped"
+
+
+def test_runs_table_keeps_every_name_whole_on_one_line_at_80_and_120_columns(tmp_path):
+    names = ["train_nographs_20261129-1140-2", "sweep.trees.ct200.r1.2-nographs"]
+    with Store(tmp_path / "dfo.db") as registry:
+        for pid, name in enumerate(names, start=123456):
+            registry.add_run(Run(name=name, target="ct200", variant="nographs", state="crashed", exit_code=1, pid=pid,
+                                 started_at="2026-11-29T11:40:03.123Z", decision={"decision": "crash"}))
+    env = {**os.environ, "DFO_HOME": str(tmp_path)}
+    for columns in (80, 120):
+        shown = subprocess.run([str(Path(sys.executable).parent / "dfo"), "runs"], capture_output=True, text=True,
+                               timeout=60, env={**env, "COLUMNS": str(columns)})
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.splitlines()
+        assert max(len(line) for line in lines) <= columns
+        for name in names:
+            row = next(line for line in lines if name in line)
+            assert "crashed 1" in row and "crash" in row.split("crashed 1")[1]
+        if columns == 120:
+            assert all(str(pid) in shown.stdout for pid in (123456, 123457)) and "ct200" in shown.stdout
+        else:
+            assert "dfo runs --json" in shown.stdout  # says what it left out, and where to see it

@@ -7,12 +7,16 @@ never prints a secret (launch only reports which secret names were missing).
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich import box
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from .. import runs as runs_lib
 from ..connections import Connections
@@ -31,6 +35,9 @@ EXAMPLES = {
     "logs": "Example: dfo logs train_nographs_20261129-1140 -n 200 -f",
     "stop": "Example: dfo stop train_nographs_20261129-1140 --grace 60",
 }
+
+WIDE = Console(width=10_000)
+"""Measures a table's natural width (never prints)."""
 
 HostOpt = typer.Option(..., "--host", help="Target (container name from the inventory), e.g. ct200.", metavar="TARGET")
 
@@ -155,13 +162,54 @@ def runs_command(
     if as_json:
         print_json([run.as_dict() for run in runs])
         return
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
-    for column in ("name", "target", "variant", "state", "started", "PID", "exit", "decision"):
-        table.add_column(column, no_wrap=column != "name", overflow="fold")
-    for run in runs:
-        table.add_row(run.name, run.target, run.variant or "", run.state, (run.started_at or "")[5:16].replace("T", " "),
-                      _text(run.pid), _text(run.exit_code), (run.decision or {}).get("decision", ""))
-    console.print(table)
+    console.print(runs_table(runs, console.width))
+
+
+RUN_COLUMNS = ("name", "target", "variant", "state", "started", "PID", "decision")
+DROPPED_FIRST = ("PID", "started", "target", "variant")
+"""Columns given up, in this order, when the table is wider than the terminal: names are never wrapped."""
+
+
+def runs_table(runs: list[Run], width: int, now: datetime | None = None) -> Table:
+    """The `dfo runs` table, fitted into `width` columns by leaving out the least useful columns first."""
+    rows = [_run_row(run, now or datetime.now().astimezone()) for run in runs]
+    shown = list(RUN_COLUMNS)
+    table = _table(shown, rows)
+    for column in DROPPED_FIRST:
+        if _natural_width(table) <= width:
+            break
+        shown.remove(column)
+        table = _table(shown, rows, hidden=[c for c in RUN_COLUMNS if c not in shown])
+    return table
+
+
+def _run_row(run: Run, now: datetime) -> dict[str, str]:
+    state = run.state if run.exit_code is None or run.state == "exited" else f"{run.state} {run.exit_code}"
+    return {"name": run.name, "target": run.target, "variant": run.variant or "", "state": state,
+            "started": _local_time(run.started_at, now), "PID": _text(run.pid),
+            "decision": (run.decision or {}).get("decision", "")}
+
+
+def _local_time(utc_text: str | None, now: datetime) -> str:
+    """`HH:MM` in the workstation's time zone for a time of today, else `mm-dd HH:MM`."""
+    if not utc_text:
+        return ""
+    local = datetime.fromisoformat(utc_text).astimezone(now.tzinfo)
+    return f"{local:%H:%M}" if local.date() == now.date() else f"{local:%m-%d %H:%M}"
+
+
+def _table(columns: list[str], rows: list[dict[str, str]], hidden: list[str] = ()) -> Table:
+    caption = f"not shown for lack of width: {', '.join(hidden)} (see dfo runs --json)" if hidden else None
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, caption=caption, caption_justify="left")
+    for column in columns:  # only a name too long for even the narrowest table is folded (never cut short)
+        table.add_column(column, no_wrap=column != "name", overflow="fold" if column == "name" else "ellipsis")
+    for row in rows:
+        table.add_row(*(Text(row[column]) for column in columns))
+    return table
+
+
+def _natural_width(table: Table) -> int:
+    return Measurement.get(WIDE, WIDE.options, table).maximum
 
 
 def _warn(text: str) -> None:
