@@ -241,8 +241,7 @@ def launch(
     secrets = {key: environ[key] for key in spec.secrets if key in environ}
     missing = tuple(key for key in spec.secrets if key not in environ)
     package = (package or build_package()) if spec.builtin else None
-    name, probe = _name_and_probe(target, spec, store, name, package, now)
-    store.add_run(_launching_run(spec, name, package))
+    name, probe = _reserve_name(target, spec, store, name, package, now)
     starting = False
     try:
         pushed = push(target, spec.workspace, package=package, store=store, target_name=spec.target, probe=probe) if package else None
@@ -273,19 +272,27 @@ def validate_spec(spec: RunSpec) -> None:
             raise UsageError(f"variant {spec.variant!r}: environment name {key!r} must be letters, digits and '_'")
 
 
-def _name_and_probe(target: Target, spec: RunSpec, store: Store, name: str | None, package: Package | None, now: datetime | None) -> tuple[str, dict[str, str]]:
-    """Pick the run name and probe the target (one round trip per name tried). An explicit name that is taken
-    in the registry or has a log on the target is refused; a default name moves on to `-2`, `-3`, ..."""
+def _reserve_name(target: Target, spec: RunSpec, store: Store, name: str | None, package: Package | None, now: datetime | None) -> tuple[str, dict[str, str]]:
+    """Record the run as `launching` under a free name, then probe the target (one round trip per name tried).
+    The registry row is taken first, so two dfo processes never pick the same name. An explicit name that is
+    taken in the registry or has a log on the target is refused; a default name moves on to `-2`, `-3`, ..."""
     explicit = name is not None
     candidates = [check_name(name, "run name")] if explicit else _default_names(spec.variant, now)
     for candidate in candidates:
-        if store.find_run(candidate):
+        try:
+            store.add_run(_launching_run(spec, candidate, package))
+        except RefusedError:
             if explicit:
-                raise RefusedError(f"a run named {candidate!r} already exists", hint="choose another --name")
+                raise
             continue
-        probe = _probe(target, spec, candidate, package)
+        try:
+            probe = _probe(target, spec, candidate, package)
+        except BaseException:
+            store.delete_run(candidate)
+            raise
         if probe.get("log") != "exists":
             return candidate, probe
+        store.delete_run(candidate)
         if explicit:
             raise RefusedError(
                 f"{log_path(spec.workspace, candidate)} already exists on {spec.target}; dfo never overwrites a log",

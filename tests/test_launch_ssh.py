@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -21,6 +22,7 @@ from harness.nvidia_smi import Gpu
 from orchestrator.connections import Connections
 from orchestrator.inventory import load_inventory
 from orchestrator.package import build_package, package_files, push
+from orchestrator.runs import STOP_MARGIN_S
 from orchestrator.store import Store
 
 pytestmark = [pytest.mark.lxc, pytest.mark.slow]
@@ -28,7 +30,9 @@ pytestmark = [pytest.mark.lxc, pytest.mark.slow]
 DFO = str(Path(sys.executable).parent / "dfo")
 SECRET = "tok-7Hq2-Zz81-secret"
 TICKER = 'case "$DFO_TEST_TOKEN" in tok-*-secret) echo secret-ok;; esac; i=0; while :; do echo tick-$i; i=$((i + 1)); sleep 0.1; done'
-HAS_TRAINER = (Path(__file__).resolve().parents[1] / "trainer" / "__main__.py").exists()
+REPO = Path(__file__).resolve().parents[1]
+HAS_TRAINER = (REPO / "trainer" / "__main__.py").exists()
+STOP_LIMIT_S = 30 + STOP_MARGIN_S + 30  # --grace 30, dfo's own bound past the grace, connecting and starting dfo
 
 
 @dataclass
@@ -37,8 +41,8 @@ class Lab:
     container: LxcContainer
     state: Path
 
-    def dfo(self, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-        env = {**os.environ, "DFO_HOME": str(self.state), "DFO_TEST_TOKEN": SECRET}
+    def dfo(self, *args: str, timeout: float = 90, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        env = {**os.environ, "DFO_HOME": str(self.state), "DFO_TEST_TOKEN": SECRET, **(env or {})}
         env.pop("DFO_INVENTORY", None)
         return subprocess.run([DFO, *args, "-i", str(self.inventory)] if args[0] != "runs" else [DFO, *args],
                               capture_output=True, text=True, timeout=timeout, env=env)
@@ -151,20 +155,49 @@ def test_refusals_leave_nothing_started_or_written(lab: Lab) -> None:
     assert lab.dfo("stop", "busy1", "--grace", "5").returncode == 0
 
 
+def trainer_snapshot(tmp_path: Path) -> Path:
+    """A copy of this checkout's trainer/ for dfo to package (through PYTHONPATH), so that someone editing
+    trainer/ while the test runs cannot change the package between the launch and the push."""
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(REPO / "trainer", snapshot / "trainer", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return snapshot
+
+
+def container_report(lab: Lab, name: str) -> str:
+    """What a failure message needs: the log's tail, the container's processes, the machine's load."""
+    log = lab.log(name)
+    ps = lab.container.attach("ps", "-eo", "pid,pgid,stat,etime,args").stdout
+    return f"load {os.getloadavg()}\n--- ps in the container\n{ps}\n--- log tail\n{log.read_text()[-3000:] if log.exists() else '(no log)'}"
+
+
 @pytest.mark.skipif(not HAS_TRAINER, reason="trainer/__main__.py is not there yet")
-def test_builtin_trainer_is_pushed_once_and_runs_in_the_container(lab: Lab) -> None:
+@pytest.mark.timeout(540)
+def test_builtin_trainer_is_pushed_once_and_runs_in_the_container(lab: Lab, tmp_path: Path) -> None:
+    snapshot = trainer_snapshot(tmp_path)
+    expected = build_package(package_files(snapshot / "trainer")).sha256
+    env = {"PYTHONPATH": str(snapshot)}
     # eager: a fresh container has a cold torch.compile cache (over 100 s of C++ builds on 2 cores)
-    first = lab.dfo("launch", "--host", "ct_a", "--variant", "eager", "--name", "tr1", "--set", "steps=100000", "--set", "log_every=1", "--json")
+    first = lab.dfo("launch", "--host", "ct_a", "--variant", "eager", "--name", "tr1", "--set", "steps=100000",
+                    "--set", "log_every=1", "--json", env=env, timeout=180)
     assert first.returncode == 0, first.stderr
-    assert json.loads(first.stdout)["pushed"] is True
-    deadline = time.monotonic() + 150
-    while "event=step" not in lab.log("tr1").read_text() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert "event=step" in lab.log("tr1").read_text(), lab.log("tr1").read_text()[-3000:]
-    pushed = lab.dfo("push", "--host", "ct_a", "--json")
-    assert json.loads(pushed.stdout)["transferred"] is False and json.loads(pushed.stdout)["torch_found"] is True
-    stopped = lab.dfo("stop", "tr1", "--grace", "30", "--json")
-    assert json.loads(stopped.stdout) == {"run": "tr1", "state": "stopped", "exit_code": 75, "signal": "TERM"}
+    launched = json.loads(first.stdout)
+    assert (launched["pushed"], launched["trainer_hash"]) == (True, expected)
+    try:
+        deadline = time.monotonic() + 240  # a step within seconds on an idle machine; minutes under a full test run
+        while "event=step" not in lab.log("tr1").read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "event=step" in lab.log("tr1").read_text(), container_report(lab, "tr1")
+        pushed = lab.dfo("push", "--host", "ct_a", "--json", env=env)
+        assert pushed.returncode == 0, pushed.stderr
+        assert json.loads(pushed.stdout) == {"target": "ct_a", "hash": expected, "transferred": False, "bytes": 0,
+                                             "python_found": True, "torch_found": True}
+    finally:
+        started = time.monotonic()
+        stopped = lab.dfo("stop", "tr1", "--grace", "30", "--json", timeout=STOP_LIMIT_S)
+        took = time.monotonic() - started
+    assert stopped.returncode == 0, f"{stopped.stderr}\n{container_report(lab, 'tr1')}"
+    assert json.loads(stopped.stdout) == {"run": "tr1", "state": "stopped", "exit_code": 75, "signal": "TERM"}, (
+        f"after {took:.0f} s\n{container_report(lab, 'tr1')}")
 
 
 def test_push_through_ssh_and_pct_transfers_once(lab: Lab, tmp_path: Path) -> None:

@@ -347,3 +347,48 @@ def test_runs_table_keeps_every_name_whole_on_one_line_at_80_and_120_columns(tmp
             assert all(str(pid) in shown.stdout for pid in (123456, 123457)) and "ct200" in shown.stdout
         else:
             assert "dfo runs --json" in shown.stdout  # says what it left out, and where to see it
+
+
+def test_two_launches_racing_for_one_default_name_get_two_names(store, workspace, tmp_path):
+    from datetime import datetime
+
+    now = datetime(2026, 11, 29, 11, 40)
+    other_workspace = tmp_path / "ws-other"
+    other_workspace.mkdir()
+    others = []
+
+    class AnotherDfoLaunchesMeanwhile(LocalTarget):
+        """While this launch talks to its target, another dfo process launches the same variant elsewhere."""
+
+        def run(self, cmd, **kw):
+            if not others:
+                with Store(store.path) as other_store:
+                    others.append(launch(LocalTarget("there"), spec(str(other_workspace), "true"), other_store, now=now).run)
+            return super().run(cmd, **kw)
+
+    mine = launch(AnotherDfoLaunchesMeanwhile("here"), spec(workspace, "true"), store, now=now).run
+    names = {mine.name, others[0].name}
+    assert names == {"train_v1_20261129-1140", "train_v1_20261129-1140-2"}
+    assert {r.name for r in store.list_runs(active=True)} == names
+
+
+@pytest.mark.parametrize("fooled", ["command line", "start time"])
+def test_each_identity_check_alone_refuses_a_reused_pid(store, workspace, fooled):
+    run = launch(LocalTarget("here"), spec(workspace, "true"), store, name="gone").run
+    wait_for(Path(run.exit_path).exists, what="run end")
+    # a stranger that passes one of the two checks: its command line names the run's exit file, or the
+    # registry holds its own start time
+    stranger = subprocess.Popen(["sh", "-c", f"sleep 30; : {run.exit_path}"], start_new_session=True)
+    try:
+        wait_for(lambda: Path(f"/proc/{stranger.pid}/cmdline").read_bytes().count(b"\0") > 1, what="stranger start")
+        stranger_start = int(Path(f"/proc/{stranger.pid}/stat").read_text().rpartition(")")[2].split()[19])
+        if fooled == "command line":
+            store.update_run("gone", pid=stranger.pid)
+        else:
+            store.update_run("gone", pid=stranger.pid, proc_starttime=stranger_start, exit_path=f"{workspace}/logs/other.exit")
+        with pytest.raises(RefusedError, match="no longer run gone"):
+            stop(LocalTarget("here"), store, "gone", grace_s=1)
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
