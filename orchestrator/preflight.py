@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from concurrent.futures import ThreadPoolExecutor
+import threading
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from . import gpu
 from .connections import Connections
@@ -28,6 +29,7 @@ CHECKS = ("ssh", "container", "nvidia_smi", "gpus_idle", "compute_apps", "worksp
 SECTION = "@@dfo-preflight "
 HOST_TIMEOUT_SLACK_S = 20.0
 PYTHON_TIMEOUT_S = 30
+JOIN_POLL_S = 0.2
 DF_AVAILABLE_RE = re.compile(r"\s\d+\s+\d+\s+(\d+)\s+\d+%\s")
 """`df -Pk`'s data row: ... 1024-blocks Used Available Capacity% Mounted-on (either end may hold spaces)."""
 
@@ -57,10 +59,24 @@ class TargetReport:
 def preflight(connections: Connections, target_names: list[str], *, nvidia_smi_timeout: float = 10.0) -> list[TargetReport]:
     """Check every target in parallel (one thread each); reports come back in the order asked."""
     specs = [connections.inventory.target(name) for name in target_names]  # bad names fail before any I/O
-    if not specs:
-        return []
-    with ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="preflight") as pool:
-        return list(pool.map(lambda spec: check_target(connections, spec, nvidia_smi_timeout), specs))
+    return _in_parallel(lambda spec: check_target(connections, spec, nvidia_smi_timeout), specs)
+
+
+def _in_parallel(check: Callable[[TargetSpec], TargetReport], specs: list[TargetSpec]) -> list[TargetReport]:
+    """check(spec) for every spec at once, in order. Daemon threads, not a pool: Ctrl-C must end dfo at once
+    rather than wait out a slow host's timeouts (every remote command is bounded on the remote side too)."""
+    reports: list[TargetReport | None] = [None] * len(specs)
+
+    def work(index: int) -> None:
+        reports[index] = check(specs[index])
+
+    threads = [threading.Thread(target=work, args=(i,), name=f"preflight-{spec.name}", daemon=True) for i, spec in enumerate(specs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():  # a timed join: a SIGINT the OS handed to a worker thread still gets noticed
+            thread.join(JOIN_POLL_S)
+    return reports  # type: ignore[return-value]  # check_target never raises, so every slot is filled
 
 
 def check_target(connections: Connections, spec: TargetSpec, nvidia_smi_timeout: float = 10.0) -> TargetReport:

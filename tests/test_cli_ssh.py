@@ -105,3 +105,27 @@ def test_the_changed_key_hint_removes_the_right_known_hosts_entry(tmp_path: Path
     assert hint.startswith("ssh-keygen -R ")
     subprocess.run(hint, shell=True, check=True, capture_output=True, timeout=30)  # what the user is told to run
     assert ssh_home.known_hosts.read_text().strip() == ""
+
+
+def test_ctrl_c_during_a_slow_connect_ends_dfo_at_once(tmp_path: Path, ssh_home) -> None:
+    import signal
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        silent.settimeout(30)
+        hosts = {"pve9": {"address": "127.0.0.1", "port": silent.getsockname()[1], "containers": {"box9": {"ctid": None}}}}
+        inventory = host_inventory(tmp_path, hosts, connect_timeout=60)
+        env = {k: v for k, v in os.environ.items() if k != "DFO_INVENTORY"}
+        proc = subprocess.Popen([DFO, "preflight", "--host", "box9", "-i", str(inventory)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            peer, _ = silent.accept()  # dfo is now waiting for an SSH banner that never comes
+            started = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=20)
+            peer.close()
+        finally:
+            proc.kill()
+    assert proc.returncode == 130 and time.monotonic() - started < 5, stderr
+    assert "Traceback" not in stderr

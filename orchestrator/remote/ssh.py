@@ -35,6 +35,7 @@ DEFAULT_USER = "root"
 MAX_PARALLEL_COMMANDS = 8
 """Concurrent short-lived channels per connection; OpenSSH's default MaxSessions is 10 (streams use the rest)."""
 POLL_S = 0.2
+CLOSE_WAIT_S = 1.0
 STDERR_TAIL_BYTES = 8192
 SILENT_PEER_TEXTS = ("Error reading SSH protocol banner", "No existing session")
 """paramiko's words for a peer that accepted TCP but never spoke SSH within the timeout."""
@@ -103,10 +104,16 @@ class SshTarget(Target):
             self._guard(connection.gateway)
 
     def close(self) -> None:
-        with self._open_lock:
+        # A connect still in progress on another thread (Ctrl-C during preflight) holds the lock until its
+        # timeout; dfo is leaving then, so do not wait for it: that thread is a daemon and dies with dfo.
+        if not self._open_lock.acquire(timeout=CLOSE_WAIT_S):
+            return
+        try:
             self._connection.close()
             if self._connection.gateway is not None and not isinstance(self._connection.gateway, str):
                 self._connection.gateway.close()
+        finally:
+            self._open_lock.release()
 
     # -- commands -----------------------------------------------------------------------------------------
 
