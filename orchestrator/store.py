@@ -18,6 +18,7 @@ import json
 import os
 import sqlite3
 import threading
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
@@ -244,6 +245,14 @@ class Store:
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._db.execute(sql, params).fetchall()
+
+    def transaction(self) -> "contextlib.AbstractContextManager[sqlite3.Connection]":
+        """One write transaction, for modules with tables of their own (batch.py): `with store.transaction() as db:`."""
+        return self._write()
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        """Rows of a read-only SQL statement (for modules with tables of their own)."""
+        return self._query(sql, params)
 
     # -- migrations
 

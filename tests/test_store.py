@@ -129,3 +129,13 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert db.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 2 * n * 5
+
+
+def test_public_transaction_and_query_for_modules_with_their_own_tables(store):
+    with store.transaction() as db:
+        db.execute("INSERT INTO batches (name, created_at) VALUES ('b1', 'now')")
+    with pytest.raises(sqlite3.IntegrityError):
+        with store.transaction() as db:
+            db.execute("INSERT INTO batches (name, created_at) VALUES ('b2', 'now')")
+            db.execute("INSERT INTO batches (name, created_at) VALUES ('b1', 'again')")  # fails: the whole transaction goes
+    assert [tuple(r) for r in store.query("SELECT name, created_at FROM batches")] == [("b1", "now")]
