@@ -47,8 +47,6 @@ class TargetConfig:
     """Std of the seeded random init of the built-in target's embedding and lm_head (other weights 0.02)."""
     hf_path: str = ""
     """Local path of a Hugging Face causal LM to use instead of the built-in target (no hub downloads)."""
-    compile: bool = False
-    """torch.compile the target forward (no CUDA graphs) in the producer."""
 
     def __post_init__(self) -> None:
         _require(self.heads % self.kv_heads == 0, "target.kv_heads", "a divisor of target.heads")
