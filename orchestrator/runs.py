@@ -40,6 +40,8 @@ POLL_S = 0.2
 SET_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NAME_SUFFIX = 50
+WANDB_MODES = ("off", "offline", "online", "auto")
+"""`python -m trainer --wandb` choices (auto: offline unless WANDB_API_KEY is set)."""
 TRAINER_TOPOLOGIES = {"threaded": "threads", "procsplit": "procsplit"}
 """Inventory `topology:` -> `python -m trainer --topology` (trainer/config.py TOPOLOGIES)."""
 
@@ -264,6 +266,8 @@ def validate_spec(spec: RunSpec) -> None:
     check_name(spec.target, "target")
     if spec.topology:
         trainer_topology(spec.topology)
+    if spec.builtin and spec.wandb not in WANDB_MODES:
+        raise UsageError(f"--wandb {spec.wandb!r}: expected one of {', '.join(WANDB_MODES)}")
     for key in spec.args:
         if not SET_KEY_RE.fullmatch(str(key)):
             raise UsageError(f"variant {spec.variant!r}: argument name {key!r} must be letters, digits, '_', '.', '-'")

@@ -392,3 +392,26 @@ def test_each_identity_check_alone_refuses_a_reused_pid(store, workspace, fooled
     finally:
         stranger.kill()
         stranger.wait()
+
+
+@pytest.mark.parametrize("topology", ["threaded", "procsplit"])
+@pytest.mark.parametrize("wandb", ["off", "offline", "online", "auto"])
+def test_the_real_trainer_parses_the_command_line_dfo_builds(workspace, topology, wandb):
+    import shlex
+
+    from trainer.__main__ import parse_args
+    from orchestrator.runs import trainer_command
+
+    run_spec = spec(workspace, compile="nographs", preset="tiny-cpu", topology=topology, wandb=wandb,
+                    args={"steps": 50, "log_every": 5, "drafter.layers": 2})
+    argv = shlex.split(trainer_command(run_spec, "r1", f"{workspace}/.dfo/pkg/abc"))
+    parsed = parse_args(argv[argv.index("trainer") + 1:])
+    assert (parsed.run_name, parsed.variant, parsed.preset, parsed.topology, parsed.wandb) == (
+        "r1", "nographs", "tiny-cpu", {"threaded": "threads"}.get(topology, topology), wandb)
+    assert (parsed.steps, parsed.log_every, parsed.overrides) == ("50", "5", ["drafter.layers=2"])
+
+
+def test_an_unknown_wandb_mode_is_refused_before_anything_starts(store, workspace):
+    with pytest.raises(UsageError, match="--wandb 'bogus'"):
+        launch(LocalTarget("here"), spec(workspace, compile="eager", wandb="bogus"), store, name="w")
+    assert store.list_runs() == [] and os.listdir(workspace) == []

@@ -91,7 +91,7 @@ def launch_command(
     sets: list[str] = typer.Option([], "--set", help="Override a trainer argument: key=value (repeatable).", metavar="KEY=VALUE"),
     force: bool = typer.Option(False, "--force", help="Start even when the target's GPUs look busy."),
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip the preflight checks."),
-    wandb: str = typer.Option("off", "--wandb", help="Weights & Biases mode passed to the built-in trainer: off|offline|online."),
+    wandb: str = typer.Option("off", "--wandb", help="Weights & Biases mode passed to the built-in trainer: off|offline|online|auto."),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
     watch: bool = typer.Option(False, "--watch", help="Go straight into `dfo watch` of this run's chain."),
@@ -161,6 +161,10 @@ def runs_command(
         runs = store.list_runs(batch=batch, active=True if active else None)
     if as_json:
         print_json([run.as_dict() for run in runs])
+        return
+    if not runs:
+        what = f"{'active ' if active else ''}runs{f' in batch {batch}' if batch else ''}"
+        console.print(f"no {what} (registry: {store.path})", highlight=False, markup=False)
         return
     console.print(runs_table(runs, console.width))
 
