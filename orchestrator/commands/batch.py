@@ -91,7 +91,7 @@ def show_plan(plan: Plan, as_json: bool) -> None:
         return
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column in ("run", "target", "variant", "settings", "gpus", "action"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column == "run")
     for row in rows:
         settings = " ".join(f"{k}={v}" for k, v in row["sets"].items())
         table.add_row(row["run"], row["target"], row["variant"], settings, str(row["gpus"] or "all"), row["action"])
