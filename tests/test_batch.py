@@ -3,15 +3,20 @@ driven by a fake clock and a scripted watcher (overlap, concurrency caps, fallba
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
-from orchestrator.batch import CellTable, GpuLedger, Scheduler, decision_of, parse_experiments, plan_rows
+from orchestrator.batch import CellTable, GpuLedger, Scheduler, decision_of, load_experiments, parse_experiments, plan_rows
 from orchestrator.errors import InventoryError
-from orchestrator.inventory import parse_inventory
+from orchestrator.inventory import load_inventory, parse_inventory
 from orchestrator.store import Run, Store
 
 INVENTORY = parse_inventory(textwrap.dedent("""
@@ -393,3 +398,30 @@ def test_decision_events_are_read_from_mappings_and_objects():
     assert decision_of({"event": "decision", "run": "a", "decision": {"decision": "steady", "run": "a"}})["run"] == "a"
     assert decision_of(Event("decision", {"decision": "crash", "run": "b"})) is None  # no `decision` field
     assert decision_of({"event": "step", "run": "a", "step": 3}) is None
+
+
+# ---------------------------------------------------------------------------------------------- files and CLI
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_example_sweep_is_valid_against_the_example_lab():
+    plan = load_experiments(REPO / "inventory/compile-sweep.example.yaml", load_inventory(REPO / "inventory/lab.example.yaml"))
+    assert len(plan.cells) == 3 * 2 * 2 * 2 * 2  # variants x set x drafter.layers x targets x repeats
+    assert all(cell.gpus == 4 for cell in plan.cells)
+
+
+def test_cli_refuses_a_broken_file_with_exit_2_and_prints_a_dry_run_plan(tmp_path):
+    dfo = str(Path(sys.executable).parent / "dfo")
+    env = {**os.environ, "DFO_HOME": str(tmp_path / "state")}
+    inventory = REPO / "inventory/lab.example.yaml"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("batch: b\ntargets: [ct200]\nmatrix: {variant: [trees]}\nstop_when: sometimes\n")
+    refused = subprocess.run([dfo, "batch", str(broken), "-i", str(inventory)], capture_output=True, text=True, env=env, timeout=60)
+    assert refused.returncode == 2
+    assert f"dfo: error: {broken}: stop_when: expected steady" in " ".join(refused.stderr.split())
+    plan = subprocess.run([dfo, "batch", str(REPO / "inventory/compile-sweep.example.yaml"), "-i", str(inventory), "--dry-run", "--json"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    cells = json.loads(plan.stdout)["cells"]
+    assert len(cells) == 48 and {c["action"] for c in cells} == {"start"}
