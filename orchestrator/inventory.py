@@ -133,6 +133,7 @@ class Watch(_Strict):
     stall_floor_s: float = Field(120, gt=0)
     too_slow_tolerance: float = Field(0.10, ge=0, lt=1)
     baseline_tok_s: Optional[float] = Field(None, gt=0)
+    unreachable_s: float = Field(300, gt=0)  # a host out of reach this long ends the watch of its runs
 
 
 class Signature(_Strict):

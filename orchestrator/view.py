@@ -11,6 +11,7 @@ building (no measuring, no layout tricks), cheap enough for a few refreshes a se
 
 from __future__ import annotations
 
+import time
 from typing import Iterable, Sequence
 
 from rich.console import Group, RenderableType
@@ -52,6 +53,8 @@ def state_text(watched: WatchedRun) -> Text:
     colour = COLOURS.get(decision.decision, "white")
     if watched.stopped_reason:
         return Text(f"stopped by dfo: {watched.stopped_reason}", style="cyan")
+    if watched.lost:
+        return Text("given up: its container is out of reach (undecided)", style="bold red")
     if decision.decision == "undecided":
         label = "waiting for the first step" if watched.latest is None else "warming up"
     elif decision.decision == "steady" and decision.steady_tok_s is not None:
@@ -113,11 +116,13 @@ def run_panel(watched: WatchedRun) -> Panel:
     return Panel(body, title=title, title_align="left", border_style=COLOURS.get(watched.decision.decision, "white"))
 
 
-def link_text(name: str, link: Link) -> Text:
+def link_text(name: str, link: Link, unreachable_s: float) -> Text:
     if link.connected:
         text = Text(f"{name}: connected", style="green")
     else:
         text = Text(f"{name}: reconnecting" + (f" ({link.reason})" if link.reason else ""), style="yellow")
+        if link.down_since is not None:
+            text.append(f", down {time.time() - link.down_since:.0f} s (gives up after {unreachable_s:g} s)", style="yellow")
     if link.reconnects:
         text.append(f", {link.reconnects} gap(s), last {link.last_gap_s or 0:.1f} s", style="yellow")
     if link.gpu_error:
@@ -127,6 +132,6 @@ def link_text(name: str, link: Link) -> Text:
 
 def render(watcher: Watcher) -> RenderableType:
     """The whole view: the channels' line, then one panel per run (the current run of each chain last)."""
-    links = Text("  ").join(link_text(name, link) for name, link in watcher.links.items())
+    links = Text("  ").join(link_text(name, link, watcher.unreachable_s) for name, link in watcher.links.items())
     panels = [run_panel(watched) for watched in watcher.runs()]
     return Group(links, *panels) if panels else Group(links, Text("no runs followed", style="dim"))

@@ -30,10 +30,12 @@ from typing import Any, Callable, Iterable, Sequence
 from .connections import Connections
 from .decide import Catalogue, DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, RefusedError, UnknownRun, UsageError
-from .inventory import Inventory
+from .gpu import NvidiaSmiError, query_gpus
+from .inventory import Inventory, TargetSpec
 from .logfmt import StepRecord, make_parser, parse_ts
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
+from .preflight import gpus_idle_check
 from .runs import spec_for
 from .runs import launch as launch_run
 from .runs import stop as stop_run
@@ -47,6 +49,9 @@ MAX_NAME_TRIES = 5
 SPARK_POINTS = 60
 RECENT_LINES = 6
 ACTION_JOIN_S = 5.0
+GPU_RELEASE_S = 30.0  # after a stop, how long the target's GPUs get to go idle before the fallback starts
+GPU_POLL_S = 1.0
+GPU_QUERY_TIMEOUT_S = 15.0
 SAMPLE_FIELDS = ("step", "ts", "tok_s", "loss", "phase", "acc", "lr", "q_fill", "active", "mem_gb")
 Event = dict[str, Any]
 
@@ -75,6 +80,7 @@ class WatchedRun:
     acting: bool = False  # an action (stop / launch) is in flight
     stopping: bool = False  # dfo stops this run: its exit is no verdict
     stopped_reason: str | None = None
+    lost: bool = False  # its container was unreachable for longer than unreachable_s: the watch gave up on it
     dirty: bool = False  # fed since the decision was last read
 
     @property
@@ -114,6 +120,7 @@ class Link:
     reason: str | None = None
     gpu_error: str | None = None
     ticks_from: float = 0.0  # no ticks before this time (the run's news since the drop is still on its way)
+    down_since: float | None = None  # when the current outage began (None: connected, or never connected)
 
     def ticking(self, now: float) -> bool:
         """Whether silence means anything now: not while the channel is down or catching up."""
@@ -137,6 +144,8 @@ class Watcher:
         heartbeat_timeout: float = 5.0,
         stop_grace_s: float = 30.0,
         peer_baseline: bool = True,
+        unreachable_s: float | None = None,
+        gpu_release_s: float = GPU_RELEASE_S,
     ) -> None:
         self.inventory = inventory
         self.connections = connections
@@ -152,6 +161,9 @@ class Watcher:
         self.heartbeat_timeout = heartbeat_timeout
         self.stop_grace_s = stop_grace_s
         self.peer_baseline = peer_baseline  # False: too slow only against a configured baseline_tok_s
+        # A container silent this long is given up on (its runs end the watch undecided); shorter outages resume.
+        self.unreachable_s = unreachable_s if unreachable_s is not None else inventory.watch.unreachable_s
+        self.gpu_release_s = gpu_release_s
         self.queue: queue.Queue = queue.Queue()
         self.observers: dict[str, ObserverBase] = {}
         self.links: dict[str, Link] = {}
@@ -365,10 +377,13 @@ class Watcher:
         """News about a container's channel or GPUs (not about one run)."""
         if obs.kind == "connected":
             link.connected, link.reason, link.ticks_from = True, None, obs.at + CATCH_UP_S
+            link.down_since = None
             if isinstance(obs.data.get("ts"), (int, float)):
                 self.skew[obs.source] = float(obs.data["ts"]) - obs.at
+            self._found_again(obs.source)
         elif obs.kind == "disconnected":
             link.connected, link.reason = False, obs.data.get("reason")
+            link.down_since = link.down_since or obs.at
             self._emit_source("disconnected", obs.source, {"reason": link.reason})
         elif obs.kind == "gap":
             link.reconnects += 1
@@ -460,6 +475,7 @@ class Watcher:
 
     def _tick(self) -> None:
         now = time.time()
+        self._give_up_on_unreachable(now)
         for watched in self.watched.values():
             if watched.stopping or watched.handled or not self.links[watched.source].ticking(now):
                 continue  # while the channel is down, silence says nothing about the run
@@ -469,9 +485,41 @@ class Watcher:
             watched.judge.observe(TickObs(self._clock(watched.source, now)))
             watched.dirty = True
 
+    def _give_up_on_unreachable(self, now: float) -> None:
+        """A container out of reach for longer than unreachable_s: its undecided runs end the watch, undecided,
+        with the outage as the reason (silence from an unreachable host says nothing about its runs)."""
+        for source, link in self.links.items():
+            if link.connected or link.down_since is None or now - link.down_since < self.unreachable_s:
+                continue
+            for watched in self.watched.values():
+                if watched.source != source or watched.lost or watched.acting or watched.stopped_reason is not None:
+                    continue
+                if watched.decision.final:
+                    continue  # a verdict reached before the outage stands
+                watched.lost = True
+                down_s = now - link.down_since
+                decision = watched.judge.decision().to_json()
+                decision["reason"] = (f"{source} unreachable for {down_s:.0f} s (limit {self.unreachable_s:g} s: "
+                                      f"{link.reason or 'no answer'}); the run may still be going: "
+                                      f"dfo watch {watched.name} resumes it")
+                decision["evidence"] = {**decision["evidence"], "unreachable_s": round(down_s, 1),
+                                        "unreachable_reason": link.reason}
+                watched.decision = Decision(**decision)
+                self._record_decision(watched)
+                self._emit("unreachable", watched, {"target": source, "duration_s": round(down_s, 1),
+                                                    "reason": link.reason})
+
+    def _found_again(self, source: str) -> None:
+        """A container given up on answers again: its runs are judged again from where they were."""
+        for watched in self.watched.values():
+            if watched.source == source and watched.lost:
+                watched.lost, watched.dirty = False, True
+                watched.decision = watched.judge.decision()
+                self._record_decision(watched)
+
     def _judge(self) -> None:
         for watched in list(self.watched.values()):
-            if not watched.dirty or watched.stopping or watched.handled:
+            if not watched.dirty or watched.stopping or watched.handled or watched.lost:
                 continue
             watched.dirty = False
             if watched.decision.decision in FALLBACK_VERDICTS:  # restored from an earlier watch: final
@@ -521,17 +569,45 @@ class Watcher:
             self.queue.put(ActionDone(watched.name, error=f"stop failed: {exc}", reason=reason))
             return
         try:
-            if launch_next:
+            busy = self._gpus_still_busy(target, self.inventory.target(watched.run.target)) if launch_next else None
+            if busy:
+                error = (f"not launching {launch_next}: the GPUs of {watched.run.target} are still busy "
+                         f"{self.gpu_release_s:g} s after {watched.name} ended ({busy})")
+            elif launch_next:
                 launched = self._launch_next(target, watched, launch_next)
         except DfoError as exc:
             error = f"launching {launch_next} failed: {exc}"
         self.queue.put(ActionDone(watched.name, stopped, signal, launched, error, reason, note))
 
+    def _gpus_still_busy(self, target, spec: TargetSpec) -> str | None:
+        """The preflight's GPU check before a fallback starts (the rest of the preflight held a moment ago):
+        None once the target's GPUs are idle, else why not after gpu_release_s. A target that lists no `gpus:`
+        is not checked: dfo cannot tell its own GPUs from another tenant's."""
+        if not spec.gpus:
+            return None
+        deadline = time.monotonic() + self.gpu_release_s
+        while True:
+            try:
+                check = gpus_idle_check(query_gpus(target, timeout=GPU_QUERY_TIMEOUT_S), spec)
+                why = None if check.ok else check.detail
+            except NvidiaSmiError as exc:
+                why = str(exc)
+            if why is None or time.monotonic() >= deadline:
+                return why
+            time.sleep(GPU_POLL_S)
+
+    def _overrides(self, root: str) -> dict[str, str]:
+        """The `--set` overrides the chain's first run was launched with (runs.launch records them)."""
+        launched = self.store.events(root, kind="launched")
+        data = (launched[0]["data"] or {}) if launched else {}
+        return dict(data.get("sets") or {})
+
     def _launch_next(self, target, watched: WatchedRun, variant: str) -> Run:
         chain = watched.chain
         rest = chain[chain.index(variant) + 1:] if variant in chain else ()
+        builtin = self.inventory.variant(variant).command is None  # a user's command takes no trainer arguments
         spec = spec_for(self.inventory, watched.run.target, variant, parent=watched.name, chain=tuple(rest),
-                        batch=watched.run.batch)
+                        batch=watched.run.batch, sets=self._overrides(watched.root) if builtin else None)
         for name in fallback_names(watched.root, len(self._chains[watched.root].runs) + 1, variant):
             try:
                 return launch_run(target, spec, self.store, name=name).run
@@ -576,7 +652,7 @@ class Watcher:
             decision = (run.decision if run else None) or {"decision": "undecided", "run": current}
             return {"root": state.root, "runs": list(state.runs), "current": current, "decision": decision,
                     "settled": False}
-        if watched.stopped_reason is not None:
+        if watched.stopped_reason is not None or watched.lost:
             settled = not watched.acting
         else:
             settled = watched.decision.final and not watched.acting and (
@@ -611,9 +687,7 @@ class Writes:
 
 def config_from_inventory(inventory: Inventory) -> DecideConfig:
     """The decision thresholds of the inventory's `watch:` section."""
-    values = inventory.watch.model_dump()
-    values.pop("baseline_tok_s", None)
-    return DecideConfig.from_mapping(values)
+    return DecideConfig.from_mapping(inventory.watch.model_dump())
 
 
 def decision_key(decision: Decision) -> tuple:

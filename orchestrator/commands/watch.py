@@ -22,7 +22,7 @@ from .common import InventoryOpt, JsonOpt, console, err_console, print_json
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
 SHOWN_EVENTS = ("decision", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
-                "disconnected", "gpu_error")
+                "disconnected", "gpu_error", "unreachable")
 GOOD_ACTIONS = frozenset({"keep"})
 
 
@@ -43,6 +43,10 @@ def watch_command(
     poll: Optional[float] = typer.Option(None, "--poll", help="Poll each container every S seconds instead of streaming.", min=0.2, metavar="S"),
     until_decided: bool = typer.Option(False, "--until-decided", help="Exit once every chain has a final decision: 0 if all steady/keep, else 1."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Only report verdicts: never stop a run or launch another."),
+    unreachable_after: Optional[float] = typer.Option(
+        None, "--unreachable-after", min=1, metavar="S",
+        help="Give up on a container out of reach this long: its runs end the watch undecided, exit 1 "
+             "(default: the inventory's watch.unreachable_s, 300). Shorter outages resume where they stopped."),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per event, then each chain's final decision."),
 ) -> None:
@@ -53,7 +57,7 @@ def watch_command(
         err_console.print("no active runs to watch (see `dfo runs`)", highlight=False)
         raise typer.Exit(0)
     raise typer.Exit(watch_runs(inv, runs, interval=interval, poll=poll, until_decided=until_decided,
-                                fallback=not no_fallback, as_json=as_json))
+                                fallback=not no_fallback, as_json=as_json, unreachable_s=unreachable_after))
 
 
 def resolve_names(store: Store, names: Sequence[str]) -> list[str]:
@@ -82,13 +86,16 @@ def watch_runs(
     fallback: bool = True,
     as_json: bool = False,
     chain: Sequence[str] | None = None,
+    unreachable_s: float | None = None,
 ) -> int:
-    """Watch `names` until Ctrl-C, until every chain is decided (--until-decided), or until every run ended.
+    """Watch `names` until Ctrl-C, until every chain is decided (--until-decided), or until every run ended
+    or was given up on (its container out of reach for `unreachable_s`).
 
-    Returns the exit status: with --until-decided 0 when every chain ends steady/keep, else 1; 130 on Ctrl-C."""
+    Returns the exit status: with --until-decided 0 when every chain ends steady/keep, else 1; 1 whenever a
+    run was given up on; 130 on Ctrl-C."""
     with Connections(inventory) as connections, Store() as store:
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
-                          on_event=print_json if as_json else None)
+                          on_event=print_json if as_json else None, unreachable_s=unreachable_s)
         try:
             for name in names:
                 watcher.attach(name)
@@ -103,11 +110,14 @@ def watch_runs(
         finally:
             watcher.close()
         decisions = watcher.final_decisions()
+        lost = any(w.lost for w in watcher.runs())
     if as_json:
         for decision in decisions:
             print_json(decision)
     else:
         summarise(decisions)
+    if lost:
+        return 1
     if not until_decided:
         return 0
     return 0 if all(d.get("action") in GOOD_ACTIONS for d in decisions) else 1
@@ -129,7 +139,7 @@ def done(watcher: Watcher, until_decided: bool) -> bool:
         return False
     if until_decided:
         return True
-    return all(w.alive is False for w in watcher.runs() if w.name in {c["current"] for c in watcher.chains()})
+    return all(w.alive is False or w.lost for w in watcher.runs() if w.name in {c["current"] for c in watcher.chains()})
 
 
 def show(live: Live, watcher: Watcher, events: list[dict]) -> None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, fields
 
 from ..errors import UsageError
 
+NOT_DECIDE_KEYS = frozenset({"baseline_tok_s", "unreachable_s"})  # inventory `watch:` keys used elsewhere
+
 
 @dataclass(frozen=True)
 class DecideConfig:
@@ -55,8 +57,9 @@ class DecideConfig:
     @classmethod
     def from_mapping(cls, values: dict | None) -> "DecideConfig":
         """Build from an inventory's `watch:` mapping; unknown keys are a usage error naming the known ones.
-        `baseline_tok_s` belongs to the same mapping but goes to RunJudge, so it is skipped here."""
-        values = {k: v for k, v in (values or {}).items() if k != "baseline_tok_s"}
+        `baseline_tok_s` (RunJudge's) and `unreachable_s` (the Watcher's) belong to the same mapping but are
+        not rules of decide/, so they are skipped here."""
+        values = {k: v for k, v in (values or {}).items() if k not in NOT_DECIDE_KEYS}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

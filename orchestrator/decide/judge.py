@@ -204,7 +204,9 @@ class RunJudge:
         if self._final is not None or self._exited is not None:
             return
         if obs.code == 0:
-            self._exited = self._verdict("exited", self.last_step, obs.ts, None, "exited 0", {"exit_code": 0})
+            estimate = self.steady.estimate
+            why = "exited 0" if estimate.steady else f"exited 0 before a steady state was reached ({estimate.reason})"
+            self._exited = self._verdict("exited", self.last_step, obs.ts, None, why, {"exit_code": 0})
         elif self.pending_traceback is not None:
             self._crash(PSEUDO["python_exception"], self.pending_traceback, obs.ts, f"exited {obs.code}")
         else:

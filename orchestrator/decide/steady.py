@@ -2,7 +2,11 @@
 
 The rule (docs/decisions.md has the reasoning and the evidence):
 1. Steps marked eval/checkpoint/warmup are dropped; the rest form blocks of `block_size` steps whose
-   MEDIANS are the series (a single-step dip cannot move a block median).
+   MEDIANS are the series (a single-step dip cannot move a block median). Steps are counted by the step
+   numbers the trainer reports: a line covers the steps since the previous line (its tok_s is the mean over
+   that logging interval, by the metric-line contract), so a trainer logging every 10 steps closes a block
+   with each line, one logging every step with every 5th line. Every rule below then sees the same number
+   of blocks, each worth at least `block_size` steps, whatever the logging interval.
 2. On every new block, MSER over the block medians picks the truncation point d*; it is accepted only in
    the first half of the series and with at least `min_blocks_after_warmup` blocks after it.
 3. After d*: first- vs second-half medians within `stable_rel`, IQR/median <= `max_iqr_rel`, the Theil-Sen
@@ -128,6 +132,7 @@ class SteadyDetector:
         self.last_ts: float | None = None
         self._pending: list[float] = []
         self._pending_first_step: int | None = None
+        self._pending_steps = 0  # steps the pending lines stand for, by their step numbers
         self._raw: list[list[float]] = []  # raw tok/s of each block
         self._block_first_step: list[int] = []
         self._medians: list[float] = []
@@ -145,13 +150,15 @@ class SteadyDetector:
             return False
         if self.first_step is None:
             self.first_step, self.first_ts = obs.step, obs.ts
+        covered = obs.step - self.last_step if self.last_step is not None else 1  # steps this line stands for
         self.last_step, self.last_ts = obs.step, obs.ts
         if obs.phase in DROPPED_PHASES or not (math.isfinite(obs.tok_s) and obs.tok_s > 0):
             return False
         if not self._pending:
-            self._pending_first_step = obs.step
+            self._pending_first_step, self._pending_steps = obs.step - covered + 1, 0
         self._pending.append(obs.tok_s)
-        if len(self._pending) < self.config.block_size:
+        self._pending_steps += covered
+        if self._pending_steps < self.config.block_size:
             return False
         self._close_block()
         return True
@@ -243,7 +250,8 @@ class SteadyDetector:
         self.estimate.evidence = {
             "blocks": len(self._medians),
             "truncation_block": d,
-            "steps_used": len(raw_after),
+            "steps_used": self.last_step - self._block_first_step[d] + 1,  # by step number
+            "lines_used": len(raw_after),
             "steps_used_from": self._block_first_step[d],
             "checks": checks if checks is not None else self.estimate.evidence.get("checks"),
         }

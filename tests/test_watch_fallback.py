@@ -1,0 +1,192 @@
+"""What a fallback launch carries and checks: the user's `--set` overrides go to the next built-in-trainer
+variant; the target's GPUs must be idle again (the preflight's GPU check) before it starts; a container
+out of reach for good ends the watch undecided, while a shorter outage resumes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from harness import write_inventory
+from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
+
+from orchestrator.connections import Connections
+from orchestrator.decide import DecideConfig
+from orchestrator.inventory import load_inventory
+from orchestrator.runs import launch, spec_for, stop
+from orchestrator.store import Store
+from orchestrator.watch import Watcher
+from test_watch import FAST_WATCH, PY, run_until, write_trainers
+
+# Stands in for the target's python: `-m trainer ARGS` prints ARGS, then plays a trainer chosen by its
+# --variant (trees: the cudagraph_tls crash; any other: a steady run); anything else is the real python
+# (the push probe, the watch agent).
+FAKE_PYTHON = """#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "trainer" ]; then
+  echo "trainer args: $*"
+  case " $* " in
+    *" --variant trees "*) exec {py} {scripts}/tls_crash.py ;;
+    *) exec {py} {scripts}/steady_trainer.py 400 0.02 ;;
+  esac
+fi
+exec {py} "$@"
+"""
+
+
+def make_lab(tmp_path: Path, monkeypatch, *, gpus: list[int] | None = None, gpu_busy: bool = False):
+    """Inventory, connections and store for the local target, with built-in-trainer variants run by FAKE_PYTHON
+    and the nvidia-smi stand-in showing GPU 0 (busy or idle)."""
+    state = NvidiaSmiState(tmp_path / "nvidia-smi.json",
+                           [Gpu(0, memory_used_mib=40960 if gpu_busy else 0, utilization_pct=87 if gpu_busy else 0)])
+    monkeypatch.setenv(STATE_ENV, str(state.path))
+    scripts = tmp_path / "scripts"
+    write_trainers(scripts)
+    python = tmp_path / "fakepython"
+    python.write_text(FAKE_PYTHON.format(py=PY, scripts=scripts))
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    container = {"ctid": None, "python": str(python), **({"gpus": gpus} if gpus else {})}
+    path = write_inventory(tmp_path, {
+        "defaults": {"workspace": str(tmp_path / "ws")},
+        "hosts": {"local": {"transport": "local", "containers": {"here": container}}},
+        "variants": {"trees": {"compile": "trees", "preset": "tiny-cpu", "args": {"steps": 2000}},
+                     "nographs": {"compile": "nographs", "preset": "tiny-cpu"},
+                     "mine": {"command": f"{PY} {scripts}/steady_trainer.py 400 0.02"}},
+        "fallback": ["trees", "nographs"],
+        "watch": FAST_WATCH,
+    })
+    monkeypatch.setenv("DFO_HOME", str(tmp_path / "state"))
+    return load_inventory(path), state
+
+
+class Session:
+    def __init__(self, inventory, store: Store, connections: Connections) -> None:
+        self.inventory, self.store, self.connections = inventory, store, connections
+        self.watchers: list[Watcher] = []
+
+    def launch(self, variant: str, name: str, sets: dict | None = None) -> str:
+        spec = spec_for(self.inventory, "here", variant, sets=sets)
+        return launch(self.connections.container("here"), spec, self.store, name=name).run.name
+
+    def watcher(self, **options) -> Watcher:
+        self.watchers.append(Watcher(self.inventory, self.connections, self.store, **options))
+        return self.watchers[-1]
+
+    def close(self) -> None:
+        for watcher in self.watchers:
+            watcher.close()
+        for run in self.store.list_runs(active=True):
+            stop(self.connections.container(run.target), self.store, run.name, grace_s=2)
+
+
+def session(tmp_path, inventory):
+    connections = Connections(inventory)
+    store = Store(tmp_path / "state" / "dfo.db")
+    return Session(inventory, store, connections)
+
+
+def test_set_overrides_of_the_first_launch_go_to_the_fallback_run(tmp_path, monkeypatch, pct_env) -> None:
+    inventory, _ = make_lab(tmp_path, monkeypatch)
+    lab = session(tmp_path, inventory)
+    try:
+        lab.launch("trees", "o1", sets={"steps": "77", "lr": "0.01"})
+        watcher = lab.watcher()
+        watcher.attach("o1")
+        run_until(watcher, lambda w: len(w.chains()[0]["runs"]) == 2, timeout=40)
+        child = lab.store.get_run("o1.2-nographs")
+        assert "--steps 77" in child.command and "--lr 0.01" in child.command
+        assert "--variant nographs" in child.command
+        [launched] = lab.store.events("o1.2-nographs", kind="launched")
+        assert launched["data"]["sets"] == {"steps": "77", "lr": "0.01"}
+        run_until(watcher, lambda w: lab.store.samples("o1.2-nographs"))
+        log = (tmp_path / "ws" / "logs" / "o1.2-nographs.log").read_text()
+        assert "--steps 77" in log.splitlines()[0]  # the trainer itself was given them
+    finally:
+        lab.close()
+
+
+@pytest.mark.slow
+def test_a_fallback_waits_for_the_gpus_to_go_idle_and_starts_once_they_do(tmp_path, monkeypatch, pct_env) -> None:
+    inventory, gpu_state = make_lab(tmp_path, monkeypatch, gpus=[0], gpu_busy=True)
+    lab = session(tmp_path, inventory)
+    try:
+        lab.launch("trees", "g1")
+        watcher = lab.watcher(gpu_release_s=20)
+        watcher.attach("g1")
+        run_until(watcher, lambda w: lab.store.get_run("g1").state == "stopped", timeout=30)
+        time.sleep(2)
+        assert len(watcher.chains()[0]["runs"]) == 1  # the GPU still reads busy: nothing started yet
+        gpu_state.set_load(0, memory_used_mib=0, utilization_pct=0)
+        run_until(watcher, lambda w: len(w.chains()[0]["runs"]) == 2, timeout=20)
+    finally:
+        lab.close()
+
+
+def test_a_fallback_onto_gpus_that_stay_busy_is_not_launched_and_says_why(tmp_path, monkeypatch, pct_env) -> None:
+    inventory, _ = make_lab(tmp_path, monkeypatch, gpus=[0], gpu_busy=True)
+    lab = session(tmp_path, inventory)
+    try:
+        lab.launch("trees", "b1")
+        watcher = lab.watcher(gpu_release_s=1)
+        watcher.attach("b1")
+        events = run_until(watcher, Watcher.settled, timeout=30)
+        [error] = [e for e in events if e["kind"] == "action_error"]
+        assert "not launching nographs" in error["error"] and "GPU 0 40960 MiB" in error["error"]
+        assert [r.name for r in lab.store.list_runs()] == ["b1"]
+        assert watcher.final_decisions()[0]["next_run"] is None
+    finally:
+        lab.close()
+
+
+def agent_pids(workspace: Path) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if proc.name.isdigit() and any(part.endswith(b"dfo_agent.py") and str(workspace).encode() in part for part in cmdline):
+            pids.append(int(proc.name))
+    return pids
+
+
+def cut_off(workspace: Path) -> list[Path]:
+    """The container stops answering: its agent is killed and cannot be started again."""
+    agents = list(workspace.glob(".dfo/pkg/*/dfo_agent.py"))
+    for agent in agents:
+        agent.rename(agent.with_suffix(".gone"))
+    for pid in agent_pids(workspace):
+        os.kill(pid, 9)
+    return agents
+
+
+@pytest.mark.slow
+def test_a_container_out_of_reach_for_good_ends_the_watch_undecided_and_a_short_outage_resumes(
+        tmp_path, monkeypatch, pct_env) -> None:
+    inventory, _ = make_lab(tmp_path, monkeypatch)
+    lab = session(tmp_path, inventory)
+    workspace = tmp_path / "ws"
+    try:
+        lab.launch("mine", "u1")
+        watcher = lab.watcher(unreachable_s=2, decide_config=DecideConfig(min_steady_steps=10_000))
+        watcher.attach("u1")
+        run_until(watcher, lambda w: len(lab.store.samples("u1")) >= 5)
+        agents = cut_off(workspace)
+        events = run_until(watcher, Watcher.settled, timeout=30)
+        [decision] = watcher.final_decisions()
+        assert (decision["decision"], decision["action"]) == ("undecided", "none")
+        assert "here unreachable for" in decision["reason"] and decision["evidence"]["unreachable_s"] >= 2
+        assert "unreachable" in [e["kind"] for e in events]
+        assert watcher.runs()[0].lost and lab.store.get_run("u1").decision["reason"] == decision["reason"]
+        assert lab.store.get_run("u1").state == "running"  # giving up on watching never touches the run
+
+        for agent in agents:  # the container answers again: the run is followed and judged from where it was
+            agent.with_suffix(".gone").rename(agent)
+        stored = len(lab.store.samples("u1"))
+        run_until(watcher, lambda w: not w.runs()[0].lost and len(lab.store.samples("u1")) > stored + 5, timeout=30)
+        steps = [s["step"] for s in lab.store.samples("u1")]
+        assert steps == sorted(set(steps)) and not watcher.settled()
+    finally:
+        lab.close()
