@@ -39,7 +39,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from . import runs
 from .decide import Catalogue, next_variant
 from .errors import DfoError, InvalidName, InventoryError, UnknownTarget
-from .inventory import Inventory, describe_validation_error
+from .inventory import Inventory, _name_problem, describe_validation_error
 from .logfmt import format_ts, parse_ts
 from .names import check_name
 from .store import Run, Store
@@ -171,7 +171,7 @@ def parse_experiments(text: str, inventory: Inventory, *, source: str = "<memory
     except ValidationError as exc:
         raise InventoryError([f"{source}: {line}" for line in describe_validation_error(exc, Experiments)]) from None
     targets, target_problems = resolve_targets(experiments.targets, inventory)
-    problems = _name_problems("batch", experiments.batch, "batch name") + target_problems
+    problems = _name_problem("batch", experiments.batch, "batch name") + target_problems
     problems += _cross_checks(experiments, inventory, targets)
     if problems:
         raise InventoryError([f"{source}: {line}" for line in problems])
@@ -196,7 +196,8 @@ def resolve_targets(selectors: list[str], inventory: Inventory) -> tuple[list[st
             try:
                 found = [inventory.target(selector).name]
             except (UnknownTarget, InvalidName) as exc:
-                found, _ = [], problems.append(f"targets.{index}: {exc.message} (or use host:NAME, all)")
+                found = []
+                problems.append(f"targets.{index}: {exc.message} (or use host:NAME, all)")
         names += [name for name in found if name not in names]
     return names, problems
 
@@ -236,14 +237,6 @@ def _gpu_problems(experiments: Experiments, inventory: Inventory, targets: list[
             have = f"lists {len(listed)}" if listed else "lists none (give the container's `gpus:` in the inventory)"
             problems.append(f"{key}: a cell asks for {asked} GPUs but target {name} {have}")
     return problems
-
-
-def _name_problems(path: str, name: str, kind: str) -> list[str]:
-    try:
-        check_name(name, kind)
-    except InvalidName as exc:
-        return [f"{path}: {exc.message}"]
-    return []
 
 
 # ---------------------------------------------------------------------------------------------- expansion
