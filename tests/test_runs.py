@@ -415,3 +415,33 @@ def test_an_unknown_wandb_mode_is_refused_before_anything_starts(store, workspac
     with pytest.raises(UsageError, match="--wandb 'bogus'"):
         launch(LocalTarget("here"), spec(workspace, compile="eager", wandb="bogus"), store, name="w")
     assert store.list_runs() == [] and os.listdir(workspace) == []
+
+
+def test_logs_follow_that_loses_its_stream_says_so_and_fails(tmp_path, workspace):
+    with Store(tmp_path / "dfo.db") as registry:
+        run = launch(LocalTarget("here"), spec(workspace, "while :; do echo beat; sleep 0.2; done"), registry, name="beat").run
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None, "workspace": workspace}}}},
+                                     "variants": {"v1": {"command": "true"}}}))
+    env = {**os.environ, "DFO_HOME": str(tmp_path)}
+    follower = subprocess.Popen([str(Path(sys.executable).parent / "dfo"), "logs", "beat", "-f", "-n", "1", "-i", str(inventory)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert follower.stdout.readline() == "beat\n"
+        remote_ends = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/cmdline")
+                       if b"cat >/dev/null" in _read(p) and run.log_path.encode() in _read(p)]
+        assert len(remote_ends) == 1
+        os.killpg(os.getpgid(remote_ends[0]), signal.SIGKILL)  # the far end goes away, as when the connection drops
+        _, err = follower.communicate(timeout=20)
+        assert follower.returncode == 1 and "following" in err and "ended unexpectedly; beat is not affected" in err
+        assert alive(run.pid)
+    finally:
+        follower.kill()
+        os.killpg(run.pid, signal.SIGKILL)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from .. import runs as runs_lib
 from ..connections import Connections
-from ..errors import RefusedError
+from ..errors import RefusedError, RemoteError
 from ..inventory import TargetSpec, load_inventory
 from ..names import check_name
 from ..package import push
@@ -248,8 +248,12 @@ def _follow(target, run: Run, lines: int) -> None:
             sys.stdout.buffer.flush()
     except KeyboardInterrupt:
         _warn(f"stopped following; {run.name} goes on")
+        return
     finally:
         chunks.close()
+    # the remote `tail -F` never ends by itself: the connection dropped or someone ended the tail
+    raise RemoteError(f"following {run.log_path} ended unexpectedly; {run.name} is not affected", where=run.target,
+                      hint=f"run `dfo logs {run.name} -f` again")
 
 
 def stop_command(
