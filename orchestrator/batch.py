@@ -478,7 +478,7 @@ class Scheduler:
             self._start_ready()
             if not self.active:
                 break
-            self._take_news(self.watcher.step(self.poll_s))
+            self._watch_for(self.poll_s)
             for active in list(self.active.values()):
                 self._check(active)
             self._report()
@@ -550,6 +550,15 @@ class Scheduler:
             self.watcher.attach(run)
         except DfoError as exc:  # unreachable now: the chain is looked at again on every pass
             self.news.append(f"{active.record.cell.id}: cannot watch {run} yet: {exc}")
+
+    def _watch_for(self, seconds: float) -> None:
+        """Let the watcher work for `seconds` (it returns early whenever records arrive), keeping its decisions."""
+        started = self.clock()
+        while True:
+            left = seconds - (self.clock() - started)
+            if left <= 0:
+                return
+            self._take_news(self.watcher.step(left))
 
     def _take_news(self, events: Iterable[Any]) -> None:
         for event in events or ():
