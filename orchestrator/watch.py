@@ -192,10 +192,10 @@ class Watcher:
                 state.runs.append(name)
             watched = self._new_watched(run, root, state.variants)
             self.watched[name] = watched
-            self._resume(watched)
+            stored = self._resume(watched)
             observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=run.log_offset)
             self._emit("attached", watched, {"target": run.target, "variant": run.variant, "offset": run.log_offset,
-                                              "steps_stored": len(watched.throughput)})
+                                              "steps_stored": stored})
             return watched
 
     def step(self, timeout: float = 0.25) -> list[Event]:
@@ -315,8 +315,10 @@ class Watcher:
         figures = [r.decision.get("steady_tok_s") for r in peers if r.decision and r.decision.get("steady_tok_s")]
         return max(figures) if figures else None
 
-    def _resume(self, watched: WatchedRun) -> None:
-        """Re-feed the judge from the stored samples; restore a final verdict an earlier watch reached."""
+    def _resume(self, watched: WatchedRun) -> int:
+        """Re-feed the judge from the stored samples (the view shows the last one); restore a final verdict an
+        earlier watch reached. Returns how many steps were stored."""
+        stored = 0
         for sample in self.store.samples(watched.name):
             if sample.get("step") is None or sample.get("tok_s") is None:
                 continue
@@ -325,12 +327,19 @@ class Watcher:
             watched.judge.observe(obs)
             watched.last_stored_step = obs.step
             watched.throughput.append(obs.tok_s)
+            stored += 1
+            last = sample
+        if stored:
+            known = {name: last.get(name) for name in SAMPLE_FIELDS if last.get(name) is not None}
+            watched.latest = StepRecord(**{**known, "ts": float(last.get("ts") or 0.0), "step": int(last["step"]),
+                                           "tok_s": float(last["tok_s"])})
         watched.decision = watched.judge.decision()
-        stored = watched.run.decision
-        if stored and stored.get("decision") in FALLBACK_VERDICTS:
-            watched.decision = Decision(**{k: v for k, v in stored.items() if k in Decision.__dataclass_fields__})
+        earlier = watched.run.decision
+        if earlier and earlier.get("decision") in FALLBACK_VERDICTS:
+            watched.decision = Decision(**{k: v for k, v in earlier.items() if k in Decision.__dataclass_fields__})
             children = [r for r in self.store.list_runs() if r.parent == watched.name]
             watched.handled = bool(children) or not watched.run.active
+        return stored
 
     def _observer_for(self, target_name: str) -> ObserverBase:
         if target_name in self.observers:

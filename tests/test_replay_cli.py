@@ -59,6 +59,14 @@ def test_the_exit_file_next_to_the_log_is_read(tmp_path):
     assert (decision["decision"], decision["signature"]) == ("crash", "exit_nonzero")
 
 
+def test_the_exit_file_dfo_launch_writes_is_read_too(tmp_path):
+    log = write_log(tmp_path / "run-e.log", steps=20)
+    (tmp_path / "run-e.log.exit").write_text("0\n")  # runs.launch: W/logs/RUN.log.exit
+    decision = json.loads(invoke(log, "--json").output)
+    assert (decision["decision"], decision["action"]) == ("exited", "none")
+    assert decision["reason"].startswith("exited 0 before a steady state was reached")
+
+
 def test_user_format_through_regex(tmp_path):
     log = tmp_path / "mine.log"
     log.write_text("".join(f"[{format_ts(T0 + s).replace('T', ' ')[:-1]}] it {s} | 98000.0 tok/s\n" for s in range(1, 200)))

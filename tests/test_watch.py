@@ -208,7 +208,7 @@ def test_reattach_continues_from_the_offset_without_counting_twice(lab) -> None:
     lab.launch("nographs", "r1")
     first = lab.watcher()
     first.attach("r1")
-    run_until(first, lambda w: len(lab.store.samples("r1")) >= 15)
+    run_until(first, lambda w: len(lab.store.samples("r1")) >= 65)  # more than the sparkline keeps
     first.close()
     offset = lab.store.get_run("r1").log_offset
     assert offset > 0
@@ -216,6 +216,9 @@ def test_reattach_continues_from_the_offset_without_counting_twice(lab) -> None:
     second = lab.watcher()
     attached = second.attach("r1")
     assert attached.last_stored_step == lab.store.samples("r1")[-1]["step"]
+    assert attached.latest.step == attached.last_stored_step  # the view shows where the run stood at once
+    [event] = [e for e in lab.store.events("r1", kind="attached")][-1:]
+    assert event["data"]["steps_stored"] == len(lab.store.samples("r1")) and event["data"]["offset"] == offset
     run_until(second, Watcher.settled)
     steps = [s["step"] for s in lab.store.samples("r1")]
     assert steps == sorted(set(steps)) and steps == lab.log_steps("r1")[: len(steps)]

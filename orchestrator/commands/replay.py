@@ -32,12 +32,14 @@ def register(app: typer.Typer) -> None:
 
 
 def read_exit_code(log: Path) -> int | None:
-    """The exit status a detached run wrote next to its log (`RUN.exit`), if there is one."""
-    exit_file = log.with_suffix(".exit")
-    try:
-        return int(exit_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
+    """The exit status a detached run wrote next to its log (`RUN.log.exit`, as runs.launch writes it, or
+    `RUN.exit`), if there is one."""
+    for exit_file in (log.with_name(log.name + ".exit"), log.with_suffix(".exit")):
+        try:
+            return int(exit_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def replay_command(
