@@ -41,7 +41,6 @@ from .decide import Catalogue, next_variant
 from .errors import DfoError, InvalidName, InventoryError, UnknownTarget
 from .inventory import Inventory, _name_problem, describe_validation_error
 from .logfmt import format_ts, parse_ts
-from .names import check_name
 from .store import Run, Store
 
 CELL_STATES = ("pending", "running", "done", "failed", "error")
@@ -246,23 +245,30 @@ def expand(experiments: Experiments, targets: list[str]) -> list[Cell]:
     matrix = experiments.matrix
     axes = list(matrix.args)
     combos = [dict(zip(axes, values)) for values in itertools.product(*(matrix.args[a] for a in axes))]
-    settings = [tuple(sorted({**entry, **combo}.items())) for entry in matrix.set for combo in combos]
-    gpu_counts = matrix.gpus or [experiments.gpus]
+    settings = list(dict.fromkeys(tuple(sorted({**entry, **combo}.items())) for entry in matrix.set for combo in combos))
+    readable = [_slug(sets) for sets in settings]
+    hashed = {sets for sets, slug in zip(settings, readable) if readable.count(slug) > 1}  # e.g. {a: 1} and {a: "1"}
+    gpu_counts = list(dict.fromkeys(matrix.gpus or [experiments.gpus]))
     cells: list[Cell] = []
     for repeat, variant, sets, gpus, target in itertools.product(
-        range(1, experiments.repeats + 1), matrix.variant, settings, gpu_counts, targets
+        range(1, experiments.repeats + 1), list(dict.fromkeys(matrix.variant)), settings, gpu_counts, targets
     ):
-        cell_id = cell_id_for(target, variant, sets, gpus, repeat)
+        cell_id = cell_id_for(target, variant, sets, gpus, repeat, hashed=sets in hashed)
         cells.append(Cell(cell_id, len(cells), target, variant, sets, gpus, repeat))
     return cells
 
 
-def cell_id_for(target: str, variant: str, sets: tuple[tuple[str, Any], ...], gpus: Optional[int], repeat: int) -> str:
+def _slug(sets: tuple[tuple[str, Any], ...]) -> str:
+    return "_".join(f"{key}-{value}" for key, value in sets)
+
+
+def cell_id_for(target: str, variant: str, sets: tuple[tuple[str, Any], ...], gpus: Optional[int], repeat: int, *,
+                hashed: bool = False) -> str:
     """`trees.ct200.batch_size-8.g2.r1`: readable when the settings are short and plain, else a hash of them."""
     parts = [variant, target]
     if sets:
-        slug = "_".join(f"{key}-{value}" for key, value in sets)
-        if len(slug) > SLUG_MAX or not re.fullmatch(r"[A-Za-z0-9_.-]+", slug) or ".." in slug:
+        slug = _slug(sets)
+        if hashed or len(slug) > SLUG_MAX or not re.fullmatch(r"[A-Za-z0-9_.-]+", slug) or ".." in slug:
             slug = "s" + hashlib.sha1(json.dumps(sets).encode()).hexdigest()[:10]
         parts.append(slug)
     if gpus:

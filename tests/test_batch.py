@@ -425,3 +425,10 @@ def test_cli_refuses_a_broken_file_with_exit_2_and_prints_a_dry_run_plan(tmp_pat
     assert plan.returncode == 0, plan.stderr
     cells = json.loads(plan.stdout)["cells"]
     assert len(cells) == 48 and {c["action"] for c in cells} == {"start"}
+
+
+def test_settings_that_read_alike_get_distinct_ids_and_exact_duplicates_run_once():
+    plan = plan_of("batch: d\ntargets: [ct300]\nmatrix: {variant: [trees, trees], set: [{a: 1}, {a: '1'}, {a: 1}]}\n")
+    ids = [cell.id for cell in plan.cells]
+    assert len(ids) == 2 == len(set(ids))
+    assert all(cell_id.startswith("trees.ct300.s") for cell_id in ids)
