@@ -191,6 +191,7 @@ class ThreadedRun:
         self.barrier = threading.Barrier(len(self.replicas), action=self._after_backward)
         self.done_step = self.start_step
         self.workers: list[threading.Thread] = []
+        self.first_step_lock = threading.Lock()
 
     def _restore(self) -> int:
         state = load_checkpoint(self.run_dir, self.config_hash)
@@ -246,12 +247,10 @@ class ThreadedRun:
 
     def _train_step(self, replica: Replica, step: int, batch: Batch) -> bool:
         debug_hooks(self.cfg, replica.index, step)
-        started = time.monotonic()
-        self._receive_and_train(replica, batch)
         if step == self.start_step:
-            synchronize(replica.device)
-            self.log.emit("compile", drafter=replica.index, device=replica.device, variant=self.cfg.run.compile,
-                          seconds=time.monotonic() - started)
+            self._first_step(replica, batch)
+        else:
+            self._receive_and_train(replica, batch)
         try:
             self.barrier.wait(timeout=self.cfg.run.step_timeout_s)
         except threading.BrokenBarrierError:
@@ -264,6 +263,16 @@ class ThreadedRun:
         if replica.index == 0 and every and done % every == 0 and done != self.cfg.run.steps:
             self.write_checkpoint(done)
         return True
+
+    def _first_step(self, replica: Replica, batch: Batch) -> None:
+        """The compiling step, one replica at a time: while torch.compile traces (FX patches
+        nn.Module.__call__ process-wide), another thread must not run compiled code."""
+        with self.first_step_lock:
+            started = time.monotonic()
+            self._receive_and_train(replica, batch)
+            synchronize(replica.device)
+            self.log.emit("compile", drafter=replica.index, device=replica.device, variant=self.cfg.run.compile,
+                          seconds=time.monotonic() - started)
 
     def _receive_and_train(self, replica: Replica, batch: Batch) -> None:
         device = replica.device

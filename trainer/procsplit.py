@@ -20,6 +20,7 @@ Multi-host runs are not built; the rendezvous (init_method) is the only place th
 from __future__ import annotations
 
 import gc
+import multiprocessing.util
 import os
 import queue
 import signal
@@ -294,7 +295,8 @@ def run_procsplit(cfg: Config, run_name: str, wandb_mode: str, log: MetricLog, r
     supervisor = Supervisor(cfg, run_name, wandb_mode, log, run_dir, resume)
     status = supervisor.run()
     del supervisor
-    gc.collect()  # unlink the queues' semaphores now: the caller leaves through os._exit
+    gc.collect()
+    multiprocessing.util._exit_function()  # what atexit would run; the caller leaves through os._exit
     return status
 
 
