@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.batch import CellTable, GpuLedger, Scheduler, decision_of, load_experiments, parse_experiments, plan_rows
+from orchestrator.batch import (CellTable, GpuLedger, Scheduler, decision_of, load_experiments, parse_experiments, plan_rows,
+                                run_spec)
 from orchestrator.errors import InventoryError
 from orchestrator.inventory import load_inventory, parse_inventory
 from orchestrator.store import Run, Store
@@ -432,3 +433,16 @@ def test_settings_that_read_alike_get_distinct_ids_and_exact_duplicates_run_once
     ids = [cell.id for cell in plan.cells]
     assert len(ids) == 2 == len(set(ids))
     assert all(cell_id.startswith("trees.ct300.s") for cell_id in ids)
+
+
+def test_a_cells_runs_carry_its_settings_and_gpus_into_every_fallback():
+    plan = plan_of("batch: g\ntargets: [ct200]\nmatrix: {variant: [trees], set: [{data.batch: 8}], gpus: [2]}\n")
+    cell = plan.cells[0]
+    first = run_spec(plan, INVENTORY, cell, (2, 3), "trees")
+    fallback = run_spec(plan, INVENTORY, cell, (2, 3), "nographs", parent="g.trees.ct200.data.batch-8.g2.r1")
+    for spec in (first, fallback):
+        assert spec.env["CUDA_VISIBLE_DEVICES"] == "2,3" and spec.args["data.batch"] == 8 and spec.batch == "g"
+    assert (first.variant, first.chain, first.parent) == ("trees", ("nographs", "eager"), None)
+    assert (fallback.compile, fallback.chain, fallback.parent) == ("nographs", ("eager",), "g.trees.ct200.data.batch-8.g2.r1")
+    whole = plan_of("batch: g\ntargets: [ct200]\nmatrix: {variant: [trees]}\n").cells[0]
+    assert "CUDA_VISIBLE_DEVICES" not in run_spec(plan, INVENTORY, whole, (0, 1, 2, 3), "trees").env  # the container's own view
