@@ -13,21 +13,24 @@ Metric lines (logfmt) go to stdout; tracebacks and notes to stderr. This module 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import re
 import signal
 import sys
 import threading
 import traceback
 from pathlib import Path
 
-from trainer.config import COMPILE_STRATEGIES, PRESETS, TOPOLOGIES, Config, ConfigError, build_config
+from trainer.config import COMPILE_STRATEGIES, PRESETS, TOPOLOGIES, Config, ConfigError, RunConfig, build_config
 
 EXIT_USAGE = 2
+RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 EXIT_FAILED = 1
 
-# flags that are shorthands for `--set run.<key>=value` (what dfo variants pass as `args:`)
-RUN_FLAGS = ("steps", "seed", "log_every", "checkpoint_every", "targets", "drafters", "topology", "out",
-             "queue_depth", "dtype")
+# every run.* key is also a flag, `--log-every 5` = `--set run.log_every=5` (what dfo variants pass as
+# `args:`); run.compile is --variant/--compile
+RUN_FLAGS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "compile")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -48,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
+    if not RUN_NAME_RE.fullmatch(args.run_name):
+        raise ConfigError(f"--run-name {args.run_name!r}: expected letters, digits, '.', '_' or '-'")
     assignments = [f"run.{flag}={getattr(args, flag)}" for flag in RUN_FLAGS if getattr(args, flag) is not None]
     if args.variant:
         assignments.append(f"run.compile={args.variant}")
