@@ -145,6 +145,7 @@ def test_refusals_leave_nothing_started_or_written(lab: Lab) -> None:
     assert bad.returncode == 2 and "invalid run name" in bad.stderr
     assert json.loads(lab.dfo("runs", "--json").stdout) == []
     assert not lab.container.path("/workspace/logs").exists() or not list(lab.container.path("/workspace/logs").iterdir())
+    assert not lab.container.path("/workspace/.dfo").exists()  # no package, secrets file or half-sent archive either
     assert "tick-" not in lab.container.attach("ps", "-eo", "args").stdout
 
     forced = lab.dfo("launch", "--host", "ct_a", "--variant", "ticker", "--name", "busy1", "--force")
