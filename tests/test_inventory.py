@@ -154,7 +154,11 @@ def test_dfo_inventory_env_var_is_honoured(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_example_inventories_validate() -> None:
+    import yaml
+
     for path in (REPO / "inventory").glob("*.yaml"):
+        if "matrix" in yaml.safe_load(path.read_text()):  # an experiments file for `dfo batch`, not an inventory
+            continue
         assert load_inventory(path).target_names(), path
 
 
