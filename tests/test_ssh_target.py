@@ -250,3 +250,16 @@ def test_a_key_held_only_by_ssh_agent_logs_in(ssh_home, sshd, tmp_path, monkeypa
     finally:
         agent.terminate()
         agent.wait(timeout=5)
+
+
+def test_identity_file_from_ssh_config_is_used_when_no_default_key_exists(ssh_home, sshd):
+    import shutil
+
+    lab_key = ssh_home.ssh_dir / "lab_key"
+    shutil.move(ssh_home.identity, lab_key)  # ~/.ssh/id_ed25519 is gone: only IdentityFile can find the key
+    ssh_home.config_path.write_text(
+        f"Host testhost\n    HostName {sshd.host}\n    Port {sshd.port}\n    User root\n    IdentityFile {lab_key}\n"
+    )
+    ssh = SshTarget("pve1", "testhost")
+    assert ssh.run(["echo", "ok"]).stdout == "ok\n"
+    ssh.close()
