@@ -392,11 +392,15 @@ def identity_script(run: Run) -> str:
 
 
 def kill_script(pid: int, grace_s: float, exit_file: str) -> str:
-    """SIGTERM the process group, wait up to grace_s for every non-zombie member to go, then SIGKILL it."""
-    ticks = max(1, int(grace_s / POLL_S))
-    settle = int(KILL_SETTLE_S / POLL_S)
+    """SIGTERM the process group, wait up to grace_s for every non-zombie member to go, then SIGKILL it.
+
+    The waits are measured on /proc/uptime, not counted in polls: a scan of /proc takes a good part of a
+    second on a busy machine with many processes, and a counted wait would stretch the grace by that much."""
+    grace_cs, settle_cs = max(1, round(grace_s * 100)), round(KILL_SETTLE_S * 100)
     return f"""
+now() {{ read -r u _ < /proc/uptime; cs=$(( ${{u%.*}} * 100 + 1${{u#*.}} - 100 )); }}
 alive() {{
+  kill -0 -{pid} 2>/dev/null || return 1
   for f in /proc/[0-9]*/stat; do
     {{ read -r l < "$f"; }} 2>/dev/null || continue
     set -- ${{l##*) }}
@@ -404,14 +408,13 @@ alive() {{
   done
   return 1
 }}
+wait_gone() {{ now; end=$((cs + $1)); while alive; do now; [ $cs -lt $end ] || return 1; sleep {POLL_S}; done; }}
 kill -TERM -{pid} 2>/dev/null
-i=0
-while alive && [ $i -lt {ticks} ]; do sleep {POLL_S}; i=$((i + 1)); done
-if alive; then
-  echo signal=KILL; kill -KILL -{pid} 2>/dev/null
-  i=0; while alive && [ $i -lt {settle} ]; do sleep {POLL_S}; i=$((i + 1)); done
-else
+if wait_gone {grace_cs}; then
   echo signal=TERM
+else
+  echo signal=KILL; kill -KILL -{pid} 2>/dev/null
+  wait_gone {settle_cs}
 fi
 echo "exit=$(cat {shlex.quote(exit_file)} 2>/dev/null)"
 """

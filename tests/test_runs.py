@@ -445,3 +445,23 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+def test_the_grace_period_is_time_not_a_count_of_polls(store, workspace):
+    from orchestrator.runs import POLL_S
+
+    class SlowPolls(LocalTarget):
+        """Every poll of the stop's wait takes 1 s more, as a /proc scan does on a busy machine with many processes."""
+
+        def run(self, cmd, **kw):
+            if isinstance(cmd, str) and "kill -TERM" in cmd:
+                cmd = cmd.replace(f"sleep {POLL_S}", f"sleep {POLL_S + 1}")
+            return super().run(cmd, **kw)
+
+    run = launch(LocalTarget("here"), spec(workspace, "trap '' TERM; while :; do sleep 0.2; done"), store, name="slowpoll").run
+    wait_for(lambda: alive(run.pid), what="run start")
+    time.sleep(0.3)
+    started = time.monotonic()
+    result = stop(SlowPolls("here"), store, "slowpoll", grace_s=2)
+    assert result.signal == "KILL" and not alive(run.pid)
+    assert time.monotonic() - started < 6  # 2 s of grace, not 2 s worth of polls (10 polls of 1.2 s)
