@@ -128,7 +128,8 @@ def optimizer_step(cfg: Config, replica: Replica) -> None:
         torch.nn.utils.clip_grad_norm_(replica.drafter.parameters(), cfg.optim.grad_clip)
     replica.optimizer.step()
     replica.scheduler.step()
-    replica.optimizer.zero_grad(set_to_none=False)
+    # None, not zeros: under CUDA graphs a gradient is a graph output that the next replay overwrites
+    replica.optimizer.zero_grad(set_to_none=True)
 
 
 
