@@ -204,7 +204,8 @@ def _local_time(utc_text: str | None, now: datetime) -> str:
 
 def _table(columns: list[str], rows: list[dict[str, str]], hidden: list[str] = ()) -> Table:
     caption = f"not shown for lack of width: {', '.join(hidden)} (see dfo runs --json)" if hidden else None
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, caption=caption, caption_justify="left")
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), caption=caption,
+                  caption_justify="left")
     for column in columns:  # only a name too long for even the narrowest table is folded (never cut short)
         table.add_column(column, no_wrap=column != "name", overflow="fold" if column == "name" else "ellipsis")
     for row in rows:
