@@ -6,6 +6,7 @@ trainer and the SSH + pct paths are in tests/test_launch*.py.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -333,20 +334,26 @@ def test_runs_table_keeps_every_name_whole_on_one_line_at_80_and_120_columns(tmp
         for pid, name in enumerate(names, start=123456):
             registry.add_run(Run(name=name, target="ct200", variant="nographs", state="crashed", exit_code=1, pid=pid,
                                  started_at="2026-11-29T11:40:03.123Z", decision={"decision": "crash"}))
-    env = {**os.environ, "DFO_HOME": str(tmp_path)}
-    for columns in (80, 120):
-        shown = subprocess.run([str(Path(sys.executable).parent / "dfo"), "runs"], capture_output=True, text=True,
-                               timeout=60, env={**env, "COLUMNS": str(columns)})
-        assert shown.returncode == 0, shown.stderr
-        lines = shown.stdout.splitlines()
+    from rich.console import Console
+
+    from orchestrator.commands.runs import runs_table
+
+    dfo_runs = subprocess.run([str(Path(sys.executable).parent / "dfo"), "runs"], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "DFO_HOME": str(tmp_path), "COLUMNS": "80"})
+    assert dfo_runs.returncode == 0, dfo_runs.stderr
+    wide = Console(width=120, file=io.StringIO())
+    with Store(tmp_path / "dfo.db") as registry:
+        wide.print(runs_table(registry.list_runs(), 120))
+    for columns, stdout in ((80, dfo_runs.stdout), (120, wide.file.getvalue())):
+        lines = stdout.splitlines()
         assert max(len(line) for line in lines) <= columns
         for name in names:
             row = next(line for line in lines if name in line)
             assert "crashed 1" in row and "crash" in row.split("crashed 1")[1]
         if columns == 120:
-            assert all(str(pid) in shown.stdout for pid in (123456, 123457)) and "ct200" in shown.stdout
+            assert all(str(pid) in stdout for pid in (123456, 123457)) and "ct200" in stdout
         else:
-            assert "dfo runs --json" in shown.stdout  # says what it left out, and where to see it
+            assert "dfo runs --json" in stdout  # says what it left out, and where to see it
 
 
 def test_two_launches_racing_for_one_default_name_get_two_names(store, workspace, tmp_path):
