@@ -215,6 +215,9 @@ class Store:
             self._migrate()
         except sqlite3.DatabaseError as exc:
             raise DfoError(f"run registry {self.path}: {exc}", hint="move the file aside or set DFO_HOME") from exc
+        except DfoError:
+            self._db.close()
+            raise
 
     @classmethod
     def in_memory(cls) -> "Store":
@@ -260,6 +263,12 @@ class Store:
         with self._write() as db:
             db.execute(
                 "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, name TEXT, applied_at TEXT)"
+            )
+        newest = self._query("SELECT COALESCE(MAX(version), 0) FROM schema_version")[0][0]
+        if newest > len(MIGRATIONS):
+            raise DfoError(
+                f"run registry {self.path} has schema version {newest}, this dfo knows up to {len(MIGRATIONS)}",
+                hint="upgrade dfo, or set DFO_HOME to another directory",
             )
         for version, (name, apply) in enumerate(MIGRATIONS, start=1):
             with self._write() as db:  # checked inside the transaction: two processes never both apply it

@@ -139,3 +139,16 @@ def test_public_transaction_and_query_for_modules_with_their_own_tables(store):
             db.execute("INSERT INTO batches (name, created_at) VALUES ('b2', 'now')")
             db.execute("INSERT INTO batches (name, created_at) VALUES ('b1', 'again')")  # fails: the whole transaction goes
     assert [tuple(r) for r in store.query("SELECT name, created_at FROM batches")] == [("b1", "now")]
+
+
+def test_a_registry_from_a_newer_dfo_is_refused_not_mangled(tmp_path):
+    from orchestrator.errors import DfoError
+
+    path = tmp_path / "dfo.db"
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO schema_version VALUES (?, 'from the future', 'later')", (len(MIGRATIONS) + 1,))
+    db.commit()
+    db.close()
+    with pytest.raises(DfoError, match=f"schema version {len(MIGRATIONS) + 1}, this dfo knows up to {len(MIGRATIONS)}"):
+        Store(path)
