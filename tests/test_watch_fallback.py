@@ -13,11 +13,14 @@ import pytest
 from harness import write_inventory
 from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 
+from rich.console import Console
+
 from orchestrator.connections import Connections
 from orchestrator.decide import DecideConfig
 from orchestrator.inventory import load_inventory
 from orchestrator.runs import launch, spec_for, stop
 from orchestrator.store import Store
+from orchestrator.view import render
 from orchestrator.watch import Watcher
 from test_watch import FAST_WATCH, PY, run_until, write_trainers
 
@@ -181,6 +184,10 @@ def test_a_container_out_of_reach_for_good_ends_the_watch_undecided_and_a_short_
         assert "unreachable" in [e["kind"] for e in events]
         assert watcher.runs()[0].lost and lab.store.get_run("u1").decision["reason"] == decision["reason"]
         assert lab.store.get_run("u1").state == "running"  # giving up on watching never touches the run
+        view = Console(record=True, width=160)
+        view.print(render(watcher))
+        shown = view.export_text()
+        assert "here: reconnecting" in shown and "gives up after 2 s" in shown and "given up" in shown
 
         for agent in agents:  # the container answers again: the run is followed and judged from where it was
             agent.with_suffix(".gone").rename(agent)
