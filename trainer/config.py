@@ -177,6 +177,9 @@ class DebugConfig:
     """Which drafter fails at fail_at_step."""
     step_sleep_s: float = 0.0
     """Sleep this long in every drafter step (makes signal tests deterministic)."""
+    fail_idle_s: float = 0.0
+    """Before it raises, the failing drafter stops working for this many seconds: its GPU goes idle first
+    (procsplit: the other ranks spin in the all_reduce) so a watcher can tell which GPU stopped."""
 
 
 @dataclass

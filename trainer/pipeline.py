@@ -30,8 +30,8 @@ from trainer.data import TokenSource
 from trainer.metrics import MetricLog
 from trainer.model import build_target, model_dtype
 from trainer.replica import (
-    Replica, Reporter, build_replica, debug_hooks, forward_backward, memory_gb, optimizer_step, restore_replica,
-    seeded_drafter, stream_context, stream_for, synchronize,
+    Replica, Reporter, build_replica, debug_hooks, forward_backward, memory_gb, optimizer_step, replica_fields,
+    restore_replica, seeded_drafter, stream_context, stream_for, synchronize, weights_digest,
 )
 
 EXIT_OK = 0
@@ -303,7 +303,8 @@ class ThreadedRun:
         self.write_checkpoint(final)
         stopped = self.state.stop_at is not None and final < self.cfg.run.steps
         self.log.emit("done", step=final, reason="sigterm" if stopped else "finished",
-                      exit=EXIT_STOPPED if stopped else EXIT_OK)
+                      exit=EXIT_STOPPED if stopped else EXIT_OK,
+                      **replica_fields([weights_digest(r.drafter) for r in self.replicas]))
         return EXIT_STOPPED if stopped else EXIT_OK
 
     def _fail(self) -> int:

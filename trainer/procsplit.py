@@ -27,6 +27,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -41,8 +42,8 @@ from trainer.metrics import MetricLog, open_sink
 from trainer.model import build_target, model_dtype
 from trainer.pipeline import EXIT_OK, EXIT_STOPPED, EXIT_WORKER_FAILED
 from trainer.replica import (
-    Reporter, build_replica, debug_hooks, forward_backward, is_cuda, memory_gb, optimizer_step, restore_replica,
-    seeded_drafter, weights_digest,
+    Reporter, build_replica, debug_hooks, forward_backward, is_cuda, memory_gb, optimizer_step, replica_fields,
+    restore_replica, seeded_drafter, weights_digest,
 )
 
 POLL_S = 0.2
@@ -203,7 +204,7 @@ class DrafterProcess:
         if self.rank == 0:
             self._checkpoint(done)
             self.log.emit("done", step=done, reason="sigterm" if stopped else "finished", exit=status,
-                          replicas="identical" if len(set(digests)) == 1 else "DIFFERENT")
+                          **replica_fields(digests))
         return status
 
 
@@ -215,10 +216,16 @@ def drafter_main(cfg: Config, rank: int, world: int, device: str, inbox, port: i
         torch.cuda.set_device(device)
     dist.init_process_group(dist_backend(cfg), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    process = DrafterProcess(cfg, rank, world, device, inbox, Path(run_dir), start, stop)
-    if rank == 0:
-        process.log.sink = open_sink(wandb_mode, run_name, cfg.to_dict(), run_dir)
-    status = process.train()
+    try:
+        process = DrafterProcess(cfg, rank, world, device, inbox, Path(run_dir), start, stop)
+        if rank == 0:
+            process.log.sink = open_sink(wandb_mode, run_name, cfg.to_dict(), run_dir)
+        status = process.train()
+    except BaseException:  # noqa: BLE001 - traceback to the log, then leave at once: a normal interpreter
+        print(f"Process drafter{rank}:", file=sys.stderr)  # teardown could wait on a process group
+        traceback.print_exc()  # whose other ranks sit in a collective
+        sys.stderr.flush()
+        os._exit(EXIT_WORKER_FAILED)
     process.log.close()
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -110,6 +110,7 @@ def forward_backward(cfg: Config, replica: Replica, tokens: torch.Tensor, featur
 def debug_hooks(cfg: Config, index: int, step: int) -> None:
     """Fault injection for tests (debug.*): a deliberate failure or a slow step."""
     if step == cfg.debug.fail_at_step and index == cfg.debug.fail_drafter:
+        time.sleep(cfg.debug.fail_idle_s)  # no GPU work meanwhile: this drafter's GPU idles first
         raise RuntimeError(f"debug.fail_at_step={step}: injected failure in drafter {index}")
     if cfg.debug.step_sleep_s:
         time.sleep(cfg.debug.step_sleep_s)
@@ -121,6 +122,13 @@ def weights_digest(drafter: nn.Module) -> str:
     for param in drafter.parameters():
         digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def replica_fields(digests: list[str]) -> dict[str, str]:
+    """The done line's replica report: `replicas=identical|DIFFERENT replica_hashes=ab12..,ab12..` (each
+    replica's weights digest, 12 hex digits, in replica/rank order)."""
+    return {"replicas": "identical" if len(set(digests)) == 1 else "DIFFERENT",
+            "replica_hashes": ",".join(digest[:12] for digest in digests)}
 
 
 def optimizer_step(cfg: Config, replica: Replica) -> None:
