@@ -21,6 +21,12 @@ def test_bad_set_exits_2_naming_key_and_form(tmp_path):
     assert "drafter.layers" in result.stderr and "an integer" in result.stderr
 
 
+def test_run_name_outside_the_output_directory_exits_2(tmp_path):
+    result = run_trainer(tmp_path, "../escape", timeout=30)
+    assert result.code == 2 and "--run-name" in result.stderr
+    assert not (tmp_path.parent / "escape").exists()
+
+
 @pytest.mark.slow
 def test_loss_falls_and_lines_follow_the_contract(tmp_path):
     result = run_trainer(tmp_path, "falls", "--variant", "eager", "--steps", "80", "--log-every", "10",
