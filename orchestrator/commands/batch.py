@@ -1,8 +1,9 @@
 """`dfo batch FILE` and `dfo report BATCH`: parse, call orchestrator/batch.py and report.py, render.
 
-The scheduler, its resume rules and the figures live in the library; this module draws the live progress
-(cells done/running/left, ETA), the results table and the best configuration per target. Ctrl-C ends dfo,
-never a run: the same command again resumes.
+This module draws the live progress (cells done/running/left, ETA), the results table and the best
+configuration per target; it must not hold scheduling, SQL or SSH (the scheduler, its resume rules and the
+figures live in orchestrator/batch.py and report.py). Ctrl-C ends dfo, never a run: the same command again
+resumes.
 """
 
 from __future__ import annotations
