@@ -264,10 +264,19 @@ def _qwen3_8b_shape() -> Config:
     )
 
 
+def _h200_8x() -> Config:
+    """qwen3-8b-shape on an 8-GPU host: targets on cuda:0-1, one drafter replica on each of cuda:2-7."""
+    config = _qwen3_8b_shape()
+    config.run.targets = "cuda:0,cuda:1"
+    config.run.drafters = ",".join(f"cuda:{i}" for i in range(2, 8))
+    return config
+
+
 PRESETS: dict[str, typing.Callable[[], Config]] = {
     "tiny-cpu": _tiny_cpu,
     "h200-small": _h200_small,
     "qwen3-8b-shape": _qwen3_8b_shape,
+    "h200-8x": _h200_8x,
 }
 
 
