@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import pytest
+import torch
 
 from trainer_helpers import run_trainer, trainer_cmd, trainer_env
 
@@ -91,3 +92,13 @@ def test_sigterm_stops_every_process_with_a_checkpoint(tmp_path):
     assert (tmp_path / "term" / "checkpoint.pt").is_file()
     time.sleep(0.5)
     assert not [pid for pid in children if alive(pid)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_procsplit_trees_captures_graphs_on_one_gpu(tmp_path):
+    # the point of the topology: reduce-overhead (CUDAGraph Trees) runs in each drafter process's main thread
+    result = run_trainer(tmp_path, "graphs", "--preset", "h200-small", "--variant", "trees", "--topology",
+                         "procsplit", "--drafters", "cuda:0", "--steps", "60", timeout=290)
+    assert result.code == 0, result.stderr[-3000:]
+    assert result.steps[-1].phase == "train" and result.steps[-1].tok_s > 0
