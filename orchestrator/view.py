@@ -1,7 +1,8 @@
 """The live view of `dfo watch`: one panel per followed run, built from the Watcher's state.
 
 Per run: variant and target, step, tok/s with a sparkline of recent steps, warm-up/steady state, per-GPU
-memory and utilisation bars, queue fill and active drafters when the trainer reports them, the last log
+memory and utilisation bars (a GPU that went idle while the others stay busy says since when), queue fill
+and active drafters when the trainer reports them, the last log
 lines, and the decision with its reason. A header line shows each container's channel: connected,
 reconnecting (and why), and the gaps it came back from.
 
@@ -19,6 +20,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from .logfmt import format_ts
 from .watch import Link, WatchedRun, Watcher
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -74,13 +76,15 @@ def state_text(watched: WatchedRun) -> Text:
 
 
 def gpu_rows(watched: WatchedRun) -> Iterable[str]:
+    idle = watched.judge.idle_gpus.flagged
     for gpu in watched.gpu_now:
         used, total, util = gpu.get("mem_used_mib"), gpu.get("mem_total_mib"), gpu.get("util_pct")
         mem_fraction = used / total if used is not None and total else None
         mem = f"{used / 1024:5.1f}/{total / 1024:.0f} GiB" if used is not None and total else "   ?"
         util_text = f"{util:3.0f}%" if util is not None else "  ?"
+        flag = f"   went idle {format_ts(idle[gpu['index']].since)[11:19]}" if gpu.get("index") in idle else ""
         yield (f"GPU{gpu.get('index')}  mem {bar(mem_fraction)} {mem}   "
-               f"util {bar(util / 100 if util is not None else None)} {util_text}")
+               f"util {bar(util / 100 if util is not None else None)} {util_text}{flag}")
 
 
 def progress_line(watched: WatchedRun) -> Text:

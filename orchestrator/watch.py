@@ -73,6 +73,7 @@ class WatchedRun:
     latest: StepRecord | None = None
     lines: deque = field(default_factory=lambda: deque(maxlen=RECENT_LINES))
     gpu_now: list[dict] = field(default_factory=list)
+    idle_reported: set = field(default_factory=set)  # (GPU index, idle since) already sent as gpu_idle events
     alive: bool | None = None
     exit_code: int | None = None
     gone_at: float | None = None  # when the PID was first seen dead without an exit status
@@ -466,9 +467,18 @@ class Watcher:
             mine = tuple(g for g in gpus if not watched.gpus or g.get("index") in watched.gpus)
             watched.gpu_now = list(mine)
             watched.judge.observe(GpuObs(ts, mine))
+            self._emit("gpu", watched, {"gpus": list(mine)}, store=False)  # the GPU store table holds them
+            self._report_idle_gpus(watched)
         active = [w for w in followed if w.alive is not False]
         owner = active[0].name if len(active) == 1 else None
         writes.gpu_samples.append((obs.source, owner, [{**g, "ts": ts} for g in gpus]))
+
+    def _report_idle_gpus(self, watched: WatchedRun) -> None:
+        """A `gpu_idle` event for each GPU of the run newly seen idle while its others stay busy."""
+        for idle in watched.judge.idle_gpus.flagged.values():
+            if (idle.index, idle.since) not in watched.idle_reported:
+                watched.idle_reported.add((idle.index, idle.since))
+                self._emit("gpu_idle", watched, {**idle.to_json(), "text": idle.describe()})
 
     def _persist(self, writes: "Writes") -> None:
         """Samples first, then offsets: after a crash in between, the step check drops what is stored twice."""

@@ -21,6 +21,7 @@ from typing import Sequence
 
 from ..logfmt import format_ts
 from .config import DecideConfig
+from .gpus import IdleGpuDetector
 from .observations import EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, TickObs
 from .policy import action_for, next_variant
 from .signatures import PSEUDO, Catalogue, Match, MatchTracker, Signature
@@ -105,6 +106,7 @@ class RunJudge:
         self.gaps: deque[float] = deque(maxlen=GAP_HISTORY)
         self._typical_gap: float | None = None
         self.gpu_samples: deque[GpuObs] = deque(maxlen=30)
+        self.idle_gpus = IdleGpuDetector()  # which GPU went idle first: named in a crash or stall verdict
         self.warnings: Counter[str] = Counter()
         self.pending_traceback: Match | None = None
         self.pending_since: float | None = None
@@ -134,7 +136,7 @@ class RunJudge:
             LineObs: self._on_line,
             EventObs: self._on_event,
             ExitObs: self._on_exit,
-            GpuObs: self.gpu_samples.append,
+            GpuObs: self._on_gpus,
             TickObs: self._on_tick,
         }[type(obs)]
         handler(obs)
@@ -172,6 +174,11 @@ class RunJudge:
             return
         if self.steady.feed(obs):
             self._check_too_slow(obs)
+
+    def _on_gpus(self, obs: GpuObs) -> None:
+        self.gpu_samples.append(obs)
+        if self._final is None and self._exited is None:  # after the verdict, GPUs say nothing new
+            self.idle_gpus.feed(obs)
 
     def _on_line(self, obs: LineObs) -> None:
         for match in self.tracker.feed(obs.text):
@@ -266,6 +273,9 @@ class RunJudge:
         self, verdict: str, step: int | None, ts: float | None, signature: Signature | None, reason: str, evidence: dict
     ) -> Decision:
         estimate = self.steady.estimate
+        idle = self.idle_gpus.first() if verdict in ("crash", "stall") else None
+        if idle is not None:
+            reason, evidence = f"{reason}; {idle.describe()}", {**evidence, "gpu_idle_first": idle.to_json()}
         nxt = next_variant(self.chain, self.variant, signature) if verdict in FINAL_VERDICTS else None
         action = action_for(verdict, nxt, fallback_enabled=self.fallback, steady_seen=estimate.steady)
         return Decision(
