@@ -381,14 +381,17 @@ def test_two_launches_racing_for_one_default_name_get_two_names(store, workspace
 
 @pytest.mark.parametrize("fooled", ["command line", "start time"])
 def test_each_identity_check_alone_refuses_a_reused_pid(store, workspace, fooled):
-    run = launch(LocalTarget("here"), spec(workspace, "true"), store, name="gone").run
+    run = launch(LocalTarget("here"), spec(workspace, "sleep 0.3"), store, name="gone").run
+    assert run.proc_starttime is not None  # read at launch, while the run was alive
     wait_for(Path(run.exit_path).exists, what="run end")
+    time.sleep(0.05)  # a later clock tick (1/100 s) than the run's start, as any reused PID's start would be
     # a stranger that passes one of the two checks: its command line names the run's exit file, or the
     # registry holds its own start time
     stranger = subprocess.Popen(["sh", "-c", f"sleep 30; : {run.exit_path}"], start_new_session=True)
     try:
         wait_for(lambda: Path(f"/proc/{stranger.pid}/cmdline").read_bytes().count(b"\0") > 1, what="stranger start")
         stranger_start = int(Path(f"/proc/{stranger.pid}/stat").read_text().rpartition(")")[2].split()[19])
+        assert stranger_start != run.proc_starttime
         if fooled == "command line":
             store.update_run("gone", pid=stranger.pid)
         else:
