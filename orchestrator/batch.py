@@ -420,12 +420,19 @@ class Progress:
 
 @dataclass
 class _Stopping:
-    """A stop the scheduler asked for, and what follows once the run has ended."""
+    """A stop the scheduler asked for, and what follows once the run has ended. Kept in the cell's outcome
+    until then, so a resumed batch still knows that a run it finds ended (exit 143) was stopped on purpose."""
 
+    run: str
     reason: str
     state: str  # the cell's state if nothing follows
     next_variant: Optional[str]
-    since: float
+    decision: dict  # the verdict that led to the stop (a later one about the stopped run is not the result)
+    since: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": self.run, "reason": self.reason, "state": self.state, "next_variant": self.next_variant,
+                "decision": self.decision}
 
 
 @dataclass
@@ -508,6 +515,10 @@ class Scheduler:
             last = self.table.chain(record.root_run)[-1]
             self._attach(active, last)
             self.news.append(f"{record.cell.id}: reattached to {last}")
+            intent = record.outcome.get("stopping")
+            if intent and intent.get("run") == last:  # an earlier invocation was stopping it: finish that
+                active.stopping = _Stopping(**intent, since=self.clock())
+                self._request_stop(self.store.get_run(last), intent["reason"])
 
     def _start_ready(self) -> None:
         """Give GPUs to every pending cell that fits now, and launch those cells at once (one thread each)."""
@@ -583,20 +594,20 @@ class Scheduler:
         decision = self.decisions.get(run.name) or run.decision or {}
         if active.stopping is not None:
             if not run.active or self.clock() - active.stopping.since >= self.stop_wait_s:
-                self._after_stop(active, chain, decision)
+                self._after_stop(active, chain)
             return
         verdict = decision.get("decision")
         if verdict in FALLBACK_VERDICTS:
             following = self._next_variant(run.variant, decision)
             why = f"{verdict}: {decision.get('reason') or ''}".strip(": ")
-            self._stop(active, run, why, "failed", following)
+            self._stop(active, run, decision, why, "failed", following)
             return
         if verdict == "too_slow":
-            self._stop(active, run, f"too_slow: {decision.get('reason') or ''}".rstrip(": "), "done", None)
+            self._stop(active, run, decision, f"too_slow: {decision.get('reason') or ''}".rstrip(": "), "done", None)
             return
         reached = self._stop_reason(active, run.name, verdict)
         if reached:
-            self._stop(active, run, f"stop_when {reached}", "done", None)
+            self._stop(active, run, decision, f"stop_when {reached}", "done", None)
         elif not run.active and (verdict in ("exited", "steady") or self._waited(active, EXIT_GRACE_S)):
             state = "done" if run.state == "exited" or verdict in ("exited", "steady") else "failed"
             self._finish(active, chain, decision, state, f"run ended ({run.state}, exit code {run.exit_code})")
@@ -623,27 +634,33 @@ class Scheduler:
         active.waiting_since = active.waiting_since or now
         return now - active.waiting_since >= limit_s
 
-    def _stop(self, active: _Active, run: Run, reason: str, state: str, following: Optional[str]) -> None:
-        """Ask the watcher to stop `run` (if it still runs); `_after_stop` goes on once it has ended."""
-        active.stopping = _Stopping(reason, state, following, self.clock())
-        if run.active:
-            try:
-                self.watcher.stop_run(run.name, f"batch {self.plan.batch}: {reason}")
-            except (DfoError, KeyError) as exc:  # ended meanwhile, or not followed: the outcome stands
-                self.news.append(f"{run.name}: stop failed: {exc}")
+    def _stop(self, active: _Active, run: Run, decision: dict, reason: str, state: str, following: Optional[str]) -> None:
+        """Record why `run` is being stopped, then ask the watcher to stop it; `_after_stop` goes on once it has ended."""
+        active.stopping = _Stopping(run.name, reason, state, following, decision, self.clock())
+        self._set(active.record, outcome={"stopping": active.stopping.to_json()})
+        self._request_stop(run, reason)
 
-    def _after_stop(self, active: _Active, chain: list[str], decision: dict) -> None:
+    def _request_stop(self, run: Run, reason: str) -> None:
+        if not run.active:
+            return
+        try:
+            self.watcher.stop_run(run.name, f"batch {self.plan.batch}: {reason}")
+        except (DfoError, KeyError) as exc:  # ended meanwhile, or not followed: the outcome stands
+            self.news.append(f"{run.name}: stop failed: {exc}")
+
+    def _after_stop(self, active: _Active, chain: list[str]) -> None:
         stopping, record = active.stopping, active.record
         active.stopping = None
         if stopping.next_variant is None:
-            self._finish(active, chain, decision, stopping.state, stopping.reason)
+            self._finish(active, chain, stopping.decision, stopping.state, stopping.reason)
             return
         name = f"{record.root_run}.{len(chain) + 1}-{stopping.next_variant}"  # the watcher's fallback names
         try:
             self.start(record.cell, record.gpu_ids, stopping.next_variant, name, chain[-1])
         except DfoError as exc:
-            self._finish(active, chain, decision, "failed", f"{stopping.reason}; fallback {name} did not start: {exc}")
+            self._finish(active, chain, stopping.decision, "failed", f"{stopping.reason}; fallback {name} did not start: {exc}")
             return
+        self._set(record, outcome={})
         self.news.append(f"{record.cell.id}: {chain[-1]} {stopping.reason[:60]}; falling back to {name}")
         active.waiting_since = None
         self._attach(active, name)

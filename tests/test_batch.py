@@ -446,3 +446,25 @@ def test_a_cells_runs_carry_its_settings_and_gpus_into_every_fallback():
     assert (fallback.compile, fallback.chain, fallback.parent) == ("nographs", ("eager",), "g.trees.ct200.data.batch-8.g2.r1")
     whole = plan_of("batch: g\ntargets: [ct200]\nmatrix: {variant: [trees]}\n").cells[0]
     assert "CUDA_VISIBLE_DEVICES" not in run_spec(plan, INVENTORY, whole, (0, 1, 2, 3), "trees").env  # the container's own view
+
+
+def test_a_stop_interrupted_by_ctrl_c_is_finished_on_resume_not_taken_for_a_crash():
+    text = "batch: i\ntargets: [ct300]\nmatrix: {variant: [trees]}\n"
+    with Store.in_memory() as store:
+        _, watcher, _, scheduler = scheduled(text, STEADY, store)
+        watcher.stop_run = lambda name, reason: watcher.stopped.append((name, reason))  # the stop is still in flight
+
+        def interrupt(progress):
+            if watcher.stopped:
+                raise KeyboardInterrupt
+
+        scheduler.on_progress = interrupt
+        with pytest.raises(KeyboardInterrupt):
+            scheduler.run()
+        # meanwhile the stop's SIGTERM ended the run; reattached, the watcher judges its exit 143 a crash
+        crash = {"decision": "crash", "run": "i.trees.ct300.r1", "action": "stop", "signature": "exit_nonzero"}
+        store.update_run("i.trees.ct300.r1", state="crashed", exit_code=143, decision=crash)
+        _, _, launched, again = scheduled(text, STEADY, store)
+        record = again.run()[0]
+    assert (record.state, record.outcome["decision"]["decision"], record.outcome["why"]) == ("done", "steady", "stop_when steady")
+    assert launched == []  # trees is first in the chain, yet nothing fell back: the exit was dfo's own stop

@@ -97,7 +97,7 @@ def test_matrix_over_two_hosts_falls_back_resumes_and_reports(tmp_path: Path, ne
         runs_before = {run.name: run.pid for run in store.list_runs(batch="sweep1")}
 
     second = dfo(*args, "--json", env=env)
-    assert second.returncode == 0, second.stderr
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr
     result = json.loads(second.stdout)
     cells = {cell["cell"]: cell for cell in result["cells"]}
     assert sorted(cells) == sorted(interrupted) and len(cells) == 6
