@@ -119,3 +119,17 @@ def test_seeded_runs_reproduce_and_seeds_differ(tmp_path):
     other = weights(train_in_process(tmp_path / "c", "run.seed=7"), 0)
     assert all(torch.equal(a, b) for a, b in zip(first, again))
     assert not all(torch.equal(a, b) for a, b in zip(first, other))
+
+
+def test_a_local_hugging_face_target_gives_the_tapped_features(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from trainer.model import build_target
+
+    hf_config = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+                                         num_attention_heads=4, num_key_value_heads=2)
+    transformers.LlamaForCausalLM(hf_config).save_pretrained(tmp_path / "llama")
+    cfg = build_config("tiny-cpu", [f"target.hf_path={tmp_path / 'llama'}"])
+    features = build_target(cfg).features(torch.zeros(1, 16, dtype=torch.int64))
+    assert features.shape == (1, 16, cfg.drafter.taps * 64)
+    with pytest.raises(ConfigError, match="target.vocab_size: expected 64"):
+        build_target(build_config("tiny-cpu", [f"target.hf_path={tmp_path / 'llama'}", "target.vocab_size=100"]))

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.config import Config, DrafterConfig, TargetConfig, tap_layers
+from trainer.config import Config, ConfigError, DrafterConfig, TargetConfig, tap_layers
 
 
 class RMSNorm(nn.Module):
@@ -145,21 +145,30 @@ class TargetModel(nn.Module):
 
 
 class HFTarget(nn.Module):
-    """A local Hugging Face causal LM behind the same interface (embed, lm_head, features)."""
+    """A local Hugging Face causal LM behind the same interface (embed, lm_head, features).
 
-    def __init__(self, path: str, taps: list[int], dtype: torch.dtype) -> None:
+    The config must describe it (target.layers, target.hidden, target.vocab_size): taps, the drafter's
+    shapes and the MASK id (vocab_size - 1) are derived from those fields.
+    """
+
+    def __init__(self, cfg: TargetConfig, taps: list[int], dtype: torch.dtype) -> None:
         super().__init__()
         from transformers import AutoModelForCausalLM  # optional dependency, only when configured
 
-        self.model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, torch_dtype=dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(cfg.hf_path, local_files_only=True, dtype=dtype)
         self.taps = taps
         self.embed = self.model.get_input_embeddings()
         self.lm_head = self.model.get_output_embeddings()
         self.requires_grad_(False)
+        hf = self.model.config
+        found = {"layers": hf.num_hidden_layers, "hidden": hf.hidden_size, "vocab_size": self.embed.num_embeddings}
+        for key, value in found.items():
+            if getattr(cfg, key) != value:
+                raise ConfigError(f"target.{key}: expected {value} for {cfg.hf_path} (--set target.{key}={value})")
 
     @torch.no_grad()
     def features(self, tokens: torch.Tensor) -> torch.Tensor:
-        out = self.model.model(input_ids=tokens, output_hidden_states=True)
+        out = self.model.get_decoder()(input_ids=tokens, output_hidden_states=True)  # no vocab logits
         return torch.cat([out.hidden_states[i + 1] for i in self.taps], dim=-1)  # (b, T, K*H)
 
 
@@ -167,7 +176,7 @@ def build_target(cfg: Config, device: str = "cpu") -> nn.Module:
     """Seeded by run.seed; random weights are drawn directly on `device` (fast for 8B shapes on a GPU)."""
     taps = tap_layers(cfg.target.layers, cfg.drafter.taps)
     if cfg.target.hf_path:
-        return HFTarget(cfg.target.hf_path, taps, model_dtype(cfg)).to(device).eval()
+        return HFTarget(cfg.target, taps, model_dtype(cfg)).to(device).eval()
     torch.manual_seed(cfg.run.seed)
     with torch.device(device):
         return TargetModel(cfg.target, taps).eval()
