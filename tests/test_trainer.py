@@ -133,3 +133,20 @@ def test_a_local_hugging_face_target_gives_the_tapped_features(tmp_path):
     assert features.shape == (1, 16, cfg.drafter.taps * 64)
     with pytest.raises(ConfigError, match="target.vocab_size: expected 64"):
         build_target(build_config("tiny-cpu", [f"target.hf_path={tmp_path / 'llama'}", "target.vocab_size=100"]))
+
+
+def test_jsonl_text_is_tokenized_with_a_local_tokenizer(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<eos>", "the", "cat", "sat", "on", "mat"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<eos>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>").save_pretrained(tmp_path / "tok")
+    (tmp_path / "text.jsonl").write_text("\n".join('{"text": "the cat sat on the mat"}' for _ in range(40)))
+    cfg = build_config("tiny-cpu", ["data.source=jsonl", f"data.path={tmp_path / 'text.jsonl'}",
+                                    f"data.tokenizer={tmp_path / 'tok'}", "data.seq_len=70", "drafter.anchors=8"])
+    tokens, _ = build_source(cfg).batch(0, 0)
+    text = [words[i] for i in tokens[0].tolist()]
+    start = text.index("<eos>") + 1
+    assert text[start : start + 7] == ["the", "cat", "sat", "on", "the", "mat", "<eos>"]
