@@ -108,12 +108,13 @@ def log_start(cfg: Config, run_name: str, log) -> None:
 def run_threads(cfg: Config, args: argparse.Namespace, log, run_dir: Path) -> int:
     from trainer.data import build_source
     from trainer.metrics import open_sink
-    from trainer.pipeline import ThreadedRun
+    from trainer.pipeline import RunState, ThreadedRun
 
+    state = RunState()  # SIGTERM while the models are still being built stops the run after its first step
+    signal.signal(signal.SIGTERM, lambda *_: state.stop_requested.set())
     log.sink = open_sink(args.wandb, args.run_name, cfg.to_dict(), str(run_dir))
-    pipeline = ThreadedRun(cfg, build_source(cfg), log, run_dir, args.resume)
+    pipeline = ThreadedRun(cfg, build_source(cfg), log, run_dir, args.resume, state)
     threading.excepthook = pipeline.on_worker_exception
-    signal.signal(signal.SIGTERM, lambda *_: pipeline.state.stop_requested.set())
     pipeline.start()
     return pipeline.wait()
 

@@ -178,9 +178,9 @@ class ThreadedRun:
     """Owns the threads of one training run and decides how the process ends."""
 
     def __init__(self, cfg: Config, source: TokenSource, log: MetricLog, run_dir: Path,
-                 resume: bool) -> None:
+                 resume: bool, state: RunState | None = None) -> None:
         self.cfg, self.source, self.log, self.run_dir = cfg, source, log, run_dir
-        self.state = RunState()
+        self.state = state or RunState()
         self.config_hash = cfg.hash()
         self.targets = build_targets(cfg)
         self.replicas = build_replicas(cfg, frozen_heads(cfg, self.targets))
