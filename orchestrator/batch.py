@@ -8,8 +8,8 @@ A cell is one (target, variant, settings, GPU count, repeat). Its first run is n
 Watcher (built with fallback=False) judges runs; on a crash or stall verdict the scheduler stops the run
 and starts the next variant of the chain (decide.next_variant, the policy `dfo watch` uses) as
 `BATCH.CELL.<n>-<variant>` with `parent` set, on the same GPUs with the same settings, so a fallback never
-lands on another cell's GPUs. A too-slow verdict ends the cell as `done`: its steady figure is the result
-(the baseline may be the best peer of the same batch, and a sweep is there to measure the slow ones too). Two cells never hold one GPU at once: a cell without `gpus:` takes the whole
+lands on another cell's GPUs. A too-slow verdict (against a configured baseline only) ends the cell as
+`done`: its steady figure is the result, and a sweep is there to measure the slow configurations too. Two cells never hold one GPU at once: a cell without `gpus:` takes the whole
 target; one with `gpus: N` takes N of the target's listed GPUs and runs with CUDA_VISIBLE_DEVICES set to
 them; GPUs are released only once the cell's last run has ended. Everything the scheduler learns goes to
 the store first, so running the same file again skips finished cells, reattaches to running chains and
@@ -342,7 +342,7 @@ class CellTable:
     def save_plan(self, plan: Plan, now: str) -> None:
         """Record the batch and any cell not recorded yet (cells already there keep their state)."""
         spec = plan.experiments.model_dump_json()
-        with self.store._write() as db:
+        with self.store.transaction() as db:
             db.execute(
                 "INSERT INTO batches (name, source, spec, created_at, updated_at) VALUES (?, ?, ?, ?, ?)"
                 " ON CONFLICT(name) DO UPDATE SET source = excluded.source, spec = excluded.spec, updated_at = excluded.updated_at",
@@ -356,31 +356,31 @@ class CellTable:
                 )
 
     def batches(self) -> list[dict[str, Any]]:
-        rows = self.store._query("SELECT name, source, created_at, updated_at FROM batches ORDER BY created_at")
+        rows = self.store.query("SELECT name, source, created_at, updated_at FROM batches ORDER BY created_at")
         return [dict(row) for row in rows]
 
     def records(self, batch: str) -> list[CellRecord]:
-        rows = self.store._query("SELECT * FROM batch_cells WHERE batch = ? ORDER BY position", (batch,))
+        rows = self.store.query("SELECT * FROM batch_cells WHERE batch = ? ORDER BY position", (batch,))
         return [_record(row) for row in rows]
 
     def update(self, batch: str, cell_id: str, **values: Any) -> None:
         encoded = {k: json.dumps(list(v) if k == "gpu_ids" else v) if k in ("gpu_ids", "outcome") else v for k, v in values.items()}
         assignments = ", ".join(f"{key} = ?" for key in encoded)
-        with self.store._write() as db:
+        with self.store.transaction() as db:
             db.execute(f"UPDATE batch_cells SET {assignments} WHERE batch = ? AND cell = ?", (*encoded.values(), batch, cell_id))
 
     def chain(self, root: str) -> list[str]:
         """The run names from `root` along `parent` links (the fallbacks the watcher started), oldest first."""
         names = [root]
         while len(names) < 64:
-            rows = self.store._query("SELECT name FROM runs WHERE parent = ? ORDER BY id DESC LIMIT 1", (names[-1],))
+            rows = self.store.query("SELECT name FROM runs WHERE parent = ? ORDER BY id DESC LIMIT 1", (names[-1],))
             if not rows:
                 break
             names.append(rows[0]["name"])
         return names
 
     def last_step(self, run: str) -> Optional[int]:
-        return self.store._query("SELECT MAX(step) FROM samples WHERE run = ?", (run,))[0][0]
+        return self.store.query("SELECT MAX(step) FROM samples WHERE run = ?", (run,))[0][0]
 
 
 def _record(row: Any) -> CellRecord:
@@ -761,10 +761,11 @@ def preflight_problems(connections: Any, targets: list[str], *, ours: set[str]) 
 
 def open_watcher(inventory: Inventory, connections: Any, store: Store, **options: Any) -> Any:
     """The Watcher of `dfo watch`, judging only: the scheduler stops runs and falls back itself, so a fallback
-    keeps its cell's settings and GPUs."""
+    keeps its cell's settings and GPUs; too slow only against a configured baseline, never against the best
+    peer of the batch (a sweep measures the slow configurations too)."""
     from .watch import Watcher  # the watch loop and its agent channels load only when a batch runs
 
-    return Watcher(inventory, connections, store, fallback=False, **options)
+    return Watcher(inventory, connections, store, fallback=False, peer_baseline=False, **options)
 
 
 def run_batch(
