@@ -6,7 +6,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # Steps, each under its own timeout, within GPU_MULTI_BUDGET seconds (default 230):
 #   1 (a)+(b) eager: threaded target cuda:0 / drafters cuda:1,cuda:1 and cuda:0,cuda:1; procsplit 1 vs 2 GPUs
 #   2 (c) `dfo launch --variant ps2-eager --watch --until-decided --json` (bench/h200x2-e2e.yaml: local target,
-#     GPUs 0 and 1) with drafter 1 made to stop at step 400 for 15 s and then raise: the trainer exits 1 and
+#     GPUs 0 and 1) with drafter 1 made to stop at step 300 for 15 s and then raise: the trainer exits 1 and
 #     dfo's final decision says which GPU went idle first
 #   3 compiled, in what time is left: threaded nographs, procsplit trees 1 vs 2 GPUs
 # $OUT gets: summary.txt (everything to read first), multi.md + multi.json (the throughput table, replica hashes,
@@ -23,7 +23,7 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 W=$(mktemp -d); WS=/tmp/dfo-ws; SUMMARY=$OUT/summary.txt
 say() { echo "$*" | tee -a "$SUMMARY"; }
 export DFO_HOME=$W/home DFO_INVENTORY=bench/h200x2-e2e.yaml
-VARIANT=ps2-eager; FAIL_STEP=400; IDLE_S=15
+VARIANT=ps2-eager; FAIL_STEP=300; IDLE_S=15
 if [ $CPU = 1 ]; then  # the stand-in nvidia-smi (2 busy GPUs) and the venv's python for the trainer
     export PATH=$PWD/tests/harness/bin:$PATH NVIDIA_SMI_STANDIN_STATE=$W/smi.json
     $PY -c "import sys; sys.path.insert(0, 'tests'); from harness.nvidia_smi import Gpu, NvidiaSmiState as S
