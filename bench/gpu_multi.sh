@@ -28,7 +28,9 @@ if [ $CPU = 1 ]; then  # the stand-in nvidia-smi (2 busy GPUs) and the venv's py
     export PATH=$PWD/tests/harness/bin:$PATH NVIDIA_SMI_STANDIN_STATE=$W/smi.json
     $PY -c "import sys; sys.path.insert(0, 'tests'); from harness.nvidia_smi import Gpu, NvidiaSmiState as S
 S('$W/smi.json', [Gpu(i, memory_used_mib=0, utilization_pct=0) for i in (0, 1)])"
-    { cat bench/h200x2-e2e.yaml; echo "defaults: {python: $PY}"; } >"$W/inv.yaml"; export DFO_INVENTORY=$W/inv.yaml
+    WS=$W/ws  # not the shared /tmp/dfo-ws: other dry runs on this machine use it
+    { sed "s#/tmp/dfo-ws#$WS#" bench/h200x2-e2e.yaml; echo "defaults: {python: $PY}"; } >"$W/inv.yaml"
+    export DFO_INVENTORY=$W/inv.yaml
     VARIANT=ps2-eager-cpu; FAIL_STEP=40; IDLE_S=6
 fi
 dfo() { $PY -c 'import sys; from orchestrator.cli import main; sys.argv[0] = "dfo"; main()' "$@"; }

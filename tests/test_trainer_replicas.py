@@ -17,6 +17,7 @@ def hashes(done_fields: dict) -> list[str]:
     return done_fields["replica_hashes"].split(",")
 
 
+@pytest.mark.slow
 def test_threaded_done_line_reports_equal_hashes_per_replica(tmp_path):
     result = run_trainer(tmp_path, "hashes", *TWO_CPU_DRAFTERS, "--steps", "6", "--log-every", "3", timeout=120)
     assert result.code == 0, result.stderr[-2000:]
@@ -37,7 +38,8 @@ def test_procsplit_done_line_reports_one_hash_per_rank(tmp_path):
     assert len(hashes(done)) == 2 and len(set(hashes(done))) == 1 and done["replicas"] == "identical"
 
 
-@pytest.mark.parametrize("topology", ["threads", pytest.param("procsplit", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("topology", ["threads", "procsplit"])
 def test_fail_idle_s_pauses_the_failing_drafter_then_the_run_exits_1(tmp_path, topology):
     started = time.monotonic()
     result = run_trainer(tmp_path, "idle", "--topology", topology, *TWO_CPU_DRAFTERS, "--steps", "50",
