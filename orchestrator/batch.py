@@ -138,6 +138,7 @@ class Plan:
     cells: tuple[Cell, ...]
     chain: tuple[str, ...]
     target_gpus: Mapping[str, tuple[int, ...]]
+    topologies: Mapping[str, str] = field(default_factory=dict)  # variant -> threaded|procsplit
 
     @property
     def batch(self) -> str:
@@ -176,7 +177,8 @@ def parse_experiments(text: str, inventory: Inventory, *, source: str = "<memory
         raise InventoryError([f"{source}: {line}" for line in problems])
     chain = tuple(inventory.fallback if experiments.fallback is None else experiments.fallback)
     target_gpus = {name: inventory.target(name).gpus for name in targets}
-    return Plan(experiments, source, tuple(expand(experiments, targets)), chain, target_gpus)
+    topologies = {name: variant.topology for name, variant in inventory.variants.items()}
+    return Plan(experiments, source, tuple(expand(experiments, targets)), chain, target_gpus, topologies)
 
 
 def resolve_targets(selectors: list[str], inventory: Inventory) -> tuple[list[str], list[str]]:
@@ -616,7 +618,7 @@ class Scheduler:
 
     def _next_variant(self, variant: Optional[str], decision: dict) -> Optional[str]:
         signature = self.catalogue.by_id(decision["signature"]) if decision.get("signature") else None
-        return next_variant(self.plan.chain, variant, signature)
+        return next_variant(self.plan.chain, variant, signature, self.plan.topologies)
 
     def _stop_reason(self, active: _Active, run: str, verdict: Optional[str]) -> Optional[str]:
         stop_when = self.plan.experiments.stop_when

@@ -296,6 +296,7 @@ class Watcher:
             fallback=self.fallback,
             catalogue=self.catalogue,
             started_ts=parse_ts(run.started_at) if run.started_at else None,
+            topologies={name: v.topology for name, v in self.inventory.variants.items()},
         )
         return WatchedRun(run, root, chain, judge, make_parser(variant.metrics if variant else None),
                           source=run.target, gpus=spec.gpus, decision=judge.decision())

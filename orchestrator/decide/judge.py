@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from statistics import median
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from ..logfmt import format_ts
 from .config import DecideConfig
@@ -92,8 +92,10 @@ class RunJudge:
         fallback: bool = True,
         catalogue: Catalogue | None = None,
         started_ts: float | None = None,
+        topologies: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config or DecideConfig()
+        self.topologies = dict(topologies or {})  # variant -> threaded|procsplit, for the fallback choice
         self.baseline = baseline_tok_s
         self.run, self.variant, self.chain, self.fallback = run, variant, tuple(chain), fallback
         self.catalogue = catalogue or Catalogue()
@@ -276,7 +278,7 @@ class RunJudge:
         idle = self.idle_gpus.first() if verdict in ("crash", "stall") else None
         if idle is not None:
             reason, evidence = f"{reason}; {idle.describe()}", {**evidence, "gpu_idle_first": idle.to_json()}
-        nxt = next_variant(self.chain, self.variant, signature) if verdict in FINAL_VERDICTS else None
+        nxt = next_variant(self.chain, self.variant, signature, self.topologies) if verdict in FINAL_VERDICTS else None
         action = action_for(verdict, nxt, fallback_enabled=self.fallback, steady_seen=estimate.steady)
         return Decision(
             decision=verdict,

@@ -5,18 +5,26 @@ next_variant() picks the variant; naming the next RUN is the caller's business. 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from .signatures import Signature
 
 FALLBACK_VERDICTS = frozenset({"crash", "too_slow", "stall"})
 
 
-def next_variant(chain: Sequence[str], current: str | None, signature: Signature | None = None) -> str | None:
+def next_variant(
+    chain: Sequence[str],
+    current: str | None,
+    signature: Signature | None = None,
+    topologies: Mapping[str, str] | None = None,
+) -> str | None:
     """The variant to try after `current` in `chain`, or None (end of chain, or the signature says stop).
 
-    A signature's `next` preferences pick the first of them that comes later in the chain; when none of
-    them is in the rest of the chain, the plain next one is used.
+    The chain is the user's order. A signature's `next` preferences may only skip chain entries that would
+    meet the same failure: those of the crashed variant's own topology (`topologies` maps variant ->
+    threaded|procsplit; unknown = same). So after a thread-bound CUDA-graph crash in [trees, ps-trees,
+    nographs], ps-trees (its own process) is next, while in [trees, notrees, nographs] notrees is skipped.
+    When no preference is in the rest of the chain, the plain next one is used.
     """
     if signature is not None and signature.next is None:
         return None
@@ -24,8 +32,14 @@ def next_variant(chain: Sequence[str], current: str | None, signature: Signature
     rest = chain[chain.index(current) + 1 :] if current in chain else []
     if not rest:
         return None
-    preferred = [name for name in (signature.next if signature else ()) if name in rest]
-    return preferred[0] if preferred else rest[0]
+    prefs = tuple(signature.next) if signature else ()
+    if not any(name in rest for name in prefs):
+        return rest[0]
+    topo = topologies or {}
+    for name in rest:
+        if name in prefs or topo.get(name, topo.get(current or "")) != topo.get(current or ""):
+            return name
+    return rest[0]
 
 
 def action_for(verdict: str, next_name: str | None, *, fallback_enabled: bool, steady_seen: bool) -> str:

@@ -81,3 +81,14 @@ def test_next_variant_follows_signature_preferences_then_the_chain():
     assert next_variant(CHAIN, "trees", catalogue.by_id("nccl")) is None
     assert next_variant(CHAIN, "eager", None) is None
     assert next_variant(CHAIN, "not-in-chain", None) is None
+
+
+def test_a_thread_bound_crash_falls_back_to_the_next_topology_before_the_preferred_strategy():
+    """Issue 7's chain: the user's order wins over the signature's preference when the next variant runs in
+    its own process (the thread-bound failure cannot recur there); within a topology the preference skips."""
+    tls = Catalogue().by_id("cuda_capture_unsupported")
+    topologies = {"trees": "threaded", "ps-trees": "procsplit", "notrees": "threaded", "nographs": "threaded"}
+    assert next_variant(["trees", "ps-trees", "nographs"], "trees", tls, topologies) == "ps-trees"
+    assert next_variant(["trees", "notrees", "ps-trees", "nographs"], "trees", tls, topologies) == "ps-trees"
+    assert next_variant(["trees", "notrees", "nographs"], "trees", tls, topologies) == "nographs"
+    assert next_variant(["trees", "ps-trees", "nographs"], "trees", tls) == "nographs"  # topology unknown: same
