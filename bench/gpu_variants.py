@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -88,13 +89,17 @@ def run_one(preset: str, topology: str, variant: str, timeout: float, log) -> di
         cmd += ["--set", assignment]
     env = dict(os.environ, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0", TORCH_LOGS="recompiles")
     started = time.monotonic()
+    # Its own session, so a timeout kills the whole group: procsplit's worker processes hold GPU memory and
+    # would outlive a kill of the parent alone (seen on the H200: a 31 GB orphan failed the next benchmark).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=Path(__file__).resolve().parents[1], start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                              cwd=Path(__file__).resolve().parents[1])
-        code, output = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
+        output, _ = proc.communicate(timeout=timeout)
+        code = proc.returncode
+    except subprocess.TimeoutExpired:
         code = None
-        output = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
     log.write(f"\n===== {preset} {topology} {variant} exit={code} =====\n$ {' '.join(cmd)}\n{output}\n")
     log.flush()
     row = summarise(preset, topology, variant, code, output, time.monotonic() - started)
