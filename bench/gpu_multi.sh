@@ -3,7 +3,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 # the carried wheels in .whl/ (the line above):            bash bench/gpu_multi.sh
 # Dry run on a machine without GPUs (tiny-cpu on cpu devices, nvidia-smi stand-in, the venv's python):
 #     PY=.venv/bin/python bash bench/gpu_multi.sh --cpu
-# Steps, each under its own timeout, within GPU_MULTI_BUDGET seconds (default 230):
+# Steps, each under its own timeout, within GPU_MULTI_BUDGET seconds (default 230); GPU_MULTI_STEPS picks
+# some of them (default 123):
 #   1 (a)+(b) eager: threaded target cuda:0 / drafters cuda:1,cuda:1 and cuda:0,cuda:1; procsplit 1 vs 2 GPUs
 #   2 (c) `dfo launch --variant ps2-eager --watch --until-decided --json` (bench/h200x2-e2e.yaml: local target,
 #     GPUs 0 and 1) with drafter 1 made to stop at step 300 for 15 s and then raise: the trainer exits 1 and
@@ -42,6 +43,8 @@ nvidia-smi --query-gpu=timestamp,index,memory.used,utilization.gpu --format=csv,
 SMI=$!
 MULTI=(--out "$OUT"); [ $CPU = 1 ] && MULTI+=(--cpu)
 
+STEPS=${GPU_MULTI_STEPS:-123}  # which of the steps below to run, e.g. 2 for dfo's idle-GPU case alone
+if [[ $STEPS == *1* ]]; then
 say "== 1: eager (a) threaded across GPUs, (b) procsplit 1 vs 2 GPUs"
 timeout $(( $(left) > 20 ? $(left) - 75 : 1 )) $PY bench/gpu_multi.py "${MULTI[@]}" --phase eager \
     --budget $(( $(left) - 90 )) 2>&1 | tee -a "$W/multi-eager.out" | grep -v '^{' | tee -a "$SUMMARY"
@@ -51,7 +54,9 @@ for r in json.load(open(sys.argv[1])):
     print(f"  {r['case']:16} {r['variant']:8} {r['status']:8} tok/s {r['steady_tok_s'] or 0:>10,.0f} "
           f"replicas {r['replicas']} {r['replica_hashes']} {r['failure'][:200]}")
 PY
+fi
 
+if [[ $STEPS == *2* ]]; then
 say "== 2: dfo launch --watch with drafter 1 stopping at step $FAIL_STEP (idle ${IDLE_S}s, then raise)"
 for _ in $(seq 20); do  # the preflight wants idle GPUs: wait for the last case's memory to go
     busy=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | awk '$1 > 1024' | wc -l)
@@ -95,8 +100,10 @@ for n in $(dfo runs --json 2>/dev/null | $PY -c "import json,sys; print(' '.join
     timeout 40 $PY -c 'import sys; from orchestrator.cli import main; sys.argv[0] = "dfo"; main()' stop "$n" --grace 10 >/dev/null 2>&1
 done
 
+fi
+
 say "== 3: compiled strategies, $(left) s left"
-if [ "$(left)" -gt 40 ]; then
+if [[ $STEPS == *3* ]] && [ "$(left)" -gt 40 ]; then
     timeout $(( $(left) - 5 )) $PY bench/gpu_multi.py "${MULTI[@]}" --phase compiled --budget $(( $(left) - 10 )) \
         2>&1 | tee -a "$W/multi-compiled.out" | grep -v '^{' | tee -a "$SUMMARY"
 fi
