@@ -209,7 +209,7 @@ class DrafterProcess:
 
 
 def drafter_main(cfg: Config, rank: int, world: int, device: str, inbox, port: int, run_name: str,
-                 wandb_mode: str, run_dir: str, start: int, stop) -> None:
+                 wandb_mode: str, run_dir: str, start: int, stop, first_failure) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     share_cpu(cfg, device)
     if is_cuda(device):
@@ -222,6 +222,9 @@ def drafter_main(cfg: Config, rank: int, world: int, device: str, inbox, port: i
             process.log.sink = open_sink(wandb_mode, run_name, cfg.to_dict(), run_dir)
         status = process.train()
     except BaseException:  # noqa: BLE001 - traceback to the log, then leave at once: a normal interpreter
+        with first_failure.get_lock():  # the rank that failed first, before its peers fail in the collective
+            if first_failure.value < 0:
+                first_failure.value = rank
         print(f"Process drafter{rank}:", file=sys.stderr)  # teardown could wait on a process group
         traceback.print_exc()  # whose other ranks sit in a collective
         sys.stderr.flush()
@@ -246,6 +249,7 @@ class Supervisor:
         # kept on self: Process.start() drops its args, and a collected queue unlinks its semaphores
         self.queues = queues = [ctx.Queue(maxsize=cfg.run.queue_depth) for _ in drafters]
         self.finished, self.stop = ctx.Event(), ctx.Event()
+        self.first_failure = ctx.Value("i", -1)  # rank of the drafter whose exception came first
         start, port = start_step_of(cfg, run_dir, resume), free_port()
         self.producers = [
             ctx.Process(target=producer_main, name=f"target{i}", daemon=True,
@@ -256,7 +260,7 @@ class Supervisor:
         self.drafters = [
             ctx.Process(target=drafter_main, name=f"drafter{rank}",
                         args=(cfg, rank, len(drafters), device, queues[rank], port, run_name, wandb_mode,
-                              str(run_dir), start, self.stop))
+                              str(run_dir), start, self.stop, self.first_failure))
             for rank, device in enumerate(drafters)
         ]
 
@@ -277,10 +281,18 @@ class Supervisor:
             for process in self.producers + self.drafters:
                 code = process.exitcode
                 if code is not None and code not in (EXIT_OK, EXIT_STOPPED):
-                    return self._fail(process.name, code)
+                    return self._fail(*self._first_failed(process.name, code))
             if all(p.exitcode is not None for p in self.drafters):
                 return EXIT_STOPPED if any(p.exitcode == EXIT_STOPPED for p in self.drafters) else EXIT_OK
             time.sleep(POLL_S)
+
+    def _first_failed(self, name: str, code: int) -> tuple[str, int]:
+        """The drafter whose exception came first when several have ended (its peers fail after it in the
+        collective, and may be seen first by the poll), else the process the poll found."""
+        rank = self.first_failure.value
+        if 0 <= rank < len(self.drafters) and self.drafters[rank].exitcode not in (None, EXIT_OK, EXIT_STOPPED):
+            return self.drafters[rank].name, self.drafters[rank].exitcode
+        return name, code
 
     def _fail(self, name: str, code: int) -> int:
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
