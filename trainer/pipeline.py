@@ -20,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -67,9 +68,10 @@ class RunState:
         return self.failed.is_set()
 
 
-def put_until(q: queue.Queue, item: object, state: RunState) -> bool:
-    """Put, giving up when the run fails or stops; returns whether the item went in."""
-    while not state.should_quit():
+def put_until(q, item: object, should_quit: Callable[[], bool]) -> bool:
+    """Put into a bounded queue (thread or process queue), giving up once `should_quit()`; returns whether
+    the item went in. Both topologies' producers use it."""
+    while not should_quit():
         try:
             q.put(item, timeout=POLL_S)
             return True
@@ -108,7 +110,7 @@ class Producer:
                     batch = self.produce(step, drafter)
                 if stream is not None:
                     stream.synchronize()  # the consumer may run on another stream or device
-                if not put_until(self.queues[drafter], batch, self.state):
+                if not put_until(self.queues[drafter], batch, self.state.should_quit):
                     return
 
     def produce(self, step: int, drafter: int) -> Batch:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import multiprocessing.util
 import os
-import queue
 import signal
 import socket
 import sys
@@ -40,7 +39,7 @@ from trainer.config import Config
 from trainer.data import build_source
 from trainer.metrics import MetricLog, open_sink
 from trainer.model import build_target, model_dtype
-from trainer.pipeline import EXIT_OK, EXIT_STOPPED, EXIT_WORKER_FAILED
+from trainer.pipeline import EXIT_OK, EXIT_STOPPED, EXIT_WORKER_FAILED, put_until
 from trainer.replica import (
     Reporter, build_replica, debug_hooks, forward_backward, is_cuda, memory_gb, optimizer_step, replica_fields,
     restore_replica, seeded_drafter, weights_digest,
@@ -80,7 +79,7 @@ def producer_main(cfg: Config, index: int, device: str, serves: list[int], queue
     target = build_target(cfg, device).to(dtype=model_dtype(cfg))
     source = build_source(cfg)
     for drafter in serves:
-        _put(queues[drafter], ("head", target.embed.weight, target.lm_head.weight), finished)
+        put_until(queues[drafter], ("head", target.embed.weight, target.lm_head.weight), finished.is_set)
     for step in range(start, cfg.run.steps):
         for drafter in serves:
             tokens, anchors = source.batch(step, drafter)  # (b, T), (b, A)
@@ -88,19 +87,9 @@ def producer_main(cfg: Config, index: int, device: str, serves: list[int], queue
             features = target.features(tokens)  # (b, T, K*H)
             if is_cuda(device):
                 torch.cuda.current_stream(device).synchronize()  # complete before another process reads it
-            if not _put(queues[drafter], ("batch", step, tokens, features, anchors.to(device)), finished):
+            if not put_until(queues[drafter], ("batch", step, tokens, features, anchors.to(device)), finished.is_set):
                 return
     finished.wait()  # our CUDA tensors must outlive the consumers' use of them
-
-
-def _put(q, item, finished) -> bool:
-    while not finished.is_set():
-        try:
-            q.put(item, timeout=POLL_S)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 # ------------------------------------------------------------------------------------------ drafter
