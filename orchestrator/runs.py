@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterator, Mapping, Sequence

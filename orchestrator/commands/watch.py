@@ -18,7 +18,7 @@ from ..inventory import Inventory, load_inventory
 from ..store import Store
 from ..view import render
 from ..watch import Watcher
-from .common import InventoryOpt, JsonOpt, console, err_console, print_json
+from .common import InventoryOpt, console, err_console, print_json
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
 SHOWN_EVENTS = ("decision", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
