@@ -365,17 +365,24 @@ class Store:
 
     # -- samples
 
-    def add_samples(self, run: str, samples: Iterable[Mapping[str, Any]]) -> int:
-        """Store parsed metric lines (step, ts, tok_s, loss, phase; other keys go to `extra`). Returns the count."""
+    def add_samples(self, run: str, samples: Iterable[Mapping[str, Any]], *, offset: int | None = None) -> int:
+        """Store parsed metric lines (step, ts, tok_s, loss, phase; other keys go to `extra`). Returns the count.
+
+        `offset`: the log offset the watcher has read up to, recorded in the SAME transaction, so a re-attach
+        starts exactly after the stored samples."""
         rows = [
             (run, *(s.get(c) for c in SAMPLE_COLUMNS), _extra(s, SAMPLE_COLUMNS))
             for s in samples
         ]
-        if rows:
+        if rows or offset is not None:
             with self._write() as db:
-                db.executemany(
-                    "INSERT INTO samples (run, step, ts, tok_s, loss, phase, extra) VALUES (?, ?, ?, ?, ?, ?, ?)", rows
-                )
+                if rows:
+                    db.executemany(
+                        "INSERT INTO samples (run, step, ts, tok_s, loss, phase, extra) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        rows,
+                    )
+                if offset is not None:
+                    db.execute("UPDATE runs SET log_offset = ? WHERE name = ?", (offset, run))
         return len(rows)
 
     def samples(self, run: str) -> list[dict[str, Any]]:

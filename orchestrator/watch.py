@@ -482,14 +482,12 @@ class Watcher:
                 self._emit("gpu_idle", watched, {**idle.to_json(), "text": idle.describe()})
 
     def _persist(self, writes: "Writes") -> None:
-        """Samples first, then offsets: after a crash in between, the step check drops what is stored twice."""
-        for name, samples in writes.samples.items():
-            self.store.add_samples(name, samples)
+        """Each run's samples and log offset in one transaction (a re-attach resumes right after them), then
+        the GPU samples."""
+        for name in writes.samples.keys() | writes.offsets.keys():
+            self.store.add_samples(name, writes.samples.get(name, ()), offset=writes.offsets.get(name))
         for source, run, samples in writes.gpu_samples:
             self.store.add_gpu_samples(source, samples, run=run)
-        for name, offset in writes.offsets.items():
-            if offset is not None:
-                self.store.set_offset(name, offset)
 
     # ------------------------------------------------------------------ judging and acting
 
@@ -698,7 +696,7 @@ class Watcher:
 
 @dataclass
 class Writes:
-    """What one step() collected for the store, written in a few transactions at its end."""
+    """What one step() collected for the store, written at its end (samples + offset: one transaction a run)."""
 
     samples: dict[str, list[dict]] = field(default_factory=dict)
     gpu_samples: list[tuple[str, str | None, list[dict]]] = field(default_factory=list)

@@ -92,6 +92,10 @@ def test_events_pushes_samples_and_offsets(store):
     assert store.gpu_samples(run="r")[0]["index"] == 0
     store.set_offset("r", 1234)
     assert store.get_run("r").log_offset == 1234
+    assert store.add_samples("r", [{"step": 3, "ts": 4.0, "tok_s": 30.0}], offset=2000) == 1
+    assert store.get_run("r").log_offset == 2000 and store.samples("r")[-1]["step"] == 3
+    assert store.add_samples("r", [], offset=2100) == 0  # free-text lines only: the offset still moves
+    assert store.get_run("r").log_offset == 2100 and len(store.samples("r")) == 4
 
 
 WRITER = textwrap.dedent(
