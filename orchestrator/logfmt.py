@@ -7,6 +7,12 @@ Two extractors produce the same records:
   for trainers that print their own format.
 Anything else is free text (warnings, tracebacks) and comes back as such.
 
+Parsed fields are validated here, at the parsing boundary: a metric line whose `ts`, `step` or `tok_s` is
+out of range (`ts=1e20`, a step too large for the registry, a negative or infinite tok/s) comes back as a
+MalformedLine carrying the reason, for the caller to count and show; nothing downstream (time conversion,
+SQLite, the statistics) ever sees such a value. Optional figures (loss, acc, ...) may be NaN or infinite:
+a NaN loss is something the judge must see.
+
 This module must not raise on a line's content, whatever the bytes were (the caller decodes with
 errors="replace"), and must not read a clock: a line without its own timestamp takes `received_ts`,
 the time the watcher received it, passed in by the caller.
@@ -14,7 +20,6 @@ the time the watcher received it, passed in by the caller.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,6 +32,10 @@ ESCAPES = {"n": "\n", "t": "\t"}
 PHASES = frozenset({"warmup", "train", "eval", "checkpoint"})
 FLOAT_FIELDS = ("loss", "acc", "lr", "q_fill", "mem_gb")
 KNOWN_KEYS = frozenset({"ts", "event", "step", "tok_s", "phase", "active", *FLOAT_FIELDS})
+MIN_TS = 0.0
+MAX_TS = 253402300799.0  # 9999-12-31T23:59:59Z, the last second datetime can show
+MAX_STEP = 2**63 - 1  # SQLite's INTEGER
+MAX_TOK_S = 1e12  # a trillion tokens per second: beyond any machine, so a garbled figure
 
 
 @dataclass(frozen=True)
@@ -63,32 +72,56 @@ class TextLine:
     text: str
 
 
+@dataclass(frozen=True)
+class MalformedLine(TextLine):
+    """A metric line (logfmt `event=...`, or a match of the user's regex) with a field out of range: shown and
+    counted like free text, never stored or judged as a step. `reason` says which field and why."""
+
+    reason: str = ""
+
+
 Record = StepRecord | EventRecord | TextLine
 
 
+def step_problem(step: object, ts: object, tok_s: object) -> str | None:
+    """Why these step fields cannot be a sample (None when they can): the one range check, applied to parsed
+    lines and to samples an older dfo stored."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= MAX_STEP:
+        return f"step={step} is not an integer in 0..{MAX_STEP}"
+    if isinstance(tok_s, bool) or not isinstance(tok_s, (int, float)) or not 0 <= tok_s <= MAX_TOK_S:
+        return f"tok_s={tok_s} is not a number in 0..{MAX_TOK_S:g}"
+    return ts_problem(ts)
+
+
+def ts_problem(ts: object) -> str | None:
+    """Why `ts` (epoch seconds) is no usable time, or None."""
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not MIN_TS <= ts <= MAX_TS:
+        return f"ts={ts} is not a time between 1970 and 9999"
+    return None
+
+
 def parse_ts(value: str) -> float | None:
-    """RFC 3339 / ISO 8601 (naive means UTC) or epoch seconds -> epoch seconds; None if unreadable."""
+    """RFC 3339 / ISO 8601 (naive means UTC) or epoch seconds -> epoch seconds; None if unreadable or outside
+    1970..9999."""
     value = value.strip()
     if not value:
         return None
     try:
         number = float(value)
     except ValueError:
-        pass
-    else:
-        return number if math.isfinite(number) else None
-    try:
-        moment = datetime.fromisoformat(value.replace(",", "."))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.timestamp()
+        try:
+            moment = datetime.fromisoformat(value.replace(",", "."))
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=timezone.utc)
+            number = moment.timestamp()
+        except (ValueError, OverflowError):
+            return None
+    return number if ts_problem(number) is None else None
 
 
 def format_ts(epoch: float | None) -> str | None:
     """Epoch seconds -> `2026-11-29T11:40:03.123Z` (the contract's own form)."""
-    if epoch is None:
+    if epoch is None or ts_problem(epoch) is not None:
         return None
     moment = datetime.fromtimestamp(epoch, tz=timezone.utc)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
@@ -114,7 +147,7 @@ def _float(value: str | None) -> float | None:
 
 
 def _int(value: str | None) -> int | None:
-    if value is None:
+    if value is None or len(value) > 40:  # int() of a huge digit string is slow, and out of range anyway
         return None
     try:
         return int(value)
@@ -123,14 +156,24 @@ def _int(value: str | None) -> int | None:
         return int(number) if number is not None and number.is_integer() else None
 
 
-def step_from_fields(fields: dict[str, str], received_ts: float | None) -> StepRecord | None:
-    """A StepRecord from already-extracted fields, or None when step/tok_s/a time are missing or bad."""
-    step = _int(fields.get("step"))
-    tok_s = _float(fields.get("tok_s"))
-    ts = parse_ts(fields["ts"]) if fields.get("ts") else None
-    ts = ts if ts is not None else received_ts
-    if step is None or tok_s is None or ts is None:
+def step_from_fields(fields: dict[str, str], received_ts: float | None) -> StepRecord | str | None:
+    """A StepRecord from already-extracted fields; None when step/tok_s/a time are missing; the reason (text)
+    when one of them is there but unreadable or out of range."""
+    if fields.get("step") is None or fields.get("tok_s") is None:
         return None
+    step, tok_s = _int(fields["step"]), _float(fields["tok_s"])
+    if fields.get("ts"):
+        ts = parse_ts(fields["ts"])
+        if ts is None:
+            return f"ts={fields['ts'][:40]} is not a time between 1970 and 9999"
+    else:
+        ts = received_ts
+    if ts is None:
+        return None
+    problem = step_problem(step if step is not None else fields["step"][:40],
+                           ts, tok_s if tok_s is not None else fields["tok_s"][:40])
+    if problem:
+        return problem
     phase = fields.get("phase") or "train"
     return StepRecord(
         ts=ts,
@@ -153,13 +196,24 @@ def parse_logfmt(text: str, received_ts: float | None = None) -> Record:
     if not event or not line.lstrip().startswith(("ts=", "event=")):
         return TextLine(received_ts, line)
     if event == "step":
-        record = step_from_fields(fields, received_ts)
-        return record if record is not None else TextLine(received_ts, line)
-    ts = parse_ts(fields.get("ts", "")) if fields.get("ts") else None
-    ts = ts if ts is not None else received_ts
+        return _step_or_text(step_from_fields(fields, received_ts), line, received_ts)
+    if fields.get("ts"):
+        ts = parse_ts(fields["ts"])
+        if ts is None:
+            return MalformedLine(received_ts, line, f"ts={fields['ts'][:40]} is not a time between 1970 and 9999")
+    else:
+        ts = received_ts
     if ts is None:
         return TextLine(received_ts, line)
     return EventRecord(ts=ts, event=event, fields=fields)
+
+
+def _step_or_text(record: StepRecord | str | None, line: str, received_ts: float | None) -> Record:
+    if isinstance(record, StepRecord):
+        return record
+    if isinstance(record, str):
+        return MalformedLine(received_ts, line, record)
+    return TextLine(received_ts, line)
 
 
 class RegexExtractor:
@@ -185,8 +239,7 @@ class RegexExtractor:
         if match is None:
             return parse_logfmt(line, received_ts)
         fields = {k: v for k, v in match.groupdict().items() if v is not None}
-        record = step_from_fields(fields, received_ts)
-        return record if record is not None else TextLine(received_ts, line)
+        return _step_or_text(step_from_fields(fields, received_ts), line, received_ts)
 
 
 def make_parser(regex: str | None = None):

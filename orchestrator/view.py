@@ -6,7 +6,8 @@ and active drafters when the trainer reports them, the last log
 lines, and the decision with its reason. A header line shows each container's channel: connected,
 reconnecting (and why), and the gaps it came back from.
 
-What it must not do: read the store, reach a machine or change the Watcher. Rendering is plain text
+What it must not do: read the store, reach a machine or change the Watcher, or show remote text (log lines,
+reasons, channel errors, nvidia-smi's words) other than through sanitize.py. Rendering is plain text
 building (no measuring, no layout tricks), cheap enough for a few refreshes a second.
 """
 
@@ -21,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .logfmt import format_ts
+from .sanitize import markup, text, visible
 from .watch import Link, WatchedRun, Watcher
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -54,7 +56,7 @@ def state_text(watched: WatchedRun) -> Text:
     decision = watched.decision
     colour = COLOURS.get(decision.decision, "white")
     if watched.stopped_reason:
-        return Text(f"stopped by dfo: {watched.stopped_reason}", style="cyan")
+        return text(f"stopped by dfo: {watched.stopped_reason}", style="cyan")
     if watched.lost:
         return Text("given up: its container is out of reach (undecided)", style="bold red")
     if decision.decision == "undecided":
@@ -66,13 +68,13 @@ def state_text(watched: WatchedRun) -> Text:
     else:
         label = decision.decision
         if decision.signature:
-            label += f" [{decision.signature}]"
+            label += f" [{visible(decision.signature)}]"
     action = f"  -> {decision.action}" if decision.action not in ("none", "keep") or decision.decision == "steady" else ""
     if decision.next_run:
         action += f" {decision.next_run}"
     elif watched.acting:
         action += " (in progress)"
-    return Text(label + action, style=f"bold {colour}")
+    return text(label + action, style=f"bold {colour}")
 
 
 def gpu_rows(watched: WatchedRun) -> Iterable[str]:
@@ -100,7 +102,9 @@ def progress_line(watched: WatchedRun) -> Text:
         parts.append(f"active drafters {latest.active}")
     if latest.phase != "train":
         parts.append(latest.phase)
-    return Text("   ".join(parts))
+    if watched.malformed:
+        parts.append(f"{watched.malformed} malformed metric line(s) ignored")
+    return text("   ".join(parts))
 
 
 def run_panel(watched: WatchedRun) -> Panel:
@@ -109,29 +113,29 @@ def run_panel(watched: WatchedRun) -> Panel:
     body.add_row(progress_line(watched))
     body.add_row(state_text(watched))
     if watched.decision.decision != "undecided" or watched.latest is not None:
-        body.add_row(Text(watched.decision.reason, style="dim"))
+        body.add_row(text(watched.decision.reason, style="dim"))
     for row in gpu_rows(watched):
-        body.add_row(Text(row))
+        body.add_row(text(row))
     for line in list(watched.lines)[-3:]:
-        body.add_row(Text("│ " + line, style="dim", no_wrap=True, overflow="ellipsis"))
-    title = f"[bold]{watched.name}[/]  {watched.run.variant or '?'} on {watched.run.target}"
+        body.add_row(text("│ " + line, style="dim", no_wrap=True, overflow="ellipsis"))
+    title = f"[bold]{markup(watched.name)}[/]  {markup(watched.run.variant or '?')} on {markup(watched.run.target)}"
     if watched.run.parent:
-        title += f"  (after {watched.run.parent})"
+        title += f"  (after {markup(watched.run.parent)})"
     return Panel(body, title=title, title_align="left", border_style=COLOURS.get(watched.decision.decision, "white"))
 
 
 def link_text(name: str, link: Link, unreachable_s: float) -> Text:
     if link.connected:
-        text = Text(f"{name}: connected", style="green")
+        line = text(f"{name}: connected", style="green")
     else:
-        text = Text(f"{name}: reconnecting" + (f" ({link.reason})" if link.reason else ""), style="yellow")
+        line = text(f"{name}: reconnecting" + (f" ({link.reason})" if link.reason else ""), style="yellow")
         if link.down_since is not None:
-            text.append(f", down {time.time() - link.down_since:.0f} s (gives up after {unreachable_s:g} s)", style="yellow")
+            line.append(f", down {time.time() - link.down_since:.0f} s (gives up after {unreachable_s:g} s)", style="yellow")
     if link.reconnects:
-        text.append(f", {link.reconnects} gap(s), last {link.last_gap_s or 0:.1f} s", style="yellow")
+        line.append(f", {link.reconnects} gap(s), last {link.last_gap_s or 0:.1f} s", style="yellow")
     if link.gpu_error:
-        text.append(f", nvidia-smi: {link.gpu_error}", style="red")
-    return text
+        line.append(visible(f", nvidia-smi: {link.gpu_error}"), style="red")
+    return line
 
 
 def render(watcher: Watcher) -> RenderableType:

@@ -32,7 +32,7 @@ from .decide import Catalogue, DecideConfig, Decision, ExitObs, GpuObs, RunJudge
 from .errors import DfoError, RefusedError, UnknownRun, UsageError
 from .gpu import NvidiaSmiError, query_gpus
 from .inventory import Inventory, TargetSpec
-from .logfmt import StepRecord, make_parser, parse_ts
+from .logfmt import MalformedLine, StepRecord, make_parser, parse_ts, step_problem
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
 from .preflight import gpus_idle_check
@@ -52,6 +52,7 @@ ACTION_JOIN_S = 5.0
 GPU_RELEASE_S = 30.0  # after a stop, how long the target's GPUs get to go idle before the fallback starts
 GPU_POLL_S = 1.0
 GPU_QUERY_TIMEOUT_S = 15.0
+MALFORMED_EVENTS = 20  # malformed-line events per run; after these the view's count goes on alone
 SAMPLE_FIELDS = ("step", "ts", "tok_s", "loss", "phase", "acc", "lr", "q_fill", "active", "mem_gb")
 Event = dict[str, Any]
 
@@ -83,6 +84,8 @@ class WatchedRun:
     stopped_reason: str | None = None
     lost: bool = False  # its container was unreachable for longer than unreachable_s: the watch gave up on it
     dirty: bool = False  # fed since the decision was last read
+    malformed: int = 0  # metric lines with a field out of range (ts=1e20 ...): shown, never stored or judged
+    last_malformed: str | None = None  # why the last one was refused
 
     @property
     def name(self) -> str:
@@ -322,8 +325,8 @@ class Watcher:
         earlier watch reached. Returns how many steps were stored."""
         stored = 0
         for sample in self.store.samples(watched.name):
-            if sample.get("step") is None or sample.get("tok_s") is None:
-                continue
+            if step_problem(sample.get("step"), sample.get("ts"), sample.get("tok_s")):
+                continue  # stored by a dfo that did not check ranges (ts=1e20): skipped, so the watch recovers
             obs = StepObs(sample["ts"], int(sample["step"]), float(sample["tok_s"]), sample.get("loss"),
                           sample.get("phase") or "train", sample.get("active"))
             watched.judge.observe(obs)
@@ -435,6 +438,12 @@ class Watcher:
             writes.samples.setdefault(watched.name, []).append(sample_of(record))
             self._emit("step", watched, {"step": record.step, "tok_s": record.tok_s, "loss": record.loss,
                                          "phase": record.phase}, store=False)
+        elif isinstance(record, MalformedLine):
+            watched.malformed += 1
+            watched.last_malformed = record.reason
+            watched.lines.append(f"[dfo: malformed metric line ignored: {record.reason}] {line[:200]}")
+            if watched.malformed <= MALFORMED_EVENTS:
+                self._emit("malformed", watched, {"reason": record.reason, "count": watched.malformed})
         else:
             watched.lines.append(line[:300])
         watched.judge.observe(observation_from_record(record, received))

@@ -24,6 +24,7 @@ from ..batch import Plan, Progress, load_experiments, open_watcher, plan_rows, r
 from ..connections import Connections
 from ..inventory import load_inventory
 from ..store import Store
+from ..sanitize import text
 from .common import InventoryOpt, JsonOpt, console, err_console, print_json
 
 EXAMPLES = {
@@ -95,7 +96,8 @@ def show_plan(plan: Plan, as_json: bool) -> None:
         table.add_column(column, overflow="fold", no_wrap=column == "run")
     for row in rows:
         settings = " ".join(f"{k}={v}" for k, v in row["sets"].items())
-        table.add_row(row["run"], row["target"], row["variant"], settings, str(row["gpus"] or "all"), row["action"])
+        table.add_row(*map(text, (row["run"], row["target"], row["variant"], settings, str(row["gpus"] or "all"),
+                                  row["action"])))
     console.print(table)
     concurrency = plan.experiments.concurrency
     console.print(
@@ -116,8 +118,8 @@ def render_progress(progress: Progress) -> Group:
     )
     running = Table(box=None, show_header=False, pad_edge=False)
     for cell, run in progress.running:
-        running.add_row(f"  {cell}", run)
-    return Group(head, running, *(Text(f"  {line}", style="dim") for line in progress.news))
+        running.add_row(text(f"  {cell}"), text(run))
+    return Group(head, running, *(text(f"  {line}", style="dim") for line in progress.news))
 
 
 def _duration(seconds: float) -> str:
@@ -166,7 +168,7 @@ def show_report(batch: str, rows: list[report_lib.CellRow], as_json: bool) -> No
         width = max(map(len, cells[name]), default=0) if name == "cell" else None  # ids stay whole; others give way
         table.add_column(name, no_wrap=True, min_width=width, overflow="ellipsis", justify="right" if name in NUMERIC else "left")
     for index in range(len(rows)):
-        table.add_row(*(cells[name][index] for name in shown))
+        table.add_row(*(text(cells[name][index]) for name in shown))  # remote words (an error's) are no markup
     console.print(table)
     for best in report_lib.best_per_target(rows):
         console.print(f"best on {best['target']}: {best['config']} at {best['steady_tok_s']:,.0f} tok/s "

@@ -1,23 +1,22 @@
 """Options and rendering helpers shared by every command module.
 
-Renders only: no SSH, SQL or checks here. Text that comes from users, files or remote machines is printed
-verbatim (escaped for rich), never read as markup.
+Renders only: no SSH, SQL or checks here. Text that comes from users, files or remote machines is never
+read as markup, and its control characters are shown, not sent to the terminal (orchestrator/sanitize.py:
+both consoles are SafeConsoles; --json output is strict JSON).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from ..errors import DfoError, InventoryError
+from ..sanitize import SafeConsole, json_line, markup
 
-console = Console()
-err_console = Console(stderr=True)
+console = SafeConsole()
+err_console = SafeConsole(stderr=True)
 
 InventoryOpt = typer.Option(
     None,
@@ -33,10 +32,11 @@ def print_error(err: DfoError) -> None:
     """One line per problem on stderr, prefixed `dfo: error:`."""
     lines = err.problems if isinstance(err, InventoryError) else [str(err)]
     for line in lines:
-        err_console.print(f"[bold red]dfo: error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]dfo: error:[/] {markup(line)}", highlight=False, soft_wrap=True)
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, default=str) + "\n")
+    """One line of strict JSON on stdout (NaN/Infinity become null plus a `nonfinite` note)."""
+    sys.stdout.write(json_line(obj) + "\n")
     sys.stdout.flush()
 

@@ -1,6 +1,8 @@
 """`dfo replay LOG`: the watcher's verdict on a recorded log, judged by the same decide/ code.
 
 Renders only: reading the inventory and the log happens here, every decision in orchestrator/decide/.
+The log is untrusted: its text (a crash line, a reason quoting it) is shown through sanitize.py, never as
+markup or raw control characters, and its metric lines with out-of-range fields are counted and named.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import typer
 from ..decide import Catalogue, DecideConfig, Decision, replay
 from ..errors import UsageError
 from ..inventory import load_inventory
-from .common import InventoryOpt, JsonOpt, console, print_json
+from ..logfmt import MalformedLine, make_parser
+from ..sanitize import markup
+from .common import InventoryOpt, JsonOpt, console, err_console, print_json
 
 EXAMPLE = "Example: dfo replay logs/run-trees.log --baseline 150000 --variant trees -i inventory/lab.yaml --json"
 COLOURS = {"steady": "green", "exited": "green", "undecided": "yellow", "crash": "red", "stall": "red", "too_slow": "magenta"}
@@ -49,22 +53,28 @@ def replay_command(
     variant: Optional[str] = typer.Option(None, "--variant", help="The inventory variant that ran (its regex, baseline, chain)."),
     exit_code: Optional[int] = typer.Option(None, "--exit-code", help="The run's exit status (default: LOG's .exit file)."),
     line_interval: Optional[float] = typer.Option(
-        None, "--line-interval", help="Seconds between lines, for logs with no timestamps at all.", metavar="S"
+        None, "--line-interval", help="Seconds between lines, for logs with no timestamps at all.", metavar="S",
     ),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
+    if line_interval is not None and not line_interval > 0:
+        raise UsageError(f"--line-interval {line_interval:g}: the seconds between lines must be more than 0",
+                         hint="e.g. --line-interval 0.5")
     inv = load_inventory(inventory)
     spec = inv.variants.get(variant) if variant else None
     if variant and spec is None:
         raise UsageError(f"unknown variant {variant!r}; known: {', '.join(sorted(inv.variants)) or 'none'}")
     watch = inv.watch.model_dump()
+    lines = read_log_lines(log)
+    metrics = regex or (spec.metrics if spec else None)
+    malformed = malformed_lines(lines, metrics)
     decision = replay(
-        read_log_lines(log),
+        lines,
         run=log.stem,
         config=DecideConfig.from_mapping(watch),
         baseline=baseline or (spec.baseline_tok_s if spec else None) or watch.get("baseline_tok_s"),
-        regex=regex or (spec.metrics if spec else None),
+        regex=metrics,
         variant=variant,
         chain=inv.fallback,
         catalogue=Catalogue().extended([s.model_dump() for s in inv.signatures]),
@@ -72,9 +82,10 @@ def replay_command(
         line_interval_s=line_interval,
     )
     if as_json:
-        print_json(decision.to_json())
+        print_json({**decision.to_json(), "malformed_lines": len(malformed)})
     else:
         render(decision)
+        show_malformed(malformed)
     if decision.decision in FAILED_VERDICTS:
         raise typer.Exit(1)
 
@@ -88,13 +99,32 @@ def read_log_lines(log: Path) -> list[str]:
         raise UsageError(f"{log}: cannot read: {exc.strerror}") from None
 
 
+def malformed_lines(lines: list[str], regex: str | None) -> list[tuple[int, MalformedLine]]:
+    """(line number, record) of each metric line whose fields are out of range: the judge ignores them."""
+    parse = make_parser(regex)
+    found = []
+    for number, line in enumerate(lines, start=1):
+        record = parse(line, 0.0)
+        if isinstance(record, MalformedLine):
+            found.append((number, record))
+    return found
+
+
+def show_malformed(malformed: list[tuple[int, MalformedLine]]) -> None:
+    if malformed:
+        number, first = malformed[0]
+        err_console.print(f"  {len(malformed)} malformed metric line(s) ignored; first, line {number}: "
+                          f"{markup(first.reason)}", highlight=False, soft_wrap=True)
+
+
 def render(decision: Decision) -> None:
     colour = COLOURS.get(decision.decision, "white")
     where = f" at step {decision.at_step}" if decision.at_step is not None else ""
     console.print(f"[bold {colour}]{decision.decision}[/]{where}  action={decision.action}", highlight=False)
-    console.print(f"  {decision.reason}", highlight=False, soft_wrap=True)
+    console.print(f"  {markup(decision.reason)}", highlight=False, soft_wrap=True)
     if decision.signature:
-        console.print(f"  signature: {decision.signature}: {decision.evidence.get('line', '')}", highlight=False)
+        console.print(f"  signature: {markup(decision.signature)}: {markup(decision.evidence.get('line', ''))}",
+                      highlight=False)
     if decision.steady_tok_s is not None:
         lo, hi = decision.interval
         console.print(
@@ -103,4 +133,4 @@ def render(decision: Decision) -> None:
             highlight=False,
         )
     if decision.next_variant:
-        console.print(f"  next variant: {decision.next_variant}", highlight=False)
+        console.print(f"  next variant: {markup(decision.next_variant)}", highlight=False)

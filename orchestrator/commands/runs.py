@@ -6,6 +6,7 @@ never prints a secret (launch only reports which secret names were missing).
 
 from __future__ import annotations
 
+import codecs
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from ..inventory import TargetSpec, load_inventory
 from ..names import check_name
 from ..package import push
 from ..store import Run, Store
+from ..sanitize import markup, visible
 from .common import InventoryOpt, JsonOpt, console, err_console, print_json
 
 GPU_CHECKS = ("gpus_idle", "compute_apps")
@@ -120,8 +122,8 @@ def launch_command(
                     "trainer_hash": run.trainer_hash, "pushed": bool(launched.push and launched.push.transferred),
                     "next": f"dfo watch {run.name}"})
     else:
-        console.print(f"launched [bold]{run.name}[/] on {run.target} (PID {run.pid})", highlight=False)
-        console.print(f"  log:  {run.log_path}", highlight=False)
+        console.print(f"launched [bold]{markup(run.name)}[/] on {markup(run.target)} (PID {run.pid})", highlight=False)
+        console.print(f"  log:  {markup(run.log_path)}", highlight=False, soft_wrap=True)
         console.print(f"  next: dfo watch {run.name}", highlight=False)
     if watch:
         from .watch import watch_runs
@@ -236,17 +238,28 @@ def logs_command(
     with Connections(load_inventory(inventory)) as connections:
         target = connections.container(run.target)
         if not follow:
-            sys.stdout.write(runs_lib.log_tail(target, run, lines))
+            sys.stdout.write(_for_stdout(runs_lib.log_tail(target, run, lines)))
             return
         _follow(target, run, lines)
 
 
+def _for_stdout(text: str) -> str:
+    """The log as written when stdout is a file or pipe; on a terminal, its control characters made visible
+    (a log line must not clear the screen or write the clipboard: docs/security.md)."""
+    return visible(text, keep_newlines=True) if sys.stdout.isatty() else text
+
+
 def _follow(target, run: Run, lines: int) -> None:
     chunks = runs_lib.follow_log(target, run, lines)
+    decode = codecs.getincrementaldecoder("utf-8")("replace")  # a chunk may end inside a character
     try:
         for chunk in chunks:
-            sys.stdout.buffer.write(chunk)
-            sys.stdout.buffer.flush()
+            if sys.stdout.isatty():
+                sys.stdout.write(_for_stdout(decode.decode(chunk)))
+                sys.stdout.flush()
+            else:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
     except KeyboardInterrupt:
         _warn(f"stopped following; {run.name} goes on")
         return

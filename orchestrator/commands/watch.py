@@ -22,7 +22,7 @@ from .common import InventoryOpt, console, err_console, print_json
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
 SHOWN_EVENTS = ("decision", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
-                "disconnected", "gpu_error", "unreachable", "gpu_idle")
+                "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed")
 GOOD_ACTIONS = frozenset({"keep"})
 
 

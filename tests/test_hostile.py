@@ -1,0 +1,214 @@
+"""Hostile logs and bad input (issue 13): what a run prints cannot drive the terminal, style itself, crash a
+watch or replay, or be stored out of range. Each test is one attack an operator would otherwise suffer."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from harness import write_inventory
+from orchestrator.cli import app
+from orchestrator.commands.common import print_error, print_json
+from orchestrator.errors import CommandFailed, UsageError
+from orchestrator.logfmt import MalformedLine, StepRecord, parse_logfmt, make_parser
+from orchestrator.remote.base import Result
+from orchestrator.sanitize import SafeConsole, finite_json, visible
+from orchestrator.store import Store
+from orchestrator.view import render
+from orchestrator.watch import Watcher
+
+from test_watch import FAST_WATCH, Lab, lab, run_until  # noqa: F401  (the local lab fixture)
+
+PY = sys.executable
+CLIPBOARD = "\x1b]52;c;aGFja2Vk\x07"  # OSC 52: write "hacked" to the operator's clipboard
+CLEAR = "\x1b[2J"
+HOSTILE_TEXT = f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB [/x] {CLIPBOARD} {CLEAR} [bold red]X[/]"
+T0 = "2026-11-29T11:40:00"
+
+
+def strict_json(text: str):
+    """json.loads that refuses NaN/Infinity, as RFC 8259 parsers do."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def assert_no_raw_controls(output: str) -> None:
+    assert "\x1b]" not in output and CLEAR not in output and "\x07" not in output, repr(output[:500])
+
+
+def watch_script(lab, name: str, source: str):
+    """Launch `source` as a python trainer named `name` on the lab's local target; its watcher and WatchedRun."""
+    script = lab.workspace.parent / f"{name}.py"
+    script.write_text(source)
+    lab.inventory.variants[name] = lab.inventory.variants["short"].model_copy(update={"command": f"{PY} {script}"})
+    lab.launch(name, name)
+    watcher = lab.watcher(fallback=False)
+    return watcher, watcher.attach(name)
+
+
+# ------------------------------------------------------------------ the display boundary
+
+
+def test_visible_escapes_every_control_and_keeps_printable_text():
+    assert visible(f"a{CLIPBOARD}b") == "a\\x1b]52;c;aGFja2Vk\\x07b"
+    assert visible("\x9b2J \u202egnp.exe") == "\\x9b2J \\u202egnp.exe"  # C1 CSI, right-to-left override
+    assert visible("line 1\nline 2", keep_newlines=True) == "line 1\nline 2"
+    assert visible("line 1\nline 2") == "line 1\\x0aline 2"
+    assert visible("naïve [bold] 温度 ok") == "naïve [bold] 温度 ok"
+
+
+def test_safe_console_never_writes_a_raw_control_even_from_a_careless_caller():
+    out = io.StringIO()
+    console = SafeConsole(file=out, force_terminal=True, width=300)
+    console.print(f"remote said: {CLIPBOARD}{CLEAR}", markup=False, highlight=False)
+    text = out.getvalue()
+    assert_no_raw_controls(text)
+    assert "\\x1b]52;c;aGFja2Vk" in text and "\\x1b[2J" in text
+
+
+def test_replay_of_a_hostile_crash_line_shows_it_escaped_and_unstyled(tmp_path):
+    log = tmp_path / "run-h.log"
+    log.write_text(f"ts={T0}Z event=step step=1 tok_s=100.0\n{HOSTILE_TEXT}\n")
+    result = CliRunner().invoke(app, ["replay", str(log)])
+    assert result.exit_code == 1, result.output  # a crash, not a MarkupError
+    assert "cuda_oom" in result.output
+    assert_no_raw_controls(result.output)
+    assert "\\x1b]52;c;aGFja2Vk\\x07" in result.output and "[bold red]X[/]" in result.output and "[/x]" in result.output
+
+
+def test_error_messages_carrying_remote_stderr_are_shown_escaped(capsys):
+    failed = CommandFailed(Result("nvidia-smi", 9, "", f"NVIDIA-SMI has failed {CLEAR}[/x]{CLIPBOARD}", 0.1), where="ct200")
+    print_error(failed)
+    err = capsys.readouterr().err
+    assert_no_raw_controls(err)
+    assert "dfo: error: ct200: nvidia-smi exited 9: NVIDIA-SMI has failed \\x1b[2J[/x]" in err
+
+
+def test_the_live_view_shows_hostile_log_lines_escaped(lab):
+    watcher, watched = watch_script(lab, "h1", "import time\n"
+                                    f"print({HOSTILE_TEXT!r}, flush=True)\n"
+                                    "print('[bold red]styled?[/] and [/x]', flush=True)\n"
+                                    "time.sleep(600)\n")
+    run_until(watcher, lambda w: len(watched.lines) >= 2)
+    out = io.StringIO()
+    Console(file=out, force_terminal=True, width=250, color_system="truecolor").print(render(watcher))
+    shown = out.getvalue()
+    assert_no_raw_controls(shown)
+    assert "\\x1b]52;c;aGFja2Vk" in shown and "[bold red]styled?[/] and [/x]" in shown
+
+
+# ------------------------------------------------------------------ the parsing boundary
+
+
+@pytest.mark.parametrize("line, why", [
+    ("ts=1e20 event=step step=5 tok_s=100", "ts="),
+    (f"ts={T0}Z event=step step=99999999999999999999999 tok_s=100", "step="),
+    (f"ts={T0}Z event=step step=-3 tok_s=100", "step="),
+    (f"ts={T0}Z event=step step=5 tok_s=inf", "tok_s="),
+    (f"ts={T0}Z event=step step=5 tok_s=nan", "tok_s="),
+    (f"ts={T0}Z event=step step=5 tok_s=-1", "tok_s="),
+    ("ts=9999-12-31T23:59:59-23:59 event=step step=5 tok_s=1", "ts="),
+    ("ts=1e20 event=eval acc=0.5", "ts="),
+])
+def test_out_of_range_fields_make_a_malformed_line_that_says_why(line, why):
+    record = parse_logfmt(line, 1.0)
+    assert isinstance(record, MalformedLine) and record.reason.startswith(why) and record.text == line
+
+
+def test_a_user_regex_applies_the_same_ranges():
+    parse = make_parser(r"it (?P<step>\d+) speed (?P<tok_s>\S+)")
+    assert isinstance(parse("it 99999999999999999999999 speed 5", 1.0), MalformedLine)
+    assert isinstance(parse("it 4 speed inf", 1.0), MalformedLine)
+    assert parse("it 4 speed 5.5", 1.0) == StepRecord(ts=1.0, step=4, tok_s=5.5)
+    record = parse_logfmt(f"ts={T0}Z event=step step=5 tok_s=10 loss=nan", None)
+    assert isinstance(record, StepRecord) and record.loss != record.loss  # a NaN loss the judge must still see
+
+
+def test_replay_counts_and_names_malformed_lines_and_still_judges(tmp_path):
+    lines = [f"ts={T0}.{i:03d}Z event=step step={i} tok_s=100.0" for i in range(1, 6)]
+    lines[2] = "ts=1e20 event=step step=3 tok_s=100.0"
+    lines.append(f"ts={T0}.900Z event=step step=99999999999999999999999 tok_s=1")
+    log = tmp_path / "p.log"
+    log.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(app, ["replay", str(log)])
+    assert result.exit_code == 0, result.output
+    assert "2 malformed metric line(s) ignored; first, line 3: ts=" in result.output
+    assert strict_json(CliRunner().invoke(app, ["replay", str(log), "--json"]).output)["malformed_lines"] == 2
+
+
+def test_replay_refuses_a_negative_line_interval(tmp_path):
+    log = tmp_path / "q.log"
+    log.write_text("step 1 tok/s 5\n")
+    result = CliRunner().invoke(app, ["replay", str(log), "--line-interval", "-5"])
+    assert isinstance(result.exception, UsageError) and result.exception.exit_code == 2
+    assert "--line-interval -5: the seconds between lines must be more than 0" in str(result.exception)
+
+
+def test_a_watch_stores_every_good_step_and_counts_the_poisoned_lines(lab):
+    watcher, watched = watch_script(lab, "p1",
+        "import time\nfrom datetime import datetime, timezone\n"
+        "def now(): return datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3] + 'Z'\n"
+        "for step in range(1, 61):\n"
+        "    if step == 10: print('ts=1e20 event=step step=10 tok_s=1000', flush=True)\n"
+        "    elif step == 20: print(f'ts={now()} event=step step=99999999999999999999999 tok_s=1000', flush=True)\n"
+        "    else: print(f'ts={now()} event=step step={step} tok_s=1000.0 loss=nan', flush=True)\n"
+        "    time.sleep(0.02)\n"
+        "time.sleep(600)\n")
+    events = run_until(watcher, lambda w: len(lab.store.samples("p1")) >= 58)
+    assert [s["step"] for s in lab.store.samples("p1")] == [s for s in range(1, 61) if s not in (10, 20)]
+    assert watched.malformed == 2
+    assert [e["reason"][:5] for e in events if e["kind"] == "malformed"] == ["ts=1e", "step="]
+    step = next(e for e in events if e["kind"] == "step")
+    out = io.StringIO()
+    sys_stdout, sys.stdout = sys.stdout, out
+    try:
+        print_json(step)
+    finally:
+        sys.stdout = sys_stdout
+    assert strict_json(out.getvalue())["nonfinite"] == {"loss": "NaN"}
+    assert "2 malformed metric line(s) ignored" in str(render(watcher).renderables[1].renderable.columns[0]._cells[0])
+
+
+def test_a_run_poisoned_by_an_older_dfo_is_watched_again(lab):
+    lab.launch("short", "old1")
+    lab.store.add_samples("old1", [{"step": 1, "ts": 1e20, "tok_s": 100.0}])  # what a dfo without range checks stored
+    watcher = lab.watcher(fallback=False)
+    watcher.attach("old1")
+    run_until(watcher, lambda w: len(lab.store.samples("old1")) >= 30)
+    assert watcher.final_decisions()[0]["decision"] in ("steady", "undecided", "exited")
+
+
+# ------------------------------------------------------------------ --json
+
+
+def test_json_output_has_no_nan_or_infinity_and_keeps_what_they_were(capsys):
+    print_json({"kind": "step", "step": 3, "tok_s": 5.0, "loss": float("nan"),
+                "interval": [float("-inf"), 2.0], "nested": {"x": float("inf")}})
+    printed = strict_json(capsys.readouterr().out)
+    assert printed == {"kind": "step", "step": 3, "tok_s": 5.0, "loss": None, "interval": [None, 2.0],
+                       "nested": {"x": None, "nonfinite": {"x": "Infinity"}},
+                       "nonfinite": {"loss": "NaN", "interval": ["-Infinity", None]}}
+    assert finite_json([1.0, "a"]) == [1.0, "a"]
+
+
+# ------------------------------------------------------------------ launch
+
+
+def test_launch_into_a_workspace_with_markup_in_its_path_prints_it_plainly(lab, tmp_path):
+    workspace = tmp_path / "ws[/x]"
+    path = write_inventory(tmp_path, {
+        "defaults": {"workspace": str(workspace)},
+        "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
+        "variants": {"quick": {"command": "echo hi"}},
+    }, name="markup.yaml")
+    result = CliRunner().invoke(app, ["launch", "--host", "here", "--variant", "quick", "--name", "m1",
+                                      "--no-preflight", "-i", str(path)])
+    assert result.exit_code == 0, result.output
+    assert f"log:  {workspace}/logs/m1.log" in result.output
