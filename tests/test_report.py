@@ -107,3 +107,104 @@ def test_plot_is_a_png_of_the_right_size_showing_the_data(filled, tmp_path):
     assert left.sum() > 500 and right.sum() > 50  # both panels drew data
     empty = report.plot(filled, "sweep", [], tmp_path / "empty.png")
     assert ((image.imread(empty)[..., :3].max(axis=2) - image.imread(empty)[..., :3].min(axis=2)) > 0.3).sum() < numpy.prod(coloured.shape) * 0.001
+
+
+# ---------------------------------------------------------------------------------------------- honest figures
+
+def _sweep(store: Store, matrix: str, stop_when: str = "steady"):
+    plan = parse_experiments(f"batch: sweep\ntargets: [ct200]\nmatrix: {matrix}\nstop_when: {stop_when}\n", INVENTORY)
+    table = CellTable(store)
+    table.save_plan(plan, format_ts(T0))
+    return table
+
+
+def add_levels(store: Store, name: str, variant: str, levels: list[float], *, decision=None):
+    """A run whose tok/s steps through `levels`, one metric line per second."""
+    store.add_run(Run(name=name, target="ct200", variant=variant, batch="sweep", state="stopped",
+                      started_at=format_ts(T0), ended_at=format_ts(T0 + len(levels)), decision=decision))
+    store.add_samples(name, [{"step": 10 * k, "ts": T0 + k, "tok_s": level} for k, level in enumerate(levels)])
+
+
+def test_undecided_cell_gets_a_labelled_last_window_figure_and_is_not_ranked_against_steady_ones():
+    with Store.in_memory() as store:
+        table = _sweep(store, "{variant: [trees, nographs]}")
+        add_levels(store, "s.trees", "trees", [900.0] * 100, decision=steady("s.trees", 7129))
+        # still climbing when it was stopped: 8,800 over its last minute, no verdict
+        add_levels(store, "s.nographs", "nographs", [5000.0] * 40 + [8800.0] * 60,
+                   decision={"decision": "undecided", "run": "s.nographs", "steady_tok_s": None, "interval": None})
+        table.update("sweep", "trees.ct200.r1", state="done", root_run="s.trees")
+        table.update("sweep", "nographs.ct200.r1", state="done", root_run="s.nographs")
+        rows = {row.cell: row for row in report.cell_rows(store, "sweep")}
+        best = report.best_per_target(list(rows.values()))
+    assert (rows["trees.ct200.r1"].tok_s, rows["trees.ct200.r1"].basis) == (7129, report.STEADY)
+    assert (rows["nographs.ct200.r1"].tok_s, rows["nographs.ct200.r1"].basis) == (8800.0, report.LAST_WINDOW)
+    assert rows["nographs.ct200.r1"].steady_tok_s is None
+    assert [(b["config"], b["basis"]) for b in best] == [("trees", report.STEADY)]
+    line = report.describe_best(best[0])
+    assert "trees at 7,129 tok/s (steady" in line and "nographs ran faster (8,800" in line and "not compared" in line
+
+
+def test_stop_when_steps_cells_without_a_verdict_still_get_figures_and_a_best():
+    with Store.in_memory() as store:
+        table = _sweep(store, "{variant: [trees, nographs]}", stop_when="{steps: 500}")
+        add_levels(store, "s.trees", "trees", [100.0] * 10 + [600.0] * 41)  # no decision stored at all
+        add_levels(store, "s.nographs", "nographs", [100.0] * 10 + [450.0] * 41)
+        table.update("sweep", "trees.ct200.r1", state="done", root_run="s.trees", outcome={"why": "stop_when reached step 500"})
+        table.update("sweep", "nographs.ct200.r1", state="done", root_run="s.nographs")
+        rows = report.cell_rows(store, "sweep")
+    assert [(row.tok_s, row.basis) for row in rows] == [(600.0, report.LAST_WINDOW), (450.0, report.LAST_WINDOW)]
+    best = report.best_per_target(rows)
+    assert (best[0]["config"], best[0]["tok_s"], best[0]["steady_tok_s"]) == ("trees", 600.0, None)
+    assert "last-window median; no cell reached a steady state" in report.describe_best(best[0])
+
+
+def test_last_window_is_the_last_minute_of_training_steps():
+    samples = [{"ts": T0 + k, "tok_s": 100.0 if k < 80 else 300.0, "phase": "train"} for k in range(130)]
+    samples.append({"ts": T0 + 131, "tok_s": 5.0, "phase": "eval"})  # evaluation is not training throughput
+    assert report.last_window_median(samples) == 300.0  # 50 of the 61 lines in the last minute are at 300
+    assert report.last_window_median([{"ts": T0, "tok_s": 7.0}, {"ts": T0 + 500, "tok_s": 9.0}]) == 8.0
+    assert report.last_window_median([]) is None
+
+
+def test_plot_survives_a_steady_figure_outside_its_interval(tmp_path):
+    """Seen on real data: a median figure below its batch-means interval made matplotlib raise on negative yerr."""
+    with Store.in_memory() as store:
+        table = _sweep(store, "{variant: [trees]}")
+        add_levels(store, "s.trees", "trees", [7000.0] * 50,
+                   decision={**steady("s.trees", 7129), "interval": [7150.0, 7300.0]})
+        table.update("sweep", "trees.ct200.r1", state="done", root_run="s.trees")
+        rows = report.cell_rows(store, "sweep")
+        path = report.plot(store, "sweep", rows, tmp_path / "outside.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report.interval_bounds(rows[0]) == (7150.0, 7300.0)
+
+
+def test_plot_colours_runs_by_configuration_not_by_run(filled, tmp_path):
+    """Five runs of two configurations: two line colours (tab10's first two), not five."""
+    path = report.plot(filled, "sweep", report.cell_rows(filled, "sweep"), tmp_path / "sweep.png")
+    rgb = image.imread(path)[..., :3]
+    left = rgb[40:380, 60:700]  # the over-time panel's plotting area
+
+    def share(colour):
+        return (numpy.abs(left - numpy.array(colour)).max(axis=2) < 0.08).mean()
+
+    blue, orange, green, red = (0.122, 0.467, 0.706), (1.0, 0.498, 0.055), (0.173, 0.627, 0.173), (0.839, 0.153, 0.157)
+    assert share(blue) > 0.0003 and share(orange) > 0.0003  # a one-pixel line is a small share of the panel
+    assert share(green) < 0.00003 and share(red) < 0.00003
+
+
+def test_report_table_fits_80_columns_with_figures_whole(filled, monkeypatch):
+    from rich.console import Console
+
+    from orchestrator.commands import batch as batch_command
+
+    out = io.StringIO()
+    monkeypatch.setattr(batch_command, "console", Console(file=out, width=80, color_system=None))
+    rows = report.cell_rows(filled, "sweep")
+    rows[0].fallbacks = ["nographs-with-a-long-name", "eager"]
+    rows[0].tok_s = rows[0].steady_tok_s = 7129.4
+    batch_command.show_report("sweep", rows, as_json=False)
+    text = out.getvalue()
+    assert max(map(len, text.splitlines())) <= 80
+    assert "7,129" in text and "…" not in text
+    assert "trees.ct200.r1" in text and "not shown for lack of width" in text

@@ -25,7 +25,7 @@ from ..connections import Connections
 from ..inventory import load_inventory
 from ..store import Store
 from ..sanitize import text
-from .common import InventoryOpt, JsonOpt, console, err_console, print_json
+from .common import InventoryOpt, JsonOpt, console, err_console, fit_table, print_json
 
 EXAMPLES = {
     "batch": "Example: dfo batch inventory/compile-sweep.example.yaml -i inventory/lab.yaml --dry-run   (then without --dry-run)",
@@ -147,32 +147,44 @@ def report_command(
         console.print(f"plot: {plot}", highlight=False)
 
 
-def show_report(batch: str, rows: list[report_lib.CellRow], as_json: bool) -> None:
+REPORT_DROPPED_FIRST = ("fallbacks", "warm-up s", "peak MiB", "state", "±95%")
+"""Columns given up, in this order, when the report is wider than the terminal; cell ids and figures stay whole."""
+BASIS_SHORT = {report_lib.STEADY: "steady", report_lib.LAST_WINDOW: "last-win"}
+
+
+def show_report(batch: str, rows: list[report_lib.CellRow], as_json: bool, width: Optional[int] = None) -> None:
     if as_json:
         print_json(report_lib.to_json(batch, rows))
         return
     columns = {
         "cell": lambda row: row.cell,
         "state": lambda row: row.state,
-        "decision": lambda row: row.decision or (row.why[:40] if row.state == "error" else ""),
-        "tok/s": lambda row: _number(row.steady_tok_s),
+        "decision": lambda row: row.decision or (row.why[:30] if row.state == "error" else ""),
+        "tok/s": lambda row: _number(row.tok_s),
+        "basis": lambda row: BASIS_SHORT.get(row.basis, ""),
         "±95%": lambda row: _number((row.interval_high - row.interval_low) / 2) if row.interval_low is not None else "",
         "warm-up s": lambda row: _number(row.warmup_s),
         "fallbacks": lambda row: " ".join(row.fallbacks),
         "peak MiB": lambda row: _number(row.peak_gpu_mem_mib),
     }
     cells = {name: [render(row) for row in rows] for name, render in columns.items()}
-    shown = [name for name in columns if name in ("cell", "state", "decision") or any(cells[name])]  # empty ones left out
-    table = Table(title=f"batch {batch}", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name in shown:
-        width = max(map(len, cells[name]), default=0) if name == "cell" else None  # ids stay whole; others give way
-        table.add_column(name, no_wrap=True, min_width=width, overflow="ellipsis", justify="right" if name in NUMERIC else "left")
-    for index in range(len(rows)):
-        table.add_row(*(text(cells[name][index]) for name in shown))  # remote words (an error's) are no markup
-    console.print(table)
+    present = [name for name in columns if name in ("cell", "state", "decision") or any(cells[name])]  # empty ones left out
+
+    def build(shown: list[str], hidden: list[str]) -> Table:
+        caption = f"not shown for lack of width: {', '.join(hidden)} (see --json)" if hidden else None
+        table = Table(title=f"batch {batch}", box=box.SIMPLE_HEAD, pad_edge=False, caption=caption, caption_justify="left")
+        for name in shown:  # cell ids fold when even the narrowest table is too wide; nothing is cut short
+            table.add_column(name, no_wrap=name != "cell", overflow="fold", justify="right" if name in NUMERIC else "left")
+        for index in range(len(rows)):
+            table.add_row(*(text(cells[name][index]) for name in shown))  # remote words (an error's) are no markup
+        return table
+
+    console.print(fit_table(present, build, width or console.width, REPORT_DROPPED_FIRST))
+    if any(row.basis == report_lib.LAST_WINDOW for row in rows):
+        console.print(f"last-win: median tok/s over the run's last {report_lib.LAST_WINDOW_S:.0f} s of steps; it never "
+                      "reached a steady state, so it is not a steady figure", highlight=False, soft_wrap=False)
     for best in report_lib.best_per_target(rows):
-        console.print(f"best on {best['target']}: {best['config']} at {best['steady_tok_s']:,.0f} tok/s "
-                      f"(mean of {best['repeats']})", highlight=False)
+        console.print(report_lib.describe_best(best), highlight=False)
 
 
 def _number(value: Optional[float]) -> str:

@@ -8,15 +8,20 @@ both consoles are SafeConsoles; --json output is strict JSON).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import typer
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
 
 from ..errors import DfoError, InventoryError
 from ..sanitize import SafeConsole, json_line, markup
 
 console = SafeConsole()
 err_console = SafeConsole(stderr=True)
+WIDE = Console(width=10_000)
+"""Measures a table's natural width (never prints)."""
 
 InventoryOpt = typer.Option(
     None,
@@ -40,3 +45,23 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json_line(obj) + "\n")
     sys.stdout.flush()
 
+
+
+def natural_width(table: Table) -> int:
+    """The width `table` takes when nothing is wrapped or cut."""
+    return Measurement.get(WIDE, WIDE.options, table).maximum
+
+
+def fit_table(columns: Sequence[str], build: Callable[[list[str], list[str]], Table], width: int,
+              dropped_first: Sequence[str]) -> Table:
+    """`build(shown, hidden)` with the columns of `dropped_first` left out, in that order, until the table fits
+    `width`: a column is given up whole rather than cut to `7,1…`. `hidden` lets the table say what it left out."""
+    shown = list(columns)
+    table = build(shown, [])
+    for column in dropped_first:
+        if natural_width(table) <= width:
+            break
+        if column in shown:
+            shown.remove(column)
+            table = build(shown, [c for c in columns if c not in shown])
+    return table

@@ -14,8 +14,6 @@ from typing import Optional
 
 import typer
 from rich import box
-from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -27,7 +25,7 @@ from ..names import check_name
 from ..package import push
 from ..store import Run, Store
 from ..sanitize import markup, visible
-from .common import InventoryOpt, JsonOpt, console, err_console, print_json
+from .common import InventoryOpt, JsonOpt, console, err_console, fit_table, print_json
 
 GPU_CHECKS = ("gpus_idle", "compute_apps")
 EXAMPLES = {
@@ -37,9 +35,6 @@ EXAMPLES = {
     "logs": "Example: dfo logs train_nographs_20261129-1140 -n 200 -f",
     "stop": "Example: dfo stop train_nographs_20261129-1140 --grace 60",
 }
-
-WIDE = Console(width=10_000)
-"""Measures a table's natural width (never prints)."""
 
 HostOpt = typer.Option(..., "--host", help="Target (container name from the inventory), e.g. ct200.", metavar="TARGET")
 
@@ -179,14 +174,7 @@ DROPPED_FIRST = ("PID", "started", "target", "variant")
 def runs_table(runs: list[Run], width: int, now: datetime | None = None) -> Table:
     """The `dfo runs` table, fitted into `width` columns by leaving out the least useful columns first."""
     rows = [_run_row(run, now or datetime.now().astimezone()) for run in runs]
-    shown = list(RUN_COLUMNS)
-    table = _table(shown, rows)
-    for column in DROPPED_FIRST:
-        if _natural_width(table) <= width:
-            break
-        shown.remove(column)
-        table = _table(shown, rows, hidden=[c for c in RUN_COLUMNS if c not in shown])
-    return table
+    return fit_table(RUN_COLUMNS, lambda shown, hidden: _table(shown, rows, hidden), width, DROPPED_FIRST)
 
 
 def _run_row(run: Run, now: datetime) -> dict[str, str]:
@@ -213,10 +201,6 @@ def _table(columns: list[str], rows: list[dict[str, str]], hidden: list[str] = (
     for row in rows:
         table.add_row(*(Text(row[column]) for column in columns))
     return table
-
-
-def _natural_width(table: Table) -> int:
-    return Measurement.get(WIDE, WIDE.options, table).maximum
 
 
 def _warn(text: str) -> None:
