@@ -28,7 +28,7 @@ app = typer.Typer(
 def _register_commands() -> None:
     import importlib
 
-    for module in ("inventory", "preflight", "runs", "watch", "batch", "replay"):
+    for module in ("inventory", "preflight", "runs", "watch", "batch", "replay", "metrics"):
         importlib.import_module(f"orchestrator.commands.{module}").register(app)
 
 

@@ -139,19 +139,24 @@ def warmup_seconds(store: Store, run: Run, decision: dict) -> Optional[float]:
 
 
 def peak_gpu_memory(store: Store, run: Run, gpu_ids: tuple[int, ...]) -> Optional[float]:
-    """The most memory any of the run's GPUs held: its own samples, else the target's samples of its GPUs
-    while it ran (samples taken while several runs shared the container are not attributed to one run)."""
-    samples = store.gpu_samples(run=run.name)
-    if not samples:
-        start = parse_ts(run.started_at) if run.started_at else None
-        end = parse_ts(run.ended_at) if run.ended_at else None
-        samples = [
-            s for s in store.gpu_samples(target=run.target)
-            if (start is None or (s["ts"] or 0) >= start) and (end is None or (s["ts"] or 0) <= end)
-            and (not gpu_ids or s["index"] in gpu_ids)
-        ]
-    used = [s["mem_used_mib"] for s in samples if s.get("mem_used_mib") is not None]
+    """The most memory any of the run's GPUs held."""
+    used = [s["mem_used_mib"] for s in run_gpu_samples(store, run, gpu_ids) if s.get("mem_used_mib") is not None]
     return max(used) if used else None
+
+
+def run_gpu_samples(store: Store, run: Run, gpu_ids: tuple[int, ...]) -> list[dict[str, Any]]:
+    """The run's own GPU samples, else the target's samples of its GPUs (`gpu_ids`; empty: all) while it ran
+    (samples taken while several runs shared the container are not attributed to one run)."""
+    samples = store.gpu_samples(run=run.name)
+    if samples:
+        return samples
+    start = parse_ts(run.started_at) if run.started_at else None
+    end = parse_ts(run.ended_at) if run.ended_at else None
+    return [
+        s for s in store.gpu_samples(target=run.target)
+        if (start is None or (s["ts"] or 0) >= start) and (end is None or (s["ts"] or 0) <= end)
+        and (not gpu_ids or s["index"] in gpu_ids)
+    ]
 
 
 def best_per_target(rows: list[CellRow]) -> list[dict[str, Any]]:

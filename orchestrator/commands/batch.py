@@ -23,9 +23,10 @@ from .. import report as report_lib
 from ..batch import Plan, Progress, load_experiments, open_watcher, plan_rows, run_batch
 from ..connections import Connections
 from ..inventory import load_inventory
-from ..store import Store
 from ..sanitize import text
-from .common import InventoryOpt, JsonOpt, console, err_console, fit_table, print_json
+from ..store import Store
+from .common import (InventoryOpt, JsonOpt, basis_label, console, err_console, fit_table, number, print_basis_note,
+                     print_json)
 
 EXAMPLES = {
     "batch": "Example: dfo batch inventory/compile-sweep.example.yaml -i inventory/lab.yaml --dry-run   (then without --dry-run)",
@@ -149,7 +150,6 @@ def report_command(
 
 REPORT_DROPPED_FIRST = ("fallbacks", "warm-up s", "peak MiB", "state", "±95%")
 """Columns given up, in this order, when the report is wider than the terminal; cell ids and figures stay whole."""
-BASIS_SHORT = {report_lib.STEADY: "steady", report_lib.LAST_WINDOW: "last-win"}
 
 
 def show_report(batch: str, rows: list[report_lib.CellRow], as_json: bool, width: Optional[int] = None) -> None:
@@ -160,12 +160,12 @@ def show_report(batch: str, rows: list[report_lib.CellRow], as_json: bool, width
         "cell": lambda row: row.cell,
         "state": lambda row: row.state,
         "decision": lambda row: row.decision or (row.why[:30] if row.state == "error" else ""),
-        "tok/s": lambda row: _number(row.tok_s),
-        "basis": lambda row: BASIS_SHORT.get(row.basis, ""),
-        "±95%": lambda row: _number((row.interval_high - row.interval_low) / 2) if row.interval_low is not None else "",
-        "warm-up s": lambda row: _number(row.warmup_s),
+        "tok/s": lambda row: number(row.tok_s),
+        "basis": lambda row: basis_label(row.basis),
+        "±95%": lambda row: number((row.interval_high - row.interval_low) / 2) if row.interval_low is not None else "",
+        "warm-up s": lambda row: number(row.warmup_s),
         "fallbacks": lambda row: " ".join(row.fallbacks),
-        "peak MiB": lambda row: _number(row.peak_gpu_mem_mib),
+        "peak MiB": lambda row: number(row.peak_gpu_mem_mib),
     }
     cells = {name: [render(row) for row in rows] for name, render in columns.items()}
     present = [name for name in columns if name in ("cell", "state", "decision") or any(cells[name])]  # empty ones left out
@@ -180,12 +180,6 @@ def show_report(batch: str, rows: list[report_lib.CellRow], as_json: bool, width
         return table
 
     console.print(fit_table(present, build, width or console.width, REPORT_DROPPED_FIRST))
-    if any(row.basis == report_lib.LAST_WINDOW for row in rows):
-        console.print(f"last-win: median tok/s over the run's last {report_lib.LAST_WINDOW_S:.0f} s of steps; it never "
-                      "reached a steady state, so it is not a steady figure", highlight=False, soft_wrap=False)
+    print_basis_note([row.basis for row in rows])
     for best in report_lib.best_per_target(rows):
         console.print(report_lib.describe_best(best), highlight=False)
-
-
-def _number(value: Optional[float]) -> str:
-    return "" if value is None else f"{value:,.0f}"

@@ -65,3 +65,24 @@ def fit_table(columns: Sequence[str], build: Callable[[list[str], list[str]], Ta
             shown.remove(column)
             table = build(shown, [c for c in columns if c not in shown])
     return table
+
+
+def number(value: float | None) -> str:
+    """A figure for a table: `7,129`, or nothing when there is none."""
+    return "" if value is None else f"{value:,.0f}"
+
+
+def basis_label(basis: str | None) -> str:
+    """The short label of a figure's basis in tables (report.STEADY / report.LAST_WINDOW)."""
+    from ..report import LAST_WINDOW, STEADY
+
+    return {STEADY: "steady", LAST_WINDOW: "last-win"}.get(basis or "", "")
+
+
+def print_basis_note(bases: Sequence[str | None]) -> None:
+    """The footnote a table with last-window figures needs, so that none is read as a steady figure."""
+    from ..report import LAST_WINDOW, LAST_WINDOW_S
+
+    if LAST_WINDOW in bases:
+        console.print(f"last-win: median tok/s over the run's last {LAST_WINDOW_S:.0f} s of steps; it never reached a "
+                      "steady state, so it is not a steady figure", highlight=False)

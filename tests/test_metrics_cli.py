@@ -1,0 +1,123 @@
+"""`dfo metrics NAME` and `dfo compare NAME NAME...` over a registry filled as the watcher fills it, through the
+installed `dfo` at 80 columns: the figures, the timeline, the JSON and real PNGs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy
+import pytest
+from matplotlib import image
+
+from orchestrator.logfmt import format_ts
+from orchestrator.store import Run, Store
+
+T0 = 1_800_000_000.0
+DFO = str(Path(sys.executable).parent / "dfo")
+
+
+def dfo(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "DFO_HOME": str(home), "COLUMNS": "80"})
+
+
+def add_run(store: Store, name: str, variant: str, level: float, decision: dict | None, *, gpus: int = 2) -> None:
+    """100 s of a run: 20 s of warm-up at a tenth of `level`, then `level`; GPU samples every 5 s; its decisions."""
+    store.add_run(Run(name=name, target="ct200", variant=variant, state="stopped", exit_code=143,
+                      started_at=format_ts(T0), ended_at=format_ts(T0 + 100), decision=decision))
+    store.add_event(name, "launched", {"pid": 1, "target": "ct200", "variant": variant, "sets": {"batch_size": 8}},
+                    at=format_ts(T0))
+    store.add_samples(name, [{"step": 10 * k, "ts": T0 + 5 + k, "tok_s": level / 10 if k < 20 else level,
+                              "loss": 3.0 - k / 50} for k in range(90)])
+    for t in range(0, 100, 5):
+        store.add_gpu_samples("ct200", [{"ts": T0 + t, "index": i, "mem_used_mib": 1000.0 * t + i,
+                                         "mem_total_mib": 143771.0, "util_pct": 90.0} for i in range(gpus)], run=name)
+    store.add_event(name, "decision", {"chain": name, "decision": {"decision": "undecided", "action": "none"}},
+                    at=format_ts(T0 + 30))
+    if decision:
+        store.add_event(name, "decision", {"chain": name, "decision": decision}, at=format_ts(T0 + 60))
+
+
+@pytest.fixture
+def home(tmp_path):
+    with Store(tmp_path / "dfo.db") as store:
+        add_run(store, "trees-run", "trees", 900.0, {"decision": "steady", "action": "keep", "steady_tok_s": 900.0,
+                                                     "interval": [882.0, 918.0], "warmup_end_step": 200, "at_step": 550})
+        add_run(store, "nographs-run-with-a-rather-long-name", "nographs", 1100.0,
+                {"decision": "undecided", "action": "none", "steady_tok_s": None, "interval": None})
+    return tmp_path
+
+
+def test_metrics_shows_the_figure_warmup_gpus_and_a_timeline_with_the_decisions(home):
+    shown = dfo(home, "metrics", "trees-run")
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert max(map(len, out.splitlines())) <= 80
+    assert "figure: steady 900 tok/s (95% 882-918), warm-up ended at step 200 after 25.0 s" in out
+    assert "GPU 0: peak 95,000 of 143,771 MiB, mean utilisation 90%" in out and "GPU 1: peak 95,001" in out
+    assert "loss: 3 -> 1.22" in out
+    timeline = out[out.index("over time"):]
+    assert "warm-up ends (step 200)" in timeline and "steady -> keep" in timeline
+    assert "undecided" not in timeline  # the watcher's running "undecided" is not news
+
+
+def test_metrics_json_carries_every_series(home):
+    shown = dfo(home, "metrics", "trees-run", "--json")
+    data = json.loads(shown.stdout)
+    assert len(data["samples"]) == 90 and data["samples"][0] == {"t": 5.0, "step": 0, "tok_s": 90.0, "loss": 3.0}
+    assert sorted(data["gpu_samples"]) == ["0", "1"] and len(data["gpu_samples"]["0"]) == 20
+    assert data["warmup_end"] == {"step": 200, "t": 25.0} and data["settings"] == {"batch_size": 8}
+    assert [(d["t"], d["decision"]) for d in data["decisions"]] == [(30.0, "undecided"), (60.0, "steady")]
+    assert (data["tok_s"], data["basis"], data["interval"]) == (900.0, "steady", [882.0, 918.0])
+
+
+def test_metrics_of_an_undecided_run_labels_its_figure(home):
+    out = " ".join(dfo(home, "metrics", "nographs-run-with-a-rather-long-name").stdout.split())  # lines wrap at 80
+    assert "figure: 1,100 tok/s, median of the last 60 s of steps (undecided: not a steady figure)" in out
+
+
+def test_metrics_plot_is_a_png_with_four_panels_of_data(home, tmp_path):
+    png = tmp_path / "trees.png"
+    shown = dfo(home, "metrics", "trees-run", "--plot", str(png))
+    assert shown.returncode == 0, shown.stderr
+    rgb = image.imread(png)[..., :3]
+    assert rgb.shape[:2] == (900, 1200)
+    coloured = (rgb.max(axis=2) - rgb.min(axis=2)) > 0.3
+    rows_with_colour = numpy.nonzero(coloured.sum(axis=1) > 20)[0]
+    assert rows_with_colour.max() - rows_with_colour.min() > 600  # data from the top panel to the bottom one
+
+
+def test_compare_puts_runs_side_by_side_at_80_columns_and_overlays_their_throughput(home, tmp_path):
+    png = tmp_path / "both.png"
+    shown = dfo(home, "compare", "trees-run", "nographs-run-with-a-rather-long-name", "--plot", str(png))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert max(map(len, lines)) <= 80
+    trees = next(line for line in lines if "trees-run" in line)
+    assert "900" in trees and "steady" in trees
+    assert "not shown for lack of width: settings, ±95%, warm-up s, peak MiB" in " ".join(shown.stdout.split())
+    nographs = next(line for line in lines if "1,100" in line)
+    assert "last-win" in nographs and "undecided" in nographs
+    assert "not a steady figure" in shown.stdout
+    rgb = image.imread(png)[..., :3]
+    blue = (numpy.abs(rgb - numpy.array((0.122, 0.467, 0.706))).max(axis=2) < 0.08).sum()
+    orange = (numpy.abs(rgb - numpy.array((1.0, 0.498, 0.055))).max(axis=2) < 0.08).sum()
+    assert blue > 200 and orange > 200  # one colour per run
+    wide = subprocess.run([DFO, "compare", "trees-run", "nographs-run-with-a-rather-long-name"], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "DFO_HOME": str(home), "COLUMNS": "140"}).stdout
+    trees = next(line for line in wide.splitlines() if "trees-run" in line)
+    assert "batch_size=8" in trees and "18" in trees and "25" in trees and "95,001" in trees  # ±, warm-up s, peak
+    data = json.loads(dfo(home, "compare", "trees-run", "nographs-run-with-a-rather-long-name", "--json").stdout)
+    assert [(r["run"], r["basis"], r["peak_mem_mib"]) for r in data["runs"]] == [
+        ("trees-run", "steady", 95001.0), ("nographs-run-with-a-rather-long-name", "last-window median", 95001.0)]
+
+
+def test_compare_and_metrics_refuse_bad_names_in_one_line(home):
+    one = dfo(home, "compare", "trees-run")
+    assert one.returncode == 2 and "at least two run names" in one.stderr and len(one.stderr.strip().splitlines()) == 1
+    missing = dfo(home, "metrics", "nope")
+    assert missing.returncode == 2 and "no run named 'nope'" in missing.stderr and "Traceback" not in missing.stderr
