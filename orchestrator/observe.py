@@ -38,8 +38,10 @@ class Observation:
     kind:
       connected     the agent answered (data: its hello: version, pid, ts, python)
       lines         complete new log lines of `run` (lines, in order; offset: byte offset just past the last
-                    one, which is where a later watch resumes)
-      truncated     `run`'s log shrank or was replaced; reading restarts at 0 (data: size)
+                    one, which is where a later watch resumes; data: ident, the file's identity to store
+                    with that offset)
+      truncated     `run`'s log was truncated, replaced (rotated) or rewritten (truncated and regrown);
+                    reading restarts at 0 (data: size, why, was: the offset reading had reached)
       proc          `run`'s process changed state (data: alive, exit_code or None)
       gpu           one GPU sample (data: ts, gpus: [{index, mem_used_mib, mem_total_mib, util_pct}])
       gpu_error     nvidia-smi failed or is missing (data: text, code)
@@ -71,16 +73,18 @@ class FollowSpec:
 class RunTracker:
     """One followed run on the workstation side: bytes consumed up to the last newline, the partial rest."""
 
-    def __init__(self, spec: FollowSpec, offset: int) -> None:
+    def __init__(self, spec: FollowSpec, offset: int, ident: dict | None = None) -> None:
         self.spec = spec
         self.consumed = offset  # byte offset just past the last complete line reported
+        self.ident = ident  # the agent's identity of the file those bytes came from (device, inode, head hash)
         self.partial = b""  # bytes after `consumed` that do not yet end in a newline
         self.proc_state: tuple | None = None
 
     def follow_command(self) -> dict:
-        """The agent command that resumes this run at its consumed offset (a held partial line is re-read)."""
+        """The agent command that resumes this run at its consumed offset (a held partial line is re-read),
+        in the same file: the agent checks `ident` and starts again from 0 if the file is another one now."""
         self.partial = b""
-        return {"cmd": "follow", **vars(self.spec), "offset": self.consumed}
+        return {"cmd": "follow", **vars(self.spec), "offset": self.consumed, "ident": self.ident}
 
     def take(self, off: int, payload: bytes) -> tuple[list[str], str | None]:
         """Complete lines made by `payload` (starting at byte `off`), and a complaint if bytes were missed."""
@@ -102,7 +106,7 @@ class RunTracker:
         return [line.decode("utf-8", errors="replace").rstrip("\r") for line in complete]
 
     def restart(self) -> None:
-        self.consumed, self.partial = 0, b""
+        self.consumed, self.partial, self.ident = 0, b"", None
 
     def proc_changed(self, alive: bool, exit_code: int | None) -> bool:
         changed = (alive, exit_code) != self.proc_state
@@ -135,10 +139,11 @@ class ObserverBase:
         return self
 
     def follow(self, run: str, log: str, exit: str | None = None, pid: int | None = None,
-               starttime: int | None = None, offset: int = 0) -> None:
-        """Watch `run` from byte `offset` of its log (the offset of the last line already handled)."""
+               starttime: int | None = None, offset: int = 0, ident: dict | None = None) -> None:
+        """Watch `run` from byte `offset` of its log (the offset of the last line already handled) if the log
+        is still the file `ident` describes (as a `lines` observation gave it), else from 0."""
         with self.lock:
-            self.runs[run] = RunTracker(FollowSpec(run, log, exit, pid, starttime), offset)
+            self.runs[run] = RunTracker(FollowSpec(run, log, exit, pid, starttime), offset, ident)
             self._on_follow(self.runs[run].follow_command())
 
     def unfollow(self, run: str) -> None:
@@ -218,16 +223,20 @@ class ObserverBase:
         if tracker is None:
             return  # unfollowed while the record was on its way
         lines, complaint = tracker.take(int(header["off"]), payload or b"")
+        if isinstance(header.get("ident"), dict):
+            tracker.ident = header["ident"]
         if complaint:
             self._emit("error", tracker.spec.run, data={"text": complaint})
         if lines:
-            self._emit("lines", tracker.spec.run, lines=tuple(lines), offset=tracker.consumed)
+            self._emit("lines", tracker.spec.run, lines=tuple(lines), offset=tracker.consumed,
+                       data={"ident": tracker.ident})
 
     def _on_truncated(self, header: dict, payload: bytes | None) -> None:
         tracker = self.runs.get(header.get("run"))
         if tracker is not None:
             tracker.restart()
-            self._emit("truncated", tracker.spec.run, data={"size": header.get("size")})
+            self._emit("truncated", tracker.spec.run, data={"size": header.get("size"), "why": header.get("why"),
+                                                            "was": header.get("was")})
 
     def _on_proc(self, header: dict, payload: bytes | None) -> None:
         tracker = self.runs.get(header.get("run"))

@@ -123,9 +123,16 @@ def _m002_batches(db: sqlite3.Connection) -> None:
     )
 
 
+def _m003_log_ident(db: sqlite3.Connection) -> None:
+    """The identity of the log file read up to log_offset (JSON: dev, ino, head, sha: the agent's), so a log
+    copytruncated or rotated between two watches is read again from 0 instead of at a stale offset."""
+    db.execute("ALTER TABLE runs ADD COLUMN log_ident TEXT")
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
+    ("runs.log_ident: the identity of the log file read up to log_offset", _m003_log_ident),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 
@@ -156,6 +163,7 @@ class Run:
     exit_code: int | None = None
     decision: dict[str, Any] | None = None
     log_offset: int = 0
+    log_ident: dict[str, Any] | None = None  # which file log_offset is in (see _m003_log_ident)
     id: int | None = None
 
     @property
@@ -167,7 +175,7 @@ class Run:
 
 
 RUN_COLUMNS = tuple(f.name for f in fields(Run) if f.name != "id")
-JSON_COLUMNS = ("chain", "decision")
+JSON_COLUMNS = ("chain", "decision", "log_ident")
 
 
 def _encode_run_fields(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -183,6 +191,7 @@ def _decode_run(row: sqlite3.Row) -> Run:
     values = dict(row)
     values["chain"] = json.loads(values["chain"]) if values["chain"] else []
     values["decision"] = json.loads(values["decision"]) if values["decision"] else None
+    values["log_ident"] = json.loads(values["log_ident"]) if values["log_ident"] else None
     return Run(**values)
 
 
@@ -365,11 +374,13 @@ class Store:
 
     # -- samples
 
-    def add_samples(self, run: str, samples: Iterable[Mapping[str, Any]], *, offset: int | None = None) -> int:
+    def add_samples(self, run: str, samples: Iterable[Mapping[str, Any]], *, offset: int | None = None,
+                    ident: Mapping[str, Any] | None = None) -> int:
         """Store parsed metric lines (step, ts, tok_s, loss, phase; other keys go to `extra`). Returns the count.
 
         `offset`: the log offset the watcher has read up to, recorded in the SAME transaction, so a re-attach
-        starts exactly after the stored samples."""
+        starts exactly after the stored samples; `ident`: the identity of the file that offset is in (always
+        written with the offset: None forgets it)."""
         rows = [
             (run, *(s.get(c) for c in SAMPLE_COLUMNS), _extra(s, SAMPLE_COLUMNS))
             for s in samples
@@ -382,7 +393,8 @@ class Store:
                         rows,
                     )
                 if offset is not None:
-                    db.execute("UPDATE runs SET log_offset = ? WHERE name = ?", (offset, run))
+                    db.execute("UPDATE runs SET log_offset = ?, log_ident = ? WHERE name = ?",
+                               (offset, json.dumps(dict(ident)) if ident else None, run))
         return len(rows)
 
     def samples(self, run: str) -> list[dict[str, Any]]:

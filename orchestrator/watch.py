@@ -197,7 +197,8 @@ class Watcher:
             watched = self._new_watched(run, root, state.variants)
             self.watched[name] = watched
             stored = self._resume(watched)
-            observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=run.log_offset)
+            observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=run.log_offset,
+                            ident=run.log_ident)
             self._emit("attached", watched, {"target": run.target, "variant": run.variant, "offset": run.log_offset,
                                               "steps_stored": stored})
             return watched
@@ -418,9 +419,12 @@ class Watcher:
             for line in obs.lines:
                 self._line(watched, line, received, writes)
             writes.offsets[watched.name] = obs.offset
+            writes.idents[watched.name] = obs.data.get("ident")
         elif obs.kind == "truncated":
-            watched.lines.append(f"[dfo: log truncated to {obs.data.get('size')} bytes; reading again from 0]")
-            writes.offsets[watched.name] = 0
+            why = obs.data.get("why") or "truncated"
+            watched.lines.append(f"[dfo: log {why} ({obs.data.get('size')} bytes, read to {obs.data.get('was')}); "
+                                 f"reading again from 0]")
+            writes.offsets[watched.name], writes.idents[watched.name] = 0, None
             self._emit("truncated", watched, dict(obs.data))
         elif obs.kind == "proc":
             self._proc(watched, obs)
@@ -494,7 +498,8 @@ class Watcher:
         """Each run's samples and log offset in one transaction (a re-attach resumes right after them), then
         the GPU samples."""
         for name in writes.samples.keys() | writes.offsets.keys():
-            self.store.add_samples(name, writes.samples.get(name, ()), offset=writes.offsets.get(name))
+            self.store.add_samples(name, writes.samples.get(name, ()), offset=writes.offsets.get(name),
+                                   ident=writes.idents.get(name))
         for source, run, samples in writes.gpu_samples:
             self.store.add_gpu_samples(source, samples, run=run)
 
@@ -710,6 +715,7 @@ class Writes:
     samples: dict[str, list[dict]] = field(default_factory=dict)
     gpu_samples: list[tuple[str, str | None, list[dict]]] = field(default_factory=list)
     offsets: dict[str, int | None] = field(default_factory=dict)
+    idents: dict[str, dict | None] = field(default_factory=dict)  # the log file each offset is in
 
 
 def config_from_inventory(inventory: Inventory) -> DecideConfig:

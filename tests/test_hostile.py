@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from harness import write_inventory
+from orchestrator.agent.agent import Follow
+from orchestrator.agent.protocol import FrameDecoder
 from orchestrator.cli import app
 from orchestrator.commands.common import print_error, print_json
 from orchestrator.errors import CommandFailed, UsageError
@@ -212,3 +216,74 @@ def test_launch_into_a_workspace_with_markup_in_its_path_prints_it_plainly(lab, 
                                       "--no-preflight", "-i", str(path)])
     assert result.exit_code == 0, result.output
     assert f"log:  {workspace}/logs/m1.log" in result.output
+
+
+# ------------------------------------------------------------------ truncation and rotation
+
+
+def step_lines(first: int, last: int) -> bytes:
+    return b"".join(b"ts=2026-11-29T11:40:00Z event=step step=%d tok_s=1000.0\n" % step for step in range(first, last + 1))
+
+
+def read_all(follow: Follow) -> tuple[list[dict], bytes]:
+    """One agent tick of `follow`: the `truncated` headers and the log bytes, checked to start where reading did."""
+    records = FrameDecoder().feed(b"".join(follow.log_records(1 << 24)))
+    truncated = [r.header for r in records if r.type == "truncated"]
+    logs = [r for r in records if r.type == "log"]
+    return truncated, b"".join(r.payload for r in logs)
+
+
+def test_a_log_truncated_and_regrown_within_one_agent_tick_is_read_again_whole(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_bytes(step_lines(1, 100))
+    follow = Follow({"run": "r", "log": str(log), "offset": 0})
+    assert read_all(follow) == ([], step_lines(1, 100))
+    log.write_bytes(step_lines(101, 400))  # truncated and longer than before by the next tick
+    truncated, data = read_all(follow)
+    assert [t["why"] for t in truncated] == ["rewritten"] and data == step_lines(101, 400)
+    with open(log, "ab") as f:
+        f.write(step_lines(401, 402))
+    assert read_all(follow) == ([], step_lines(401, 402))  # plain growth is no truncation
+
+
+@pytest.mark.parametrize("how", ["copytruncate", "rename"])
+def test_a_log_rotated_between_two_watches_is_followed_from_0_by_the_next_agent(tmp_path, how):
+    log = tmp_path / "run.log"
+    log.write_bytes(step_lines(1, 100))
+    first = Follow({"run": "r", "log": str(log), "offset": 0})
+    read_all(first)
+    stored = {"offset": first.offset, "ident": first.ident}  # what the registry keeps between the two watches
+    if how == "copytruncate":
+        log.write_bytes(log.read_bytes() + step_lines(101, 110))  # written while nobody watched ...
+        (tmp_path / "run.log.1").write_bytes(log.read_bytes())
+        os.truncate(log, 0)  # ... copied away, then emptied in place
+    else:
+        log.rename(tmp_path / "run.log.1")
+    with open(log, "ab") as f:
+        f.write(step_lines(111, 600))
+    second = Follow({"run": "r", "log": str(log), **stored})
+    truncated, data = read_all(second)
+    assert [t["why"] for t in truncated] == ["rewritten" if how == "copytruncate" else "replaced"]
+    assert data == step_lines(111, 600)
+
+
+def test_a_watch_after_a_copytruncate_stores_every_step_of_the_new_log_once(lab):
+    lab.launch("nographs", "ct1")
+    first = lab.watcher(fallback=False)
+    first.attach("ct1")
+    run_until(first, lambda w: len(lab.store.samples("ct1")) >= 40)
+    first.close()
+    stale = lab.store.get_run("ct1").log_offset
+    log = lab.workspace / "logs" / "ct1.log"
+    os.truncate(log, 0)  # logrotate's copytruncate, between two watches
+    deadline = time.monotonic() + 20
+    while log.stat().st_size <= stale + 2000:
+        assert time.monotonic() < deadline, "the trainer stopped writing"
+        time.sleep(0.05)
+    second = lab.watcher(fallback=False)
+    second.attach("ct1")
+    events = run_until(second, lambda w: len(lab.store.samples("ct1")) >= 40 + len(lab.log_steps("ct1")) - 5)
+    assert [e["why"] for e in events if e["kind"] == "truncated"] == ["rewritten"]
+    steps = [s["step"] for s in lab.store.samples("ct1")]
+    assert steps == sorted(set(steps))  # once each
+    assert set(lab.log_steps("ct1")) <= set(steps)  # every step of the log as it is now: none lost

@@ -176,7 +176,7 @@ def test_a_truncated_log_restarts_from_zero_with_an_event(observe, tmp_path):
     seen.until(lambda s: len(s.lines("r1")) == 2)
     log.write_bytes(b"second life\n")
     seen.until(lambda s: len(s.lines("r1")) == 3)
-    assert seen.kinds("truncated")[0].data == {"size": 12}
+    assert seen.kinds("truncated")[0].data == {"size": 12, "why": "truncated", "was": 26}
     assert seen.lines("r1")[-1] == "second life"
 
 

@@ -5,8 +5,10 @@ Shipped into containers as `dfo_agent.py` inside the trainer package and started
 channel (`python3 dfo_agent.py`). It follows the watched logs from the offsets dfo gives it, reports a
 run's process state (identity-checked by /proc/PID/stat starttime) and its exit file, samples the GPUs
 with ONE long-lived `nvidia-smi -lms 1000`, and sends a heartbeat every second. Commands arrive on stdin,
-one JSON object per line: {"cmd": "follow", "run", "log", "exit", "pid", "starttime", "offset"} and
-{"cmd": "unfollow", "run"}. `--once CMD...` prints one snapshot for the follow commands given as arguments
+one JSON object per line: {"cmd": "follow", "run", "log", "exit", "pid", "starttime", "offset", "ident"}
+and {"cmd": "unfollow", "run"}. `ident` is the file identity the agent last reported with the bytes up to
+`offset` (device, inode, hash of the first bytes): a log copytruncated, rotated or truncated and regrown
+since is read again from 0 after a `truncated` record, never resumed at a stale offset. `--once CMD...` prints one snapshot for the follow commands given as arguments
 (`--once -`: read them from stdin) and exits: that is poll mode's single round trip.
 
 What it must not do: import anything outside the standard library (it runs on whatever python3 the
@@ -19,6 +21,7 @@ re-exports `encode_record` and holds the decoder.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import selectors
@@ -29,6 +32,7 @@ import time
 
 AGENT_VERSION = 1
 MAX_LOG_CHUNK = 64 * 1024  # bytes per `log` record: a flood arrives as many small records
+HEAD_BYTES = 4096  # a log is identified by device, inode and the hash of (up to) this many first bytes
 FLOOD_BUDGET = 1024 * 1024  # bytes per run per tick: the rest waits a tick, so heartbeats keep flowing
 ONCE_BUDGET = 8 * 1024 * 1024  # bytes per run in one --once snapshot; the next poll continues
 TICK_S = 0.25
@@ -95,8 +99,27 @@ def read_exit_code(path: str | None) -> int | None:
 # ---------------------------------------------------------------- following one run
 
 
+def head_digest(path: str, size: int) -> str | None:
+    """sha256 (hex) of the first `size` bytes of the file, or None if it has fewer or cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(size)
+    except OSError:
+        return None
+    return hashlib.sha256(data).hexdigest() if len(data) == size else None
+
+
+def log_ident(st: os.stat_result, path: str, offset: int) -> dict:
+    """What identifies the file read up to `offset`: device, inode, and the hash of its first bytes (up to
+    HEAD_BYTES, never past what was read), so a copytruncate, a rotation or a truncate-and-regrow is told
+    from the same file having grown."""
+    head = min(offset, HEAD_BYTES)
+    return {"dev": st.st_dev, "ino": st.st_ino, "head": head, "sha": head_digest(path, head) if head else None}
+
+
 class Follow:
-    """One watched run: where its log has been read to, and the process state last reported."""
+    """One watched run: where its log has been read to, which file that was, and the process state last
+    reported."""
 
     def __init__(self, cmd: dict) -> None:
         self.run = str(cmd["run"])
@@ -105,26 +128,44 @@ class Follow:
         self.pid = optional_int(cmd.get("pid"))
         self.starttime = optional_int(cmd.get("starttime"))
         self.offset = int(cmd.get("offset") or 0)
-        self.inode: int | None = None
+        ident = cmd.get("ident")
+        self.ident: dict | None = ident if isinstance(ident, dict) else None  # of the file read up to offset
         self.reported: tuple | None = None
 
+    def changed(self, st: os.stat_result) -> str | None:
+        """Why the file at the log's path is no longer the one read up to the offset (None: it is)."""
+        if st.st_size < self.offset:
+            return "truncated"
+        ident = self.ident
+        if ident is None:
+            return None
+        if (ident.get("dev"), ident.get("ino")) != (st.st_dev, st.st_ino):
+            return "replaced"
+        head = ident.get("head") or 0
+        if head and head_digest(self.log, head) != ident.get("sha"):
+            return "rewritten"
+        return None
+
     def log_records(self, budget: int) -> list[bytes]:
-        """Records for what the log gained since the offset (at most `budget` bytes), or its truncation."""
+        """Records for what the log gained since the offset (at most `budget` bytes), after a `truncated`
+        record when the file was truncated, replaced or rewritten (read again from 0)."""
         try:
             st = os.stat(self.log)
         except OSError:
             return []
         records = []
-        replaced = self.inode is not None and st.st_ino != self.inode
-        self.inode = st.st_ino
-        if st.st_size < self.offset or replaced:
-            records.append(encode_record({"t": "truncated", "run": self.run, "size": st.st_size}))
-            self.offset = 0
+        why = self.changed(st)
+        if why:
+            records.append(encode_record({"t": "truncated", "run": self.run, "size": st.st_size, "why": why,
+                                          "was": self.offset}))
+            self.offset, self.ident = 0, None
+        if self.ident is None or self.ident["head"] < min(self.offset, HEAD_BYTES):
+            self.ident = log_ident(st, self.log, self.offset)
         if st.st_size > self.offset:
-            records.extend(self.read_chunks(min(st.st_size - self.offset, budget)))
+            records.extend(self.read_chunks(min(st.st_size - self.offset, budget), st))
         return records
 
-    def read_chunks(self, want: int) -> list[bytes]:
+    def read_chunks(self, want: int, st: os.stat_result) -> list[bytes]:
         records = []
         try:
             with open(self.log, "rb") as f:
@@ -133,9 +174,12 @@ class Follow:
                     data = f.read(min(want, MAX_LOG_CHUNK))
                     if not data:
                         break
-                    records.append(encode_record({"t": "log", "run": self.run, "off": self.offset}, data))
                     self.offset += len(data)
                     want -= len(data)
+                    if self.ident["head"] < HEAD_BYTES:
+                        self.ident = log_ident(st, self.log, self.offset)
+                    records.append(encode_record({"t": "log", "run": self.run, "off": self.offset - len(data),
+                                                  "ident": self.ident}, data))
         except OSError:
             pass  # unreadable for now (permissions, removed between stat and open): the next tick retries
         return records
