@@ -15,6 +15,7 @@ from rich.table import Table
 from .. import metrics as metrics_lib
 from ..errors import UsageError
 from ..report import LAST_WINDOW_S, STEADY
+from ..sanitize import text
 from ..store import Store
 from .common import JsonOpt, basis_label, console, fit_table, number, print_basis_note, print_json
 
@@ -85,9 +86,9 @@ def show_metrics(metrics: metrics_lib.RunMetrics) -> None:
         table.add_column(column, justify="left" if column == "what happened" else "right",
                          no_wrap=column != "what happened", overflow="fold")
     for row in rows:
-        table.add_row(f"{row['until_s']:,.0f}", _text(row["step"]), number(row["tok_s"]),
-                      "" if row["loss"] is None else f"{row['loss']:.4g}", number(row["mem_mib"]),
-                      _text(row["util_pct"]), "; ".join(row["events"]))
+        table.add_row(*map(text, (f"{row['until_s']:,.0f}", _text(row["step"]), number(row["tok_s"]),
+                                  "" if row["loss"] is None else f"{row['loss']:.4g}", number(row["mem_mib"]),
+                                  _text(row["util_pct"]), "; ".join(row["events"]))))
     console.print(table)
 
 
@@ -150,7 +151,7 @@ def show_compare(runs: list[metrics_lib.RunMetrics], width: int) -> None:
             table.add_column(column, no_wrap=column not in ("run", "settings"), overflow="fold",
                              justify="right" if column in ("tok/s", "±95%", "warm-up s", "peak MiB") else "left")
         for k in range(len(rows)):
-            table.add_row(*(cells[c][k] for c in shown))
+            table.add_row(*(text(cells[c][k]) for c in shown))  # settings are the user's words, never markup
         return table
 
     console.print(fit_table(present, build, width, COMPARE_DROPPED_FIRST))
