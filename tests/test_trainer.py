@@ -43,6 +43,17 @@ def test_bad_override_names_key_and_expected_form(assignment, words):
     assert all(word in str(err.value) for word in words)
 
 
+@pytest.mark.parametrize("preset", ["tiny-cpu", "h200-small", "qwen3-8b-shape", "h200-8x"])
+def test_procsplit_runs_one_drafter_rank_per_gpu_unless_told(preset):
+    threads = build_config(preset, [])
+    procsplit = build_config(preset, ["run.topology=procsplit"])
+    assert procsplit.run.drafter_devices == list(dict.fromkeys(threads.run.drafter_devices))
+    assert len(set(procsplit.run.drafter_devices)) == len(procsplit.run.drafter_devices)
+    # asked for explicitly, two ranks on one device stay two
+    assert build_config(preset, ["run.topology=procsplit", "run.drafters=cpu,cpu"]).run.drafters == "cpu,cpu"
+    assert build_config("h200-small", []).run.drafters == "cuda:0,cuda:0"  # threads keep the preset's replicas
+
+
 def test_config_hash_ignores_run_length_but_not_the_model():
     base = build_config("tiny-cpu", []).hash()
     assert build_config("tiny-cpu", ["run.steps=999"]).hash() == base
