@@ -57,6 +57,12 @@ def _compiled_regex(pattern: str) -> str:
     return pattern
 
 
+def _http_url(value: Any) -> Any:
+    if isinstance(value, str) and re.fullmatch(r"https?://[^\s/]+\S*", value):
+        return value
+    raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+
+
 Ctid = Annotated[Optional[int], BeforeValidator(_ctid)]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
@@ -96,6 +102,24 @@ class Host(_Strict):
     containers: dict[str, Container] = {}
 
 
+class Notify(_Strict):
+    """Who hears of a run's decision: `command` runs on the workstation with the decision JSON on stdin and
+    DFO_* variables; `webhook` gets it POSTed with a Slack-compatible `text`. `decisions`: which ones (default:
+    every one except `undecided`; not `on:`, which YAML reads as true)."""
+
+    command: Optional[str] = None
+    webhook: Optional[Annotated[str, BeforeValidator(_http_url)]] = None
+    decisions: Optional[list[Literal["steady", "drifting", "crash", "stall", "too_slow", "stopped", "exited"]]] = None
+    timeout_s: float = Field(10, gt=0, le=120)
+    retries: int = Field(2, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _says_how(self) -> "Notify":
+        if self.command is None and self.webhook is None:
+            raise ValueError("expected command and/or webhook, got neither")
+        return self
+
+
 class Variant(_Strict):
     compile: Optional[Literal["eager", "nographs", "notrees", "trees", "localtls"]] = None
     topology: Literal["threaded", "procsplit"] = "threaded"
@@ -105,6 +129,7 @@ class Variant(_Strict):
     command: Optional[str] = None  # a user's own trainer, run in the workspace
     metrics: Optional[Annotated[str, BeforeValidator(_compiled_regex)]] = None
     baseline_tok_s: Optional[float] = Field(None, gt=0)
+    notify: Optional[Notify] = None  # replaces the inventory's notify: for this variant's runs
 
     @field_validator("metrics")
     @classmethod
@@ -151,6 +176,7 @@ class Inventory(_Strict):
     secrets: list[EnvName] = []
     watch: Watch = Watch()
     signatures: list[Signature] = []
+    notify: Optional[Notify] = None
     _source: str = PrivateAttr("<memory>")  # the file it came from, for messages
 
     @property

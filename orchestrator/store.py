@@ -129,10 +129,28 @@ def _m003_log_ident(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE runs ADD COLUMN log_ident TEXT")
 
 
+def _m004_notifications(db: sqlite3.Connection) -> None:
+    """Notifications sent (or tried) per run, decision and channel: claimed before sending, so a decision is
+    never announced twice, not after a restart and not by two dfo processes watching the same run."""
+    db.execute(
+        """CREATE TABLE notifications (
+            run TEXT NOT NULL,
+            key TEXT NOT NULL,            -- which decision: `<decision>:<action>`
+            channel TEXT NOT NULL,        -- command | webhook
+            claimed_at TEXT NOT NULL,
+            done_at TEXT,
+            ok INTEGER,                   -- null while sending, then 1 or 0
+            detail TEXT,                  -- why it failed (never a secret: no URL query, no command output beyond a line)
+            PRIMARY KEY (run, key, channel)
+        )"""
+    )
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
     ("runs.log_ident: the identity of the log file read up to log_offset", _m003_log_ident),
+    ("notifications: one per run, decision and channel", _m004_notifications),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 
@@ -421,6 +439,27 @@ class Store:
             params,
         )
         return [dict(r) for r in rows]
+
+
+    # -- notifications
+
+    def claim_notification(self, run: str, key: str, channel: str) -> bool:
+        """True for the one caller that may send this notification; False when it was claimed before."""
+        with self._write() as db:
+            cursor = db.execute("INSERT OR IGNORE INTO notifications (run, key, channel, claimed_at) VALUES (?, ?, ?, ?)",
+                                (run, key, channel, utc_now()))
+        return cursor.rowcount == 1
+
+    def finish_notification(self, run: str, key: str, channel: str, *, ok: bool, detail: str | None = None) -> None:
+        with self._write() as db:
+            db.execute("UPDATE notifications SET done_at = ?, ok = ?, detail = ? WHERE run = ? AND key = ? AND channel = ?",
+                       (utc_now(), int(ok), detail, run, key, channel))
+
+    def notifications(self, run: str | None = None) -> list[dict[str, Any]]:
+        clause, params = _where(run=run)
+        rows = self._query(f"SELECT run, key, channel, claimed_at, done_at, ok, detail FROM notifications{clause}"
+                           " ORDER BY claimed_at, rowid", params)
+        return [{**dict(r), "ok": None if r["ok"] is None else bool(r["ok"])} for r in rows]
 
 
 def _extra(sample: Mapping[str, Any], known: Sequence[str]) -> str | None:

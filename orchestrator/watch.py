@@ -33,6 +33,7 @@ from .errors import DfoError, RefusedError, UnknownRun, UsageError
 from .gpu import NvidiaSmiError, query_gpus
 from .inventory import Inventory, TargetSpec
 from .logfmt import MalformedLine, StepRecord, make_parser, parse_ts, step_problem
+from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
 from .preflight import gpus_idle_check
@@ -162,6 +163,7 @@ class Watcher:
         for variant in self.chain_override or ():
             inventory.variant(variant)
         self.on_event = on_event
+        self.notifier = Notifier(inventory, store)
         self.heartbeat_timeout = heartbeat_timeout
         self.stop_grace_s = stop_grace_s
         self.peer_baseline = peer_baseline  # False: too slow only against a configured baseline_tok_s
@@ -568,6 +570,7 @@ class Watcher:
         decision = watched.decision.to_json()
         self.store.update_run(watched.name, decision=decision)
         self._emit("decision", watched, {"decision": decision})
+        self.notifier.decision(watched.name, decision)
 
     def _act(self, watched: WatchedRun) -> None:
         """A final verdict: with fallback on, stop the run (if it still runs) and launch the next variant."""

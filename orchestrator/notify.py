@@ -1,0 +1,164 @@
+"""Telling people about decisions: the inventory's `notify:` (global, or per variant) run for each decision.
+
+- `command:` runs on the workstation (`sh -c`), the decision JSON on stdin and DFO_RUN, DFO_TARGET,
+  DFO_VARIANT, DFO_BATCH, DFO_DECISION, DFO_ACTION, DFO_NEXT_RUN, DFO_STEADY_TOK_S, DFO_TEXT in its environment.
+- `webhook:` gets the decision JSON POSTed, with a Slack-compatible `text` (Slack, Mattermost, Discord's
+  /slack endpoint and most chat bridges show it).
+
+Each (run, decision, channel) is claimed in the registry before it is sent, so it goes out once: never again
+after a restart, never twice from two dfo processes watching the same run. Sending happens on a worker thread
+with a bounded timeout and bounded retries: a slow or dead receiver never holds up the watch, and a failure
+is recorded (registry + an event) and logged, never raised. The worker threads are not daemons, so dfo exits
+only once the notifications it started are done (at most timeout x (retries + 1) plus the back-off).
+
+This module must not decide anything: it is told about decisions (Notifier.decision) and passes them on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+from .inventory import Inventory, Notify
+from .store import Store
+
+log = logging.getLogger(__name__)
+BACKOFF_S = 1.0  # before the first retry; doubled for each further one
+QUIET = "undecided"
+
+
+def message(decision: dict[str, Any], run: dict[str, Any]) -> str:
+    """One line for a chat: what was decided about which run, with its figure and what dfo does next."""
+    verdict = decision.get("decision")
+    where = f"{run['name']} on {run.get('target') or '?'}" + (f" ({run['variant']})" if run.get("variant") else "")
+    at = f" at step {decision['at_step']}" if decision.get("at_step") is not None else ""
+    figure = f", {decision['steady_tok_s']:,.0f} tok/s" if decision.get("steady_tok_s") is not None else ""
+    signature = f" [{decision['signature']}]" if decision.get("signature") else ""
+    action = decision.get("action") or "none"
+    then = f"; action {action}" + (f" -> {decision['next_run']}" if decision.get("next_run") else "")
+    return f"dfo: {where}: {verdict}{signature}{at}{figure}{then}"
+
+
+class Notifier:
+    """Passes decisions to the inventory's notify channels, once each. `Notifier.decision(run, decision)`."""
+
+    def __init__(self, inventory: Inventory, store: Store) -> None:
+        self.inventory = inventory
+        self.store = store
+        self._threads: list[threading.Thread] = []
+
+    def settings_for(self, variant: Optional[str]) -> Optional[Notify]:
+        """The variant's notify: when it has one, else the inventory's."""
+        chosen = self.inventory.variants.get(variant) if variant else None
+        return (chosen.notify if chosen and chosen.notify else None) or self.inventory.notify
+
+    def decision(self, run_name: str, decision: dict[str, Any]) -> list[threading.Thread]:
+        """Announce `decision` about `run_name` on every channel that has not announced it yet (returns the
+        worker threads started, for tests to join)."""
+        verdict = decision.get("decision")
+        if not verdict or verdict == QUIET:
+            return []
+        run = self.store.find_run(run_name)
+        variant = run.variant if run else None
+        settings = self.settings_for(variant)
+        if settings is None or (settings.decisions is not None and verdict not in settings.decisions):
+            return []
+        about = {"name": run_name, "target": run.target if run else None, "variant": variant,
+                 "batch": run.batch if run else None}
+        key = f"{verdict}:{decision.get('action') or 'none'}"
+        started = []
+        for channel, send in (("command", self._command), ("webhook", self._webhook)):
+            if getattr(settings, channel) is None or not self.store.claim_notification(run_name, key, channel):
+                continue
+            worker = threading.Thread(target=self._deliver, args=(channel, send, settings, run_name, key, decision, about),
+                                      name=f"dfo-notify-{channel}-{run_name}")
+            worker.start()
+            started.append(worker)
+        self._threads = [t for t in self._threads if t.is_alive()] + started
+        return started
+
+    def wait(self, timeout_s: float) -> None:
+        """Wait for the notifications under way (bounded): for callers that want them out before they go on."""
+        deadline = time.monotonic() + timeout_s
+        for worker in self._threads:
+            worker.join(max(0.0, deadline - time.monotonic()))
+
+    def _deliver(self, channel: str, send, settings: Notify, run_name: str, key: str, decision: dict,
+                 about: dict) -> None:
+        detail = None
+        for attempt in range(settings.retries + 1):
+            if attempt:
+                time.sleep(BACKOFF_S * 2 ** (attempt - 1))
+            try:
+                detail = send(settings, decision, about)
+            except Exception as exc:  # a notification must never end the watch: every failure is recorded
+                detail = f"{type(exc).__name__}: {exc}"
+            if detail is None:
+                break
+            if detail.startswith("permanent: "):
+                break
+        try:
+            self.store.finish_notification(run_name, key, channel, ok=detail is None, detail=detail)
+            if detail is not None:
+                self.store.add_event(run_name, "notify_failed", {"channel": channel, "key": key, "error": detail})
+        except Exception as exc:  # the registry closed under us (dfo exiting): the log line still says it
+            log.warning("recording notification of %s failed: %s", run_name, exc)
+        if detail is not None:
+            log.warning("notify %s of %s (%s) failed: %s", channel, run_name, key, detail)
+
+    def _command(self, settings: Notify, decision: dict, about: dict) -> Optional[str]:
+        """Run the command; None when it exited 0, else why not."""
+        text = message(decision, about)
+        env = {**os.environ, "DFO_RUN": about["name"], "DFO_TARGET": about["target"] or "",
+               "DFO_VARIANT": about["variant"] or "", "DFO_BATCH": about["batch"] or "",
+               "DFO_DECISION": decision.get("decision") or "", "DFO_ACTION": decision.get("action") or "",
+               "DFO_NEXT_RUN": decision.get("next_run") or "",
+               "DFO_STEADY_TOK_S": "" if decision.get("steady_tok_s") is None else str(decision["steady_tok_s"]),
+               "DFO_TEXT": text}
+        try:
+            done = subprocess.run(["/bin/sh", "-c", settings.command], input=json.dumps(payload(decision, about)),
+                                  capture_output=True, text=True, timeout=settings.timeout_s, env=env,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return f"command did not finish within {settings.timeout_s:g} s"
+        if done.returncode == 0:
+            return None
+        last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
+        return f"command exited {done.returncode}: {last[0][:200]}"
+
+    def _webhook(self, settings: Notify, decision: dict, about: dict) -> Optional[str]:
+        """POST the decision; None on a 2xx answer. 4xx (but 408/429) is `permanent: ` (retrying cannot help)."""
+        body = json.dumps(payload(decision, about)).encode()
+        request = urllib.request.Request(settings.webhook, data=body, method="POST",
+                                         headers={"Content-Type": "application/json", "User-Agent": "dfo"})
+        where = _safe_url(settings.webhook)
+        try:
+            with urllib.request.urlopen(request, timeout=settings.timeout_s) as answer:
+                answer.read(4096)
+                return None
+        except urllib.error.HTTPError as exc:
+            permanent = 400 <= exc.code < 500 and exc.code not in (408, 429)
+            return f"{'permanent: ' if permanent else ''}{where} answered HTTP {exc.code} {exc.reason}"
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            return f"{where}: {reason}"
+
+
+def payload(decision: dict[str, Any], about: dict[str, Any]) -> dict[str, Any]:
+    """What both channels send: the decision (DESIGN.md shape) plus the run's target/variant/batch and `text`."""
+    return {**decision, "run": about["name"], "target": about["target"], "variant": about["variant"],
+            "batch": about["batch"], "text": message(decision, about)}
+
+
+def _safe_url(url: str) -> str:
+    """The URL without its path and query (a Slack webhook's path is its secret)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"

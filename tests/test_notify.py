@@ -1,0 +1,223 @@
+"""Notifications of decisions: a webhook against a real HTTP server on 127.0.0.1 and a workstation command,
+once per decision (also across a restart: a new Store and Notifier on the same registry), bounded timeouts and
+retries with failures recorded and never raised, per-variant settings, and the watcher announcing a real
+run's steady verdict exactly once even when it is watched again."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from harness import write_inventory
+from orchestrator import notify
+from orchestrator.inventory import load_inventory, parse_inventory
+from orchestrator.notify import Notifier
+from orchestrator.store import Run, Store
+
+STEADY = {"decision": "steady", "run": "r1", "at_step": 412, "steady_tok_s": 153000.0, "interval": [151200.0, 154800.0],
+          "action": "keep", "next_run": None, "signature": None}
+CRASH = {"decision": "crash", "run": "r1", "at_step": 3, "signature": "cudagraph_tls", "action": "fallback",
+         "next_run": "r1.2-nographs", "steady_tok_s": None}
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 that records every POST and answers with the next scripted status."""
+
+    def __init__(self, statuses=(), delay_s: float = 0.0) -> None:
+        self.posts: list[dict] = []
+        self.statuses = list(statuses)
+        self.delay_s = delay_s
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.posts.append({"path": self.path, "type": self.headers["Content-Type"], "json": json.loads(body)})
+                time.sleep(receiver.delay_s)
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                self.send_response(status)
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}/services/T000/B000/secret"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    made = []
+
+    def make(statuses=(), delay_s=0.0) -> Receiver:
+        made.append(Receiver(statuses, delay_s))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+@pytest.fixture(autouse=True)
+def quick_backoff(monkeypatch):
+    monkeypatch.setattr(notify, "BACKOFF_S", 0.05)
+
+
+def inventory_with(notify_yaml: str, variant_notify: str = ""):
+    return parse_inventory(textwrap.dedent(f"""
+        hosts: {{pve1: {{address: 10.0.0.1, containers: {{ct200: {{ctid: 200}}}}}}}}
+        variants:
+          trees: {{compile: trees, preset: tiny-cpu{', notify: ' + variant_notify if variant_notify else ''}}}
+          nographs: {{compile: nographs, preset: tiny-cpu}}
+        notify: {notify_yaml}
+    """))
+
+
+def registry(path: Path, *runs: tuple[str, str]) -> Store:
+    store = Store(path)
+    for name, variant in runs:
+        store.add_run(Run(name=name, target="ct200", variant=variant, batch="sweep", state="running"))
+    return store
+
+
+def send(notifier: Notifier, run: str, decision: dict) -> None:
+    for worker in notifier.decision(run, decision):
+        worker.join(30)
+
+
+def test_webhook_gets_the_decision_json_with_a_slack_text_and_the_command_its_stdin_and_env(receiver, tmp_path):
+    hook = receiver()
+    out = tmp_path / "told"
+    command = f"cat > {out}.json; env | grep ^DFO_ | sort > {out}.env"
+    inventory = inventory_with(json.dumps({"webhook": hook.url, "command": command}))
+    with registry(tmp_path / "dfo.db", ("r1", "trees")) as store:
+        send(Notifier(inventory, store), "r1", STEADY)
+        assert [(n["channel"], n["ok"]) for n in store.notifications("r1")] == [("command", True), ("webhook", True)]
+    [post] = hook.posts
+    assert post["path"] == "/services/T000/B000/secret" and post["type"] == "application/json"
+    assert post["json"]["decision"] == "steady" and post["json"]["interval"] == [151200.0, 154800.0]
+    assert post["json"]["text"] == "dfo: r1 on ct200 (trees): steady at step 412, 153,000 tok/s; action keep"
+    assert json.loads(out.with_suffix(".json").read_text())["steady_tok_s"] == 153000.0
+    env = dict(line.split("=", 1) for line in out.with_suffix(".env").read_text().splitlines())
+    assert (env["DFO_RUN"], env["DFO_DECISION"], env["DFO_ACTION"], env["DFO_VARIANT"], env["DFO_BATCH"]) == (
+        "r1", "steady", "keep", "trees", "sweep")
+    assert env["DFO_STEADY_TOK_S"] == "153000.0" and env["DFO_TEXT"].startswith("dfo: r1 on ct200")
+
+
+def test_each_decision_is_sent_once_even_after_a_restart(receiver, tmp_path):
+    hook = receiver()
+    inventory = inventory_with(json.dumps({"webhook": hook.url}))
+    with registry(tmp_path / "dfo.db", ("r1", "trees")) as store:
+        notifier = Notifier(inventory, store)
+        send(notifier, "r1", STEADY)
+        send(notifier, "r1", STEADY)  # the watcher re-records the same verdict
+        send(notifier, "r1", {**STEADY, "decision": "undecided", "action": "none"})  # never announced
+    with Store(tmp_path / "dfo.db") as reopened:  # dfo restarted: a new process, the same registry
+        send(Notifier(inventory, reopened), "r1", STEADY)
+        send(Notifier(inventory, reopened), "r1", CRASH)  # another decision is news
+    assert [post["json"]["decision"] for post in hook.posts] == ["steady", "crash"]
+    assert "crash [cudagraph_tls] at step 3; action fallback -> r1.2-nographs" in hook.posts[1]["json"]["text"]
+
+
+def test_failures_are_retried_within_bounds_recorded_and_never_raised(receiver, tmp_path):
+    flaky = receiver(statuses=[503, 200])  # a retry gets through
+    broken = receiver(statuses=[500, 500, 500, 500])
+    wrong = receiver(statuses=[404])  # a wrong URL: retrying cannot help
+    with registry(tmp_path / "dfo.db", ("a", "trees"), ("b", "trees"), ("c", "trees")) as store:
+        for run, hook in (("a", flaky), ("b", broken), ("c", wrong)):
+            send(Notifier(inventory_with(json.dumps({"webhook": hook.url, "retries": 2})), store), run, STEADY)
+        results = {n["run"]: (n["ok"], n["detail"]) for n in store.notifications()}
+        failed_events = store.events("b", kind="notify_failed")
+    assert (len(flaky.posts), len(broken.posts), len(wrong.posts)) == (2, 3, 1)
+    assert results["a"] == (True, None)
+    assert results["b"][0] is False and "answered HTTP 500" in results["b"][1] and "secret" not in results["b"][1]
+    assert results["c"][0] is False and "HTTP 404" in results["c"][1]
+    assert failed_events and failed_events[0]["data"]["channel"] == "webhook"
+
+
+def test_a_hung_receiver_or_a_closed_port_costs_a_bounded_time_off_the_watch(receiver, tmp_path):
+    hung = receiver(delay_s=5)
+    with registry(tmp_path / "dfo.db", ("a", "trees"), ("b", "trees")) as store:
+        notifier = Notifier(inventory_with(json.dumps({"webhook": hung.url, "timeout_s": 0.3, "retries": 1})), store)
+        started = time.monotonic()
+        workers = notifier.decision("a", STEADY)
+        assert time.monotonic() - started < 0.5  # the caller (the watch loop) is not held up
+        for worker in workers:
+            worker.join(10)
+        assert time.monotonic() - started < 2.0  # 2 x 0.3 s + back-off
+        closed = Notifier(inventory_with('{webhook: "http://127.0.0.1:9/x", retries: 0}'), store)
+        send(closed, "b", STEADY)
+        results = {n["run"]: n for n in store.notifications()}
+    assert results["a"]["ok"] is False and "timed out" in results["a"]["detail"]
+    assert results["b"]["ok"] is False and "refused" in results["b"]["detail"].lower()
+
+
+def test_a_variant_notify_replaces_the_global_one_and_filters_decisions(receiver, tmp_path):
+    everything, crashes_only = receiver(), receiver()
+    inventory = inventory_with(json.dumps({"webhook": everything.url}),
+                               variant_notify=json.dumps({"webhook": crashes_only.url, "decisions": ["crash"]}))
+    with registry(tmp_path / "dfo.db", ("t", "trees"), ("n", "nographs")) as store:
+        notifier = Notifier(inventory, store)
+        for run in ("t", "n"):
+            send(notifier, run, STEADY)
+            send(notifier, run, CRASH)
+    assert [p["json"]["run"] + ":" + p["json"]["decision"] for p in crashes_only.posts] == ["t:crash"]
+    assert [p["json"]["run"] + ":" + p["json"]["decision"] for p in everything.posts] == ["n:steady", "n:crash"]
+
+
+def test_notify_settings_are_checked_with_the_inventory():
+    from orchestrator.errors import InventoryError
+
+    with pytest.raises(InventoryError) as info:
+        inventory_with('{webhook: "slack.com/hook", decisions: [crashed]}')
+    assert info.value.problems == [
+        "<memory>: notify.webhook: expected an http:// or https:// URL, got 'slack.com/hook'",
+        "<memory>: notify.decisions.0: expected 'steady', 'drifting', 'crash', 'stall', 'too_slow', 'stopped' or "
+        "'exited', got 'crashed'"]
+
+
+def test_the_watcher_announces_a_real_runs_verdict_once_across_two_watches(receiver, tmp_path, monkeypatch, pct_env):
+    from test_watch import FAST_WATCH, run_until, write_trainers
+
+    from orchestrator.connections import Connections
+    from orchestrator.runs import launch, spec_for, stop
+    from orchestrator.watch import Watcher
+
+    hook = receiver()
+    commands = write_trainers(tmp_path / "scripts")
+    path = write_inventory(tmp_path, {
+        "defaults": {"workspace": str(tmp_path / "ws")},
+        "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
+        "variants": {"nographs": {"command": commands["nographs"]}},
+        "watch": FAST_WATCH, "notify": {"webhook": hook.url},
+    })
+    inventory = load_inventory(path)
+    with Connections(inventory) as connections, Store(tmp_path / "dfo.db") as store:
+        launch(connections.container("here"), spec_for(inventory, "here", "nographs"), store, name="s1")
+        try:
+            for _ in range(2):  # the second watch re-judges the stored samples and reaches the same verdict
+                watcher = Watcher(inventory, connections, store)
+                try:
+                    watcher.attach("s1")
+                    run_until(watcher, Watcher.settled, timeout=40)
+                    watcher.notifier.wait(10)
+                finally:
+                    watcher.close()
+        finally:
+            stop(connections.container("here"), store, "s1", grace_s=2)
+    assert [post["json"]["decision"] for post in hook.posts] == ["steady"]
+    assert hook.posts[0]["json"]["text"].startswith("dfo: s1 on here (nographs): steady at step")
