@@ -91,3 +91,18 @@ def test_detached_process_outlives_exec_and_init_reaps_it(container):
         time.sleep(0.05)
     time.sleep(0.2)
     assert pct("exec", container.name, "--", "test", "-e", f"/proc/{pid}").returncode == 1  # reaped, no zombie
+
+
+def test_start_cost_delays_every_invocation_and_stays_on_the_host(container, monkeypatch):
+    """PCT_STANDIN_START_S models a real node's pct start-up (Perl loading the PVE modules) for benchmarks."""
+    monkeypatch.setenv("PCT_STANDIN_START_S", "0.6")
+    started = time.monotonic()
+    result = pct("exec", container.name, "--", "sh", "-c", 'echo "${PCT_STANDIN_START_S-unset}"')
+    assert time.monotonic() - started >= 0.6
+    assert (result.returncode, result.stdout) == (0, "unset\n")  # the host's variable, not the container's
+    started = time.monotonic()
+    assert pct("status", container.name).stdout == "status: running\n"
+    assert time.monotonic() - started >= 0.6
+    monkeypatch.setenv("PCT_STANDIN_START_S", "half")
+    result = pct("status", container.name)
+    assert (result.returncode, result.stderr.strip()) == (255, "PCT_STANDIN_START_S=half: expected seconds, e.g. 0.5")
