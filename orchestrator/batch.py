@@ -26,6 +26,7 @@ import itertools
 import json
 import math
 import re
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -38,9 +39,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from . import runs
 from .decide import Catalogue, next_variant
-from .errors import DfoError, InvalidName, InventoryError, UnknownTarget
+from .errors import DfoError, InvalidName, InventoryError, RefusedError, UnknownTarget
 from .inventory import Inventory, _name_problem, describe_validation_error
+from .launchplan import Gate
 from .logfmt import format_ts, parse_ts
+from .preflight import TOLERABLE_WHEN_BUSY, PreflightFailed
 from .store import Run, Store
 
 CELL_STATES = ("pending", "running", "done", "failed", "error")
@@ -724,41 +727,41 @@ def run_spec(plan: Plan, inventory: Inventory, cell: Cell, gpu_ids: tuple[int, .
     return spec
 
 
-def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *, wandb: str = "off") -> Starter:
+def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *, wandb: str = "off",
+             ours: frozenset[str] = frozenset()) -> Starter:
     """A Starter that launches through runs.launch; a run already recorded under the name (an earlier
-    invocation stopped right after launching it) is adopted, never started twice."""
+    invocation stopped right after launching it) is adopted, never started twice.
+
+    A target's first launch carries its preflight (one remote call for both: runs.launch with a Gate); its
+    other cells wait for that verdict and share it. Busy GPUs pass on targets in `ours` (running cells of
+    this batch); fallbacks (a `parent`) start without a preflight, as the chain's GPUs are the cell's own."""
+    verdicts: dict[str, Optional[str]] = {}  # target -> None (passed) or why its preflight refused
+    locks: dict[str, threading.Lock] = {target: threading.Lock() for target in plan.target_gpus}
 
     def start(cell: Cell, gpu_ids: tuple[int, ...], variant: str, name: str, parent: Optional[str]) -> str:
-        if store.find_run(name) is None:
-            spec = run_spec(plan, inventory, cell, gpu_ids, variant, parent=parent, wandb=wandb)
-            runs.launch(connections.container(cell.target), spec, store, name=name)
+        if store.find_run(name) is not None:
+            return name
+        spec = run_spec(plan, inventory, cell, gpu_ids, variant, parent=parent, wandb=wandb)
+        target = connections.container(cell.target)
+        if parent is not None:
+            runs.launch(target, spec, store, name=name)
+            return name
+        with locks[cell.target]:
+            if cell.target not in verdicts:
+                tolerate = TOLERABLE_WHEN_BUSY if cell.target in ours else ()
+                try:
+                    runs.launch(target, spec, store, name=name, gate=Gate(inventory.target(cell.target), tolerate=tolerate))
+                except PreflightFailed as exc:
+                    verdicts[cell.target] = "preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in exc.failed)
+                    raise RefusedError(verdicts[cell.target]) from None
+                verdicts[cell.target] = None
+                return name
+        if verdicts[cell.target]:
+            raise RefusedError(verdicts[cell.target])
+        runs.launch(target, spec, store, name=name)
         return name
 
     return start
-
-
-TOLERATED_WHEN_OURS = ("gpus_idle", "compute_apps")  # a target already running cells of this batch is busy with them
-
-
-def preflight_problems(connections: Any, targets: list[str], *, ours: set[str]) -> dict[str, Optional[str]]:
-    """Preflight `targets` at once; {target: None if it can take runs, else the failed checks}. Tolerated: no
-    GPU answer on a target that lists no GPUs (a CPU run), a missing workspace (launch makes it), and busy
-    GPUs on targets in `ours` (this batch's own runs)."""
-    from .preflight import preflight
-
-    problems: dict[str, Optional[str]] = {}
-    for report in preflight(connections, targets):
-        spec = connections.inventory.target(report.target)
-        blocking = [
-            f"{check.name}: {check.detail}"
-            for check in report.checks
-            if not (check.ok or check.skipped)
-            and not (check.name == "nvidia_smi" and not spec.gpus)
-            and not (check.name == "workspace" and "does not exist" in check.detail)
-            and not (check.name in TOLERATED_WHEN_OURS and report.target in ours)
-        ]
-        problems[report.target] = f"preflight failed: {'; '.join(blocking)}" if blocking else None
-    return problems
 
 
 def open_watcher(inventory: Inventory, connections: Any, store: Store, **options: Any) -> Any:
@@ -785,12 +788,10 @@ def run_batch(
     table = CellTable(store)
     table.save_plan(plan, format_ts(time.time()))
     records = [r for r in table.records(plan.batch) if r.state not in FINAL_STATES]
-    ours = {r.cell.target for r in records if r.state == "running"}
-    needed = sorted({r.cell.target for r in records if r.state != "running"})
-    problems = preflight_problems(connections, needed, ours=ours) if needed else {}
+    ours = frozenset(r.cell.target for r in records if r.state == "running")
     catalogue = Catalogue().extended([signature.model_dump() for signature in inventory.signatures])
-    scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb),
-                          poll_s=poll_s, on_progress=on_progress, ready=problems.get, catalogue=catalogue)
+    scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb, ours=ours),
+                          poll_s=poll_s, on_progress=on_progress, catalogue=catalogue)
     return scheduler.run()
 
 

@@ -1,9 +1,12 @@
 """Preflight: is each target ready for a run? One row per check per target, all targets in parallel.
 
-Checks, in order: ssh (host reachable and authenticated), container (pct status), nvidia_smi (answers, with
+Checks, in order: ssh (host reachable and authenticated), container (running), nvidia_smi (answers, with
 each GPU), gpus_idle (under the inventory's gpu_idle thresholds), compute_apps (none running), workspace
-(exists, writable, free disk) and python (runs; its torch version). Round trips per target: one to the host
-(`pct status`, which also proves SSH) and one script inside the container for everything else.
+(exists, writable, free disk) and python (runs; its torch version). One remote invocation per target: the
+script inside the container (inside_script) answers everything; it also proves SSH, and a stopped or missing
+container answers `pct exec` with pct's own message, which PctTarget maps (so no `pct status` first: on a
+Proxmox node every pct call costs a Perl start-up). A launch runs the same script in its own call
+(orchestrator/launchplan.py) and judges the rows with `blocking`, the one rule for what refuses a run.
 
 A failure of one target never hides another: every target gets its rows, and a check that cannot run
 because an earlier one failed is reported as skipped. This module must not start, stop or change anything
@@ -20,10 +23,9 @@ from typing import Callable
 
 from . import gpu
 from .connections import Connections
-from .errors import CommandFailed, ContainerError, DfoError
+from .errors import CommandTimeout, ContainerError, ContainerNotRunning, DfoError, RefusedError
 from .inventory import TargetSpec
 from .remote.base import Target
-from .remote.pct import PctTarget
 
 CHECKS = ("ssh", "container", "nvidia_smi", "gpus_idle", "compute_apps", "workspace", "python")
 SECTION = "@@dfo-preflight "
@@ -80,12 +82,33 @@ def _in_parallel(check: Callable[[TargetSpec], TargetReport], specs: list[Target
 
 
 def check_target(connections: Connections, spec: TargetSpec, nvidia_smi_timeout: float = 10.0) -> TargetReport:
-    """All rows for one target; never raises."""
+    """All rows for one target, from one remote invocation; never raises."""
+    script = inside_script(spec, nvidia_smi_timeout)
+    try:
+        host, target = connections.host(spec.host), connections.container(spec.name)
+    except DfoError as exc:  # e.g. an unreadable ~/.ssh/config: the ssh row says so
+        error = exc
+        return report_for(spec, None, None, lambda _: _raise(error))
+    return report_for(spec, host, target, lambda target: target.run(script, timeout=inside_timeout(nvidia_smi_timeout)).stdout,
+                      nvidia_smi_timeout)
+
+
+def _raise(exc: Exception) -> str:
+    raise exc
+
+
+def inside_timeout(nvidia_smi_timeout: float) -> float:
+    """How long inside_script may take: nvidia-smi twice, python, and slack for SSH and pct."""
+    return 2 * nvidia_smi_timeout + PYTHON_TIMEOUT_S + HOST_TIMEOUT_SLACK_S
+
+
+def report_for(spec: TargetSpec, host: Target | None, target: Target | None, answer: Callable[[Target], str],
+               nvidia_smi_timeout: float = 10.0) -> TargetReport:
+    """The rows for one target from `answer(target)`: the output of inside_script run in `target` (on `host`),
+    by check_target or by a launch's own call. Never raises: an error becomes the row it belongs to."""
     report = TargetReport(spec.name, spec.host)
     try:
-        report.checks += _reach(connections, spec)
-        if report.ok:
-            report.checks += _inside(connections.container(spec.name), spec, nvidia_smi_timeout)
+        report.checks += _rows(spec, host, target, answer, nvidia_smi_timeout)
     except Exception as exc:  # a bug or an unforeseen error must not hide the other targets' rows
         message = str(exc) if isinstance(exc, DfoError) else f"{type(exc).__name__}: {exc}"
         failed_at = next((name for name in CHECKS if name not in {c.name for c in report.checks}), "error")
@@ -97,22 +120,32 @@ def check_target(connections: Connections, spec: TargetSpec, nvidia_smi_timeout:
     return report
 
 
-def _reach(connections: Connections, spec: TargetSpec) -> list[Check]:
-    """The ssh and container rows, from one round trip to the host."""
+def _rows(spec: TargetSpec, host: Target | None, target: Target | None, answer: Callable[[Target], str],
+          nvidia_smi_timeout: float) -> list[Check]:
+    """The ssh and container rows from how the one invocation went, the others from its output."""
     try:
-        host = connections.host(spec.host)
         ssh_ok = Check("ssh", True, "local (this machine, no SSH)" if spec.transport == "local" else f"{_login(host, spec)} authenticated")
-        if spec.ctid is None:
-            host.run(["true"], timeout=spec.connect_timeout + HOST_TIMEOUT_SLACK_S, check=True)
-            return [ssh_ok, Check("container", True, "no container (ctid: null): runs on the host", skipped=True)]
-        status = PctTarget(host, spec.ctid, name=spec.name).status(timeout=spec.connect_timeout + HOST_TIMEOUT_SLACK_S)
-    except (ContainerError, CommandFailed) as exc:
+        output = answer(target)
+    except ContainerNotRunning:
+        return [ssh_ok, Check("container", False, f"ct {spec.ctid} is stopped (run `pct start {spec.ctid}` on host {spec.host})")]
+    except ContainerError as exc:
         return [ssh_ok, Check("container", False, str(exc))]
+    except CommandTimeout as exc:  # connected (a timeout runs on an open channel), but the script did not finish
+        return [ssh_ok, Check("container", False, f"no answer from inside: {exc}")]
     except DfoError as exc:
         return [Check("ssh", False, str(exc))]
-    if status != "running":
-        return [ssh_ok, Check("container", False, f"ct {spec.ctid} is {status} (run `pct start {spec.ctid}` on host {spec.host})")]
-    return [ssh_ok, Check("container", True, f"ct {spec.ctid} running")]
+    if spec.ctid is None:
+        container = Check("container", True, "no container (ctid: null): runs on the host", skipped=True)
+    else:
+        container = Check("container", True, f"ct {spec.ctid} running")
+    sections = split_sections(output)
+    return [
+        ssh_ok,
+        container,
+        *_gpu_checks(sections, spec, nvidia_smi_timeout),
+        _workspace_check(sections.get("workspace", (1, "")), spec),
+        _python_check(sections.get("python", (1, "no answer")), spec),
+    ]
 
 
 def _login(host: Target, spec: TargetSpec) -> str:
@@ -121,15 +154,31 @@ def _login(host: Target, spec: TargetSpec) -> str:
     return f"{user}@{spec.address}{':' + str(spec.port) if spec.port else ''}"
 
 
-def _inside(target: Target, spec: TargetSpec, nvidia_smi_timeout: float) -> list[Check]:
-    """The remaining rows, from one script run inside the container."""
-    script = inside_script(spec, nvidia_smi_timeout)
-    timeout = 2 * nvidia_smi_timeout + PYTHON_TIMEOUT_S + HOST_TIMEOUT_SLACK_S
-    sections = split_sections(target.run(script, timeout=timeout).stdout)
+class PreflightFailed(RefusedError):
+    """A run refused by its target's preflight; `report` holds every row, `failed` the refusing ones."""
+
+    def __init__(self, report: TargetReport, failed: list[Check]) -> None:
+        self.report, self.failed = report, failed
+        busy_only = all(check.name in TOLERABLE_WHEN_BUSY for check in failed)
+        super().__init__(f"preflight of {report.target} failed: {'; '.join(f'{c.name}: {c.detail}' for c in failed)}",
+                         hint="pass --force to start on busy GPUs" if busy_only else "fix it, or pass --no-preflight")
+
+
+TOLERABLE_WHEN_BUSY = ("gpus_idle", "compute_apps")
+"""The checks `--force` (and a batch's own runs on a target) may override: the GPUs look busy."""
+
+
+def blocking(report: TargetReport, spec: TargetSpec, *, tolerate: tuple[str, ...] = ()) -> list[Check]:
+    """The failed checks that refuse a run on this target. Never blocking: a check skipped because an earlier
+    one failed (that one blocks), no GPU answer on a target that lists no `gpus:` (a CPU run), a missing
+    workspace (the launch creates it), and the checks named in `tolerate` (e.g. TOLERABLE_WHEN_BUSY)."""
     return [
-        *_gpu_checks(sections, spec, nvidia_smi_timeout),
-        _workspace_check(sections.get("workspace", (1, "")), spec),
-        _python_check(sections.get("python", (1, "no answer")), spec),
+        check
+        for check in report.checks
+        if not (check.ok or check.skipped)
+        and not (check.name == "nvidia_smi" and not spec.gpus)
+        and not (check.name == "workspace" and check.detail == workspace_missing(spec))
+        and check.name not in tolerate
     ]
 
 
@@ -225,7 +274,7 @@ def _workspace_check(section: tuple[int, str], spec: TargetSpec) -> Check:
     lines = section[1].splitlines()
     state = lines[0] if lines else "no answer"
     if state == "missing":
-        return Check("workspace", False, f"{spec.workspace} does not exist (create it: mkdir -p {spec.workspace})")
+        return Check("workspace", False, workspace_missing(spec))
     if state != "writable":
         return Check("workspace", False, f"{spec.workspace} is not writable ({state})")
     available = DF_AVAILABLE_RE.search(lines[1]) if len(lines) > 1 else None
@@ -236,6 +285,10 @@ def _workspace_check(section: tuple[int, str], spec: TargetSpec) -> Check:
     if free_gb < spec.min_free_disk_gb:
         return Check("workspace", False, f"{detail} (needs {spec.min_free_disk_gb:g} GB: free some space)")
     return Check("workspace", True, detail)
+
+
+def workspace_missing(spec: TargetSpec) -> str:
+    return f"{spec.workspace} does not exist (create it: mkdir -p {spec.workspace})"
 
 
 def _python_check(section: tuple[int, str], spec: TargetSpec) -> Check:

@@ -4,8 +4,9 @@ Launch follows DESIGN.md's "Detached launch" contract: `setsid nohup sh -c WRAPP
 so the run outlives the SSH session and `pct exec`; the wrapper traps TERM with a handler so it can write
 the run's exit status to LOG.exit. Secrets travel on the start script's stdin into a mode-0600 file that
 the wrapper sources and deletes before the run starts: they are never on a command line, in output, logs
-or the registry. Round trips for a launch: one probe (python, torch, package, log name), the push when the
-package is missing, one start script.
+or the registry. Round trips for a launch: one (orchestrator/launchplan.py: the preflight when a gate is
+given, the probe of python, torch, package and log name, and the start, in one script that waits for dfo's
+word between its checks and the start), plus the push when the package is missing.
 
 This module must not decide anything about a run's health (decide/ does) and never overwrites a log:
 the log is created with noclobber, so two launches of one name cannot both start.
@@ -21,13 +22,14 @@ from datetime import datetime
 from typing import Any, Iterator, Mapping, Sequence
 
 from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
+from .launchplan import SECRETS_FROM_STDIN, Gate, Opened, open_plan
 from .names import check_name
-from .package import Package, PushResult, build_package, parse_probe, probe_script, push
+from .package import Package, PushResult, build_package, parse_probe, pkg_dir, probe_script, push
+from .preflight import TargetReport
 from .remote.base import Target
 from .store import Run, Store, utc_now
 
 DEFAULT_GRACE_S = 30.0
-PROBE_TIMEOUT = 60.0
 START_TIMEOUT = 30.0
 LOG_TIMEOUT = 30.0
 LOG_EXISTS_EXIT = 17
@@ -74,11 +76,13 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class Launched:
-    """A started run, the push it needed (None for a user command) and secrets that were not set locally."""
+    """A started run, the push it needed (None for a user command), secrets that were not set locally and the
+    preflight's rows (None without a gate)."""
 
     run: Run
     push: PushResult | None
     missing_secrets: tuple[str, ...] = ()
+    preflight: TargetReport | None = None
 
 
 def parse_sets(pairs: Sequence[str]) -> dict[str, str]:
@@ -186,8 +190,9 @@ def wrapper_script(spec: RunSpec, name: str, command: str, *, with_secrets: bool
     return "; ".join(parts) + f"; {run}; echo $? > {shlex.quote(exit_path(spec.workspace, name))}"
 
 
-def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool) -> str:
-    """Reserve the log (noclobber), write the secrets from stdin, start the wrapper detached, print its PID and stat."""
+def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool, secrets_from: str = "cat") -> str:
+    """Reserve the log (noclobber), write the secrets from stdin (read by `secrets_from`), start the wrapper
+    detached, print its PID and stat."""
     q = shlex.quote
     log, secrets = q(log_path(spec.workspace, name)), q(secrets_path(spec.workspace, name))
     lines = [
@@ -196,7 +201,7 @@ def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool) 
         f"rm -f {q(exit_path(spec.workspace, name))}",
     ]
     if with_secrets:
-        lines.append(f"if ! (umask 077; cat > {secrets}); then rm -f {secrets} {log}; exit 1; fi")
+        lines.append(f"if ! (umask 077; {secrets_from} > {secrets}); then rm -f {secrets} {log}; exit 1; fi")
     lines += [
         f"setsid nohup sh -c {q(wrapper)} </dev/null >>{log} 2>&1 &",
         "pid=$!",
@@ -234,29 +239,37 @@ def launch(
     environ: Mapping[str, str] | None = None,
     package: Package | None = None,
     now: datetime | None = None,
+    gate: Gate | None = None,
 ) -> Launched:
-    """Start `spec` detached on `target` and record it. Refuses (RefusedError) a taken name, an existing log,
-    a missing python or torch; a failure halfway removes what it created and records nothing as running."""
+    """Start `spec` detached on `target` and record it, in one remote call (plus the push when needed).
+    Refuses (RefusedError) a taken name, an existing log, a missing python or torch, and with a `gate` a
+    failed preflight (preflight.PreflightFailed, with every row); a failure halfway removes what it created
+    and records nothing as running."""
     validate_spec(spec)
     environ = os.environ if environ is None else environ
     secrets = {key: environ[key] for key in spec.secrets if key in environ}
     missing = tuple(key for key in spec.secrets if key not in environ)
     package = (package or build_package()) if spec.builtin else None
-    name, probe = _reserve_name(target, spec, store, name, package, now)
+    name, opened = _reserve_name(target, spec, store, name, package, now, gate, bool(secrets))
     starting = False
     try:
-        pushed = push(target, spec.workspace, package=package, store=store, target_name=spec.target, probe=probe) if package else None
-        command = trainer_command(spec, name, pushed.pkg_dir) if pushed else spec.command
+        pushed = push(target, spec.workspace, package=package, store=store, target_name=spec.target, probe=opened.probe) if package else None
         starting = True
-        pid, stat = _start(target, spec, name, command, secrets)
+        pid, stat = _start(opened, spec, name, secrets)
     except BaseException as exc:
+        opened.call.cancel()
         _abandon(target, spec, name, store, exc, maybe_started=starting and isinstance(exc, (CommandTimeout, KeyboardInterrupt)))
         raise
+    command = _command(spec, name, package)
     run = store.update_run(
         name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command
     )
     store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets)})
-    return Launched(run, pushed, missing)
+    return Launched(run, pushed, missing, opened.report)
+
+
+def _command(spec: RunSpec, name: str, package: Package | None) -> str:
+    return trainer_command(spec, name, pkg_dir(spec.workspace, package.sha256)) if package else spec.command
 
 
 def validate_spec(spec: RunSpec) -> None:
@@ -275,8 +288,10 @@ def validate_spec(spec: RunSpec) -> None:
             raise UsageError(f"variant {spec.variant!r}: environment name {key!r} must be letters, digits and '_'")
 
 
-def _reserve_name(target: Target, spec: RunSpec, store: Store, name: str | None, package: Package | None, now: datetime | None) -> tuple[str, dict[str, str]]:
-    """Record the run as `launching` under a free name, then probe the target (one round trip per name tried).
+def _reserve_name(target: Target, spec: RunSpec, store: Store, name: str | None, package: Package | None, now: datetime | None,
+                  gate: Gate | None, with_secrets: bool) -> tuple[str, Opened]:
+    """Record the run as `launching` under a free name, then open the launch's call on the target (one round
+    trip per name tried; it waits for the word to start).
     The registry row is taken first, so two dfo processes never pick the same name. An explicit name that is
     taken in the registry or has a log on the target is refused; a default name moves on to `-2`, `-3`, ..."""
     explicit = name is not None
@@ -289,12 +304,13 @@ def _reserve_name(target: Target, spec: RunSpec, store: Store, name: str | None,
                 raise
             continue
         try:
-            probe = _probe(target, spec, candidate, package)
+            opened = _probe(target, spec, candidate, package, gate, with_secrets)
         except BaseException:
             store.delete_run(candidate)
             raise
-        if probe.get("log") != "exists":
-            return candidate, probe
+        if opened.probe.get("log") != "exists":
+            return candidate, opened
+        opened.call.cancel()
         store.delete_run(candidate)
         if explicit:
             raise RefusedError(
@@ -309,12 +325,24 @@ def _default_names(variant: str, now: datetime | None) -> list[str]:
     return [base] + [f"{base}-{i}" for i in range(2, MAX_NAME_SUFFIX + 1)]
 
 
-def _probe(target: Target, spec: RunSpec, name: str, package: Package | None) -> dict[str, str]:
+def _probe(target: Target, spec: RunSpec, name: str, package: Package | None, gate: Gate | None, with_secrets: bool) -> Opened:
     log = shlex.quote(log_path(spec.workspace, name))
     script = f"if [ -e {log} ]; then echo log=exists; else echo log=free; fi\n"
     if package:
         script += probe_script(spec.workspace, package.sha256, spec.python)
-    probe = parse_probe(target.run(script, timeout=PROBE_TIMEOUT, check=True).stdout)
+    command = _command(spec, name, package)
+    wrapper = wrapper_script(spec, name, command, with_secrets=with_secrets)
+    start = start_script(spec, name, wrapper, with_secrets=with_secrets, secrets_from=SECRETS_FROM_STDIN)
+    opened = open_plan(target, gate, probe=script, start=start)
+    try:
+        _refuse_without_python(spec, opened.probe)
+    except RefusedError:
+        opened.call.cancel()
+        raise
+    return opened
+
+
+def _refuse_without_python(spec: RunSpec, probe: dict[str, str]) -> None:
     if probe.get("python") == "missing":
         raise RefusedError(
             f"{spec.python} not found in {spec.target}", hint="install python there or set `python:` for the container in the inventory"
@@ -323,7 +351,6 @@ def _probe(target: Target, spec: RunSpec, name: str, package: Package | None) ->
         raise RefusedError(
             f"{spec.python} in {spec.target} has no torch; dfo installs nothing", hint=f"install torch in {spec.target} first"
         )
-    return probe
 
 
 def _launching_run(spec: RunSpec, name: str, package: Package | None) -> Run:
@@ -344,10 +371,8 @@ def _launching_run(spec: RunSpec, name: str, package: Package | None) -> Run:
     )
 
 
-def _start(target: Target, spec: RunSpec, name: str, command: str, secrets: Mapping[str, str]) -> tuple[int, str]:
-    wrapper = wrapper_script(spec, name, command, with_secrets=bool(secrets))
-    script = start_script(spec, name, wrapper, with_secrets=bool(secrets))
-    result = target.run(script, input=_env_file(secrets) if secrets else None, timeout=START_TIMEOUT)
+def _start(opened: Opened, spec: RunSpec, name: str, secrets: Mapping[str, str]) -> tuple[int, str]:
+    result = opened.call.start(_env_file(secrets) if secrets else b"", timeout=START_TIMEOUT)
     if result.exit_code == LOG_EXISTS_EXIT:
         raise RefusedError(f"{log_path(spec.workspace, name)} appeared on {spec.target} meanwhile; dfo never overwrites a log")
     info = parse_probe(result.stdout)

@@ -175,10 +175,10 @@ def test_missing_python_or_torch_is_refused_and_nothing_is_written(store, worksp
 
 def test_a_launch_failing_halfway_removes_its_secrets_file_and_empty_log(store, workspace):
     class StartFails(LocalTarget):
-        def run(self, cmd, **kw):
+        def stream(self, cmd):  # the launch's one call (orchestrator/launchplan.py)
             if isinstance(cmd, str) and "setsid nohup" in cmd:
                 cmd = cmd.replace("setsid nohup", "exit 1; setsid nohup")  # dies after reserving the log and secrets
-            return super().run(cmd, **kw)
+            return super().stream(cmd)
 
     run_spec = spec(workspace, "sleep 30", secrets=("DFO_TEST_TOKEN",))
     with pytest.raises(RemoteError, match="starting run"):
@@ -367,11 +367,11 @@ def test_two_launches_racing_for_one_default_name_get_two_names(store, workspace
     class AnotherDfoLaunchesMeanwhile(LocalTarget):
         """While this launch talks to its target, another dfo process launches the same variant elsewhere."""
 
-        def run(self, cmd, **kw):
+        def stream(self, cmd):  # the launch's one call (orchestrator/launchplan.py)
             if not others:
                 with Store(store.path) as other_store:
                     others.append(launch(LocalTarget("there"), spec(str(other_workspace), "true"), other_store, now=now).run)
-            return super().run(cmd, **kw)
+            return super().stream(cmd)
 
     mine = launch(AnotherDfoLaunchesMeanwhile("here"), spec(workspace, "true"), store, now=now).run
     names = {mine.name, others[0].name}

@@ -19,15 +19,16 @@ from rich.text import Text
 
 from .. import runs as runs_lib
 from ..connections import Connections
-from ..errors import RefusedError, RemoteError
+from ..errors import RemoteError
 from ..inventory import TargetSpec, load_inventory
+from ..launchplan import Gate
 from ..names import check_name
 from ..package import push
+from ..preflight import TOLERABLE_WHEN_BUSY, TargetReport
 from ..store import Run, Store
 from ..sanitize import markup, visible
 from .common import InventoryOpt, JsonOpt, console, err_console, fit_table, print_json
 
-GPU_CHECKS = ("gpus_idle", "compute_apps")
 EXAMPLES = {
     "push": "Example: dfo push --host ct200 -i inventory/lab.yaml",
     "launch": "Example: dfo launch --host ct200 --variant nographs --set steps=2000   (then: dfo watch NAME)",
@@ -104,11 +105,11 @@ def launch_command(
     chain_list = chain_from_option(chain, variant, inv)
     ahead = tuple(chain_list[chain_list.index(variant) + 1:]) if chain_list else ()
     spec = runs_lib.spec_for(inv, host, variant, sets=runs_lib.parse_sets(sets), wandb=wandb, chain=ahead)
-    with Connections(inv) as connections:
-        if not no_preflight:
-            _preflight_or_refuse(connections, inv.target(host), force=force)
-        with Store() as store:
-            launched = runs_lib.launch(connections.container(host), spec, store, name=name)
+    target = inv.target(host)
+    gate = None if no_preflight else Gate(target, tolerate=TOLERABLE_WHEN_BUSY if force else ())
+    with Connections(inv) as connections, Store() as store:
+        launched = runs_lib.launch(connections.container(host), spec, store, name=name, gate=gate)
+    _warn_tolerated(launched.preflight, target)
     for missing in launched.missing_secrets:
         _warn(f"warning: secret {missing} is not set in this environment; the run starts without it")
     run = launched.run
@@ -126,27 +127,17 @@ def launch_command(
         raise typer.Exit(watch_runs(inv, [run.name], until_decided=until_decided, fallback=not no_fallback, as_json=as_json))
 
 
-def _preflight_or_refuse(connections: Connections, spec: TargetSpec, *, force: bool) -> None:
-    """Refuse on a failed check. Tolerated: busy GPUs with --force; no nvidia-smi on a target that lists no GPUs
-    (a CPU run); a missing workspace (launch creates it)."""
-    from ..preflight import preflight
-
-    report = preflight(connections, [spec.name])[0]
-    blocking = []
-    for check in report.checks:
+def _warn_tolerated(report: TargetReport | None, spec: TargetSpec) -> None:
+    """Say which failed preflight checks the launch went past (preflight.blocking lets them pass): busy GPUs
+    with --force, no GPU answer on a target that lists no GPUs (a CPU run); a missing workspace goes unsaid
+    (launch creates it)."""
+    for check in report.checks if report else ():
         if check.ok or check.skipped:
             continue
-        if check.name in GPU_CHECKS and force:
+        if check.name in TOLERABLE_WHEN_BUSY:
             _warn(f"warning: {check.name}: {check.detail} (starting anyway: --force)")
         elif check.name == "nvidia_smi" and not spec.gpus:
             _warn(f"note: no GPU answered on {spec.name} ({check.detail}); the run starts without GPUs")
-        elif check.name == "workspace" and "does not exist" in check.detail:
-            continue
-        else:
-            blocking.append(f"{check.name}: {check.detail}")
-    if blocking:
-        hint = "pass --force to start on busy GPUs" if all(b.split(":")[0] in GPU_CHECKS for b in blocking) else "fix it, or pass --no-preflight"
-        raise RefusedError(f"preflight of {spec.name} failed: {'; '.join(blocking)}", hint=hint)
 
 
 def runs_command(

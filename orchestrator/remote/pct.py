@@ -1,7 +1,8 @@
 """PctTarget: a Proxmox LXC container reached through another target's `pct` (`pct exec CTID -- argv`).
 
 pct's own failures exit 255 like ssh's do, so they are told apart by their stderr text and mapped to
-ContainerMissing / ContainerNotRunning with a message naming the fix. `put` stages the file on the host,
+ContainerMissing / ContainerNotRunning with a message naming the fix. That mapping is also how a caller learns
+a container's state without a `pct status` of its own: every pct call costs a Perl start-up on the node. `put` stages the file on the host,
 `pct push`es it and verifies the result inside the container, because a failed push can exit 0.
 
 This module must not import any networking library: it only composes commands for the inner target.
@@ -108,5 +109,8 @@ class PctTarget(Target):
                 f"{remote} did not arrive intact (pct push exited 0)", where=self.name, hint="check free space in the container"
             )
 
-    def stream(self, cmd: Command) -> Stream:
-        return self.inner.stream(self.exec_argv(cmd))
+    def stream(self, cmd: Command, *, merge_stderr: bool = False) -> Stream:
+        """`merge_stderr`: pct's own stderr (and the command's) comes on the stream's stdout, so that a caller
+        can map pct's messages (raise_for_pct) from what it read when the stream ended early."""
+        argv = self.exec_argv(cmd)
+        return self.inner.stream(f"{shlex.join(argv)} 2>&1" if merge_stderr else argv)

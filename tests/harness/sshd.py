@@ -97,6 +97,12 @@ class SshServer:
             return 0
         return self.log_path.read_text(errors="replace").count("Accepted publickey")
 
+    def commands_started(self) -> int:
+        """How many remote commands (exec requests; not sftp) sshd started so far, as its VERBOSE log says."""
+        if not self.log_path.exists():
+            return 0
+        return self.log_path.read_text(errors="replace").count("Starting session: command ")
+
     def _config_text(self) -> str:
         session_env = {"PATH": f"{STANDIN_BIN}:{SYSTEM_PATH}", **self.env}
         set_env = " ".join(f'"{key}={value}"' for key, value in session_env.items())
