@@ -5,10 +5,11 @@
       pending --launch--> running --stop_when holds, or the chain ends--> done | failed   (not started: error)
 
 A cell is one (target, variant, settings, GPU count, repeat). Its first run is named `BATCH.CELL`. The
-Watcher (built with fallback=False) judges runs; on a crash or stall verdict the scheduler stops the run
-and starts the next variant of the chain (decide.next_variant, the policy `dfo watch` uses) as
-`BATCH.CELL.<n>-<variant>` with `parent` set, on the same GPUs with the same settings, so a fallback never
-lands on another cell's GPUs. A too-slow verdict (against a configured baseline only) ends the cell as
+Watcher (built with fallback=False) judges runs; on a verdict chains.BATCH_POLICY falls back on (crash,
+stall) the scheduler stops the run and starts the next variant of the chain (chains.next_variant_after) under
+chains' one naming rule (`BATCH.CELL.<n>-<variant>`) with `parent` set, on the same GPUs with the same
+settings once those GPUs are released (chains.Supervisor.gpus_still_busy), so a fallback never lands on
+another cell's GPUs. A too-slow verdict (against a configured baseline only) ends the cell as
 `done`: its steady figure is the result, and a sweep is there to measure the slow configurations too. Two cells never hold one GPU at once: a cell without `gpus:` takes the whole
 target; one with `gpus: N` takes N of the target's listed GPUs and runs with CUDA_VISIBLE_DEVICES set to
 them; GPUs are released only once the cell's last run has ended. Everything the scheduler learns goes to
@@ -38,17 +39,16 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import runs
-from .decide import Catalogue, next_variant
+from .chains import BATCH_POLICY, Supervisor, catalogue_for, next_run_names, next_variant_after, rest_of_chain
+from .decide import Catalogue
 from .errors import DfoError, InvalidName, InventoryError, RefusedError, UnknownTarget
 from .inventory import Inventory, _name_problem, describe_validation_error
 from .launchplan import Gate
 from .logfmt import format_ts, parse_ts
 from .preflight import TOLERABLE_WHEN_BUSY, PreflightFailed
+from .states import CellState, Verdict
 from .store import Run, Store
 
-CELL_STATES = ("pending", "running", "done", "failed", "error")
-FINAL_STATES = ("done", "failed")  # `error` (never started: refused or unreachable) is retried by the next invocation
-FALLBACK_VERDICTS = ("crash", "stall")  # too_slow is a steady measurement: in a sweep it is a result, not a failure
 EXIT_GRACE_S = 15.0  # time the Watcher gets to judge a run that ended before its cell is closed without a verdict
 STOP_WAIT_S = 120.0  # a stop that has not ended the run by then (target unreachable) closes the cell anyway
 MAX_PARALLEL_LAUNCHES = 16
@@ -375,17 +375,11 @@ class CellTable:
             db.execute(f"UPDATE batch_cells SET {assignments} WHERE batch = ? AND cell = ?", (*encoded.values(), batch, cell_id))
 
     def chain(self, root: str) -> list[str]:
-        """The run names from `root` along `parent` links (the fallbacks the watcher started), oldest first."""
-        names = [root]
-        while len(names) < 64:
-            rows = self.store.query("SELECT name FROM runs WHERE parent = ? ORDER BY id DESC LIMIT 1", (names[-1],))
-            if not rows:
-                break
-            names.append(rows[0]["name"])
-        return names
+        """The run names from `root` along `parent` links (the fallbacks the scheduler started), oldest first."""
+        return self.store.chain_runs(root)
 
     def last_step(self, run: str) -> Optional[int]:
-        return self.store.query("SELECT MAX(step) FROM samples WHERE run = ?", (run,))[0][0]
+        return self.store.last_step(run)
 
 
 def _record(row: Any) -> CellRecord:
@@ -602,26 +596,25 @@ class Scheduler:
                 self._after_stop(active, chain)
             return
         verdict = decision.get("decision")
-        if verdict in FALLBACK_VERDICTS:
-            following = self._next_variant(run.variant, decision)
+        if BATCH_POLICY.falls_back(verdict):
+            following = self._next_variant(run, decision)
             why = f"{verdict}: {decision.get('reason') or ''}".strip(": ")
             self._stop(active, run, decision, why, "failed", following)
             return
-        if verdict == "too_slow":
+        if verdict == Verdict.TOO_SLOW:
             self._stop(active, run, decision, f"too_slow: {decision.get('reason') or ''}".rstrip(": "), "done", None)
             return
         reached = self._stop_reason(active, run.name, verdict)
         if reached:
             self._stop(active, run, decision, f"stop_when {reached}", "done", None)
-        elif not run.active and (verdict in ("exited", "steady") or self._waited(active, EXIT_GRACE_S)):
-            state = "done" if run.state == "exited" or verdict in ("exited", "steady") else "failed"
+        elif not run.active and (verdict in (Verdict.EXITED, Verdict.STEADY) or self._waited(active, EXIT_GRACE_S)):
+            state = CellState.DONE if run.state == "exited" or verdict in (Verdict.EXITED, Verdict.STEADY) else CellState.FAILED
             self._finish(active, chain, decision, state, f"run ended ({run.state}, exit code {run.exit_code})")
         elif run.active:
             active.waiting_since = None
 
-    def _next_variant(self, variant: Optional[str], decision: dict) -> Optional[str]:
-        signature = self.catalogue.by_id(decision["signature"]) if decision.get("signature") else None
-        return next_variant(self.plan.chain, variant, signature, self.plan.topologies)
+    def _next_variant(self, run: Run, decision: dict) -> Optional[str]:
+        return next_variant_after(self.plan.chain, run, decision, self.catalogue, self.plan.topologies)
 
     def _stop_reason(self, active: _Active, run: str, verdict: Optional[str]) -> Optional[str]:
         stop_when = self.plan.experiments.stop_when
@@ -659,8 +652,10 @@ class Scheduler:
         if stopping.next_variant is None:
             self._finish(active, chain, stopping.decision, stopping.state, stopping.reason)
             return
-        name = f"{record.root_run}.{len(chain) + 1}-{stopping.next_variant}"  # the watcher's fallback names
+        name = next(iter(next_run_names(self.store, record.root_run, stopping.next_variant)), None)
         try:
+            if name is None:
+                raise RefusedError(f"no free run name for the fallback of {chain[-1]}")
             self.start(record.cell, record.gpu_ids, stopping.next_variant, name, chain[-1])
         except DfoError as exc:
             self._finish(active, chain, stopping.decision, "failed", f"{stopping.reason}; fallback {name} did not start: {exc}")
@@ -687,7 +682,7 @@ class Scheduler:
             setattr(record, key, tuple(value) if key == "gpu_ids" else value)
 
     def _report(self) -> None:
-        counts = {state: 0 for state in CELL_STATES}
+        counts = {str(state): 0 for state in CellState}
         for record in self.records.values():
             counts[record.state] += 1
         running = [(cell_id, self.table.chain(a.record.root_run)[-1]) for cell_id, a in self.active.items()]
@@ -718,7 +713,7 @@ def decision_of(event: Any) -> Optional[dict]:
 def run_spec(plan: Plan, inventory: Inventory, cell: Cell, gpu_ids: tuple[int, ...], variant: str, *,
              parent: Optional[str] = None, wandb: str = "off") -> runs.RunSpec:
     """A run of a cell: `variant` (the cell's, or a fallback) with the cell's settings, on its GPUs, in the batch."""
-    chain = plan.chain[plan.chain.index(variant) + 1:] if variant in plan.chain else ()
+    chain = rest_of_chain(plan.chain, variant)
     builtin = inventory.variant(variant).command is None
     spec = runs.spec_for(inventory, cell.target, variant, sets=dict(cell.sets) if builtin else None, wandb=wandb,
                          batch=plan.batch, chain=chain, parent=parent)
@@ -735,6 +730,7 @@ def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *
     A target's first launch carries its preflight (one remote call for both: runs.launch with a Gate); its
     other cells wait for that verdict and share it. Busy GPUs pass on targets in `ours` (running cells of
     this batch); fallbacks (a `parent`) start without a preflight, as the chain's GPUs are the cell's own."""
+    supervisor = Supervisor(inventory, connections, store)
     verdicts: dict[str, Optional[str]] = {}  # target -> None (passed) or why its preflight refused
     locks: dict[str, threading.Lock] = {target: threading.Lock() for target in plan.target_gpus}
 
@@ -743,7 +739,11 @@ def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *
             return name
         spec = run_spec(plan, inventory, cell, gpu_ids, variant, parent=parent, wandb=wandb)
         target = connections.container(cell.target)
-        if parent is not None:
+        if parent is not None:  # a fallback: only once the cell's GPUs are released (as `dfo watch` waits)
+            busy = supervisor.gpus_still_busy(target, spec)
+            if busy:
+                raise RefusedError(f"not launching {variant}: the GPUs of cell {cell.id} are still busy "
+                                   f"{supervisor.gpu_release_s:g} s after {parent} ended ({busy})")
             runs.launch(target, spec, store, name=name)
             return name
         with locks[cell.target]:
@@ -787,9 +787,9 @@ def run_batch(
     """Preflight the targets that still have cells to start, then schedule until every cell has an outcome."""
     table = CellTable(store)
     table.save_plan(plan, format_ts(time.time()))
-    records = [r for r in table.records(plan.batch) if r.state not in FINAL_STATES]
+    records = [r for r in table.records(plan.batch) if not CellState(r.state).is_final()]
     ours = frozenset(r.cell.target for r in records if r.state == "running")
-    catalogue = Catalogue().extended([signature.model_dump() for signature in inventory.signatures])
+    catalogue = catalogue_for(inventory)
     scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb, ours=ours),
                           poll_s=poll_s, on_progress=on_progress, catalogue=catalogue)
     return scheduler.run()

@@ -66,7 +66,7 @@ class RunSpec:
     wandb: str = "off"
     batch: str | None = None
     parent: str | None = None
-    chain: tuple[str, ...] = ()
+    chain: tuple[str, ...] | None = None  # the fallback chain ahead; () = no more variants, None = none given
     sets: Mapping[str, str] = field(default_factory=dict)  # the user's --set overrides (in `args` too), for fallbacks
 
     @property
@@ -264,7 +264,8 @@ def launch(
     run = store.update_run(
         name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command
     )
-    store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets)})
+    store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets),
+                                       "env": dict(spec.env), "wandb": spec.wandb})
     return Launched(run, pushed, missing, opened.report)
 
 
@@ -365,7 +366,7 @@ def _launching_run(spec: RunSpec, name: str, package: Package | None) -> Run:
         workspace=spec.workspace,
         trainer_hash=package.sha256 if package else None,
         parent=spec.parent,
-        chain=list(spec.chain),
+        chain=list(spec.chain) if spec.chain is not None else None,
         batch=spec.batch,
         state="launching",
     )
@@ -473,6 +474,7 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GR
             f"the run at tick {run.proc_starttime} (command {cmdline.strip()[:60]!r}); not signalling it",
             hint="the run had already ended; it is now recorded as such",
         )
+    store.request_stop(name)  # before the signal: a watch of the run reads its exit as stopped, not as a crash
     output = _stop_call(target, run, kill_script(run.pid, grace_s, run.exit_path), grace_s + KILL_SETTLE_S + STOP_PROBE_TIMEOUT)
     info = parse_probe(output)
     ended = _record_end(store, run, info.get("exit", ""), f"stopped by dfo (SIG{info.get('signal', 'TERM')})", state="stopped")

@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from .errors import DfoError, RefusedError, UnknownRun
+from .states import RunState
 
-RUN_STATES = ("launching", "running", "exited", "crashed", "stopped", "lost")
-ACTIVE_STATES = ("launching", "running")
 BUSY_TIMEOUT_MS = 15000
+MAX_CHAIN = 100  # runs followed along parent links before giving up (a loop in hand-edited rows)
 
 
 def utc_now() -> str:
@@ -146,11 +146,39 @@ def _m004_notifications(db: sqlite3.Connection) -> None:
     )
 
 
+def _m005_lifecycle(db: sqlite3.Connection) -> None:
+    """orchestrator/chains.py: where a run came from and who launches it, stop intents, claims, intents."""
+    for column in ("inventory_path TEXT", "inventory_hash TEXT", "owner TEXT", "stop_requested_at TEXT"):
+        db.execute(f"ALTER TABLE runs ADD COLUMN {column}")
+    db.execute(
+        """CREATE TABLE claims (
+            key TEXT PRIMARY KEY,         -- chain:<root run> or cell:<batch>/<cell>
+            owner TEXT NOT NULL,          -- a random id per watcher/scheduler
+            pid INTEGER,
+            host TEXT,
+            expires_at REAL NOT NULL,     -- Unix seconds; renewed while the owner lives
+            renewed_at REAL NOT NULL
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE intents (
+            id INTEGER PRIMARY KEY,
+            subject TEXT NOT NULL,        -- the chain root (or batch cell key) it is about
+            kind TEXT NOT NULL,           -- fallback | stop
+            data TEXT NOT NULL,           -- JSON: the run acted on, the next run's name and variant, why
+            created_at TEXT NOT NULL,
+            done_at TEXT                  -- null until every step of it happened
+        )"""
+    )
+    db.execute("CREATE INDEX intents_open ON intents(subject, done_at)")
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
     ("runs.log_ident: the identity of the log file read up to log_offset", _m003_log_ident),
     ("notifications: one per run, decision and channel", _m004_notifications),
+    ("lifecycle: inventory per run, launcher, stop intents, claims, intents", _m005_lifecycle),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 
@@ -175,21 +203,48 @@ class Run:
     workspace: str | None = None
     trainer_hash: str | None = None
     parent: str | None = None
-    chain: list[str] = field(default_factory=list)
+    chain: list[str] | None = None  # the fallback chain still ahead; [] = no more variants, None = none given
     batch: str | None = None
-    state: str = "launching"
+    state: str = RunState.LAUNCHING
     exit_code: int | None = None
     decision: dict[str, Any] | None = None
     log_offset: int = 0
     log_ident: dict[str, Any] | None = None  # which file log_offset is in (see _m003_log_ident)
+    inventory_path: str | None = None  # the inventory file it was launched from (None: the built-in one)
+    inventory_hash: str | None = None  # sha256 of that file's bytes then
+    owner: str | None = None  # `host:pid` of the dfo that launches it, while state is launching
+    stop_requested_at: str | None = None  # dfo was asked to stop it: its exit is no verdict of its own
     id: int | None = None
 
     @property
     def active(self) -> bool:
-        return self.state in ACTIVE_STATES
+        return not RunState(self.state).is_terminal()
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who acts on a chain or cell: `owner` until `expires_at` (Unix seconds), unless it renews."""
+
+    key: str
+    owner: str
+    pid: int | None
+    host: str | None
+    expires_at: float
+    renewed_at: float
+
+
+@dataclass(frozen=True)
+class Intent:
+    """An action recorded before it was taken; `data` grows as its steps happen (see chains.py)."""
+
+    id: int
+    subject: str
+    kind: str
+    data: dict[str, Any]
+    created_at: str
 
 
 RUN_COLUMNS = tuple(f.name for f in fields(Run) if f.name != "id")
@@ -200,14 +255,15 @@ def _encode_run_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     unknown = set(values) - set(RUN_COLUMNS)
     if unknown:
         raise ValueError(f"unknown run field(s): {', '.join(sorted(unknown))}")
-    if "state" in values and values["state"] not in RUN_STATES:
-        raise ValueError(f"run state must be one of {RUN_STATES}, got {values['state']!r}")
-    return {k: (json.dumps(v) if k in JSON_COLUMNS and v is not None else v) for k, v in values.items()}
+    if "state" in values and values["state"] not in tuple(RunState):
+        raise ValueError(f"run state must be one of {', '.join(RunState)}, got {values['state']!r}")
+    encoded = {k: (json.dumps(v) if k in JSON_COLUMNS and v is not None else v) for k, v in values.items()}
+    return {k: (str(v) if k == "state" else v) for k, v in encoded.items()}
 
 
 def _decode_run(row: sqlite3.Row) -> Run:
     values = dict(row)
-    values["chain"] = json.loads(values["chain"]) if values["chain"] else []
+    values["chain"] = json.loads(values["chain"]) if values["chain"] else None
     values["decision"] = json.loads(values["decision"]) if values["decision"] else None
     values["log_ident"] = json.loads(values["log_ident"]) if values["log_ident"] else None
     return Run(**values)
@@ -351,10 +407,83 @@ class Store:
         """Runs, oldest first, optionally only active (launching/running) or finished ones, of a batch or target."""
         clause, params = _where(batch=batch, target=target)
         if active is not None:
-            states = f"state {'IN' if active else 'NOT IN'} ({', '.join('?' for _ in ACTIVE_STATES)})"
+            states = f"state {'IN' if active else 'NOT IN'} ({', '.join('?' for _ in RunState.active())})"
             clause = f"{clause} AND {states}" if clause else f" WHERE {states}"
-            params.extend(ACTIVE_STATES)
+            params.extend(str(state) for state in RunState.active())
         return [_decode_run(r) for r in self._query(f"SELECT * FROM runs{clause} ORDER BY id", params)]
+
+    def lineage(self, name: str) -> list[str]:
+        """The chain of `name` from its root down to `name`, along `parent` links (oldest first)."""
+        names = [name]
+        while len(names) < MAX_CHAIN:
+            rows = self._query("SELECT parent FROM runs WHERE name = ?", (names[0],))
+            parent = rows[0]["parent"] if rows else None
+            if not parent or parent in names or not self._query("SELECT 1 FROM runs WHERE name = ?", (parent,)):
+                break
+            names.insert(0, parent)
+        return names
+
+    def chain_runs(self, root: str) -> list[str]:
+        """`root` and the runs that fell back from it, oldest first (the newest child at each link)."""
+        names = [root]
+        while len(names) < MAX_CHAIN:
+            rows = self._query("SELECT name FROM runs WHERE parent = ? ORDER BY id DESC LIMIT 1", (names[-1],))
+            if not rows or rows[0]["name"] in names:
+                break
+            names.append(rows[0]["name"])
+        return names
+
+    def children(self, name: str) -> list[str]:
+        return [r["name"] for r in self._query("SELECT name FROM runs WHERE parent = ? ORDER BY id", (name,))]
+
+    def request_stop(self, name: str) -> Run:
+        """Record that dfo was asked to stop `name` (before any signal goes out): a watch of it then reads its
+        exit as `stopped`, never as a crash to fall back from."""
+        return self.update_run(name, stop_requested_at=utc_now())
+
+    # -- claims: who acts on a chain or batch cell (one owner at a time; the others only look)
+
+    def claim(self, key: str, owner: str, *, pid: int, host: str, ttl_s: float, now: float) -> "Claim":
+        """Take or renew the claim on `key` for `owner` when it is free, expired or already ours; returns the
+        claim as it stands after (its owner may be another one, whose lease has not run out)."""
+        with self._write() as db:
+            row = db.execute("SELECT * FROM claims WHERE key = ?", (key,)).fetchone()
+            if row is None or row["owner"] == owner or row["expires_at"] <= now:
+                db.execute(
+                    "INSERT INTO claims (key, owner, pid, host, expires_at, renewed_at) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT(key) DO UPDATE SET owner = excluded.owner, pid = excluded.pid, host = excluded.host,"
+                    " expires_at = excluded.expires_at, renewed_at = excluded.renewed_at",
+                    (key, owner, pid, host, now + ttl_s, now),
+                )
+            row = db.execute("SELECT * FROM claims WHERE key = ?", (key,)).fetchone()
+        return Claim(**dict(row))
+
+    def release_claim(self, key: str, owner: str) -> None:
+        with self._write() as db:
+            db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, owner))
+
+    def claims(self) -> list["Claim"]:
+        return [Claim(**dict(r)) for r in self._query("SELECT * FROM claims ORDER BY key")]
+
+    # -- intents: what dfo is about to do, written before it acts and closed once it has
+
+    def add_intent(self, subject: str, kind: str, data: Mapping[str, Any]) -> int:
+        with self._write() as db:
+            cursor = db.execute("INSERT INTO intents (subject, kind, data, created_at) VALUES (?, ?, ?, ?)",
+                                (subject, kind, json.dumps(dict(data)), utc_now()))
+        return int(cursor.lastrowid)
+
+    def update_intent(self, intent_id: int, data: Mapping[str, Any], *, done: bool = False) -> None:
+        with self._write() as db:
+            db.execute("UPDATE intents SET data = ?, done_at = ? WHERE id = ?",
+                       (json.dumps(dict(data)), utc_now() if done else None, intent_id))
+
+    def open_intents(self, subject: str | None = None) -> list["Intent"]:
+        """Intents not finished yet (a dfo died while acting), oldest first."""
+        clause, params = _where(subject=subject)
+        clause = f"{clause} AND done_at IS NULL" if clause else " WHERE done_at IS NULL"
+        rows = self._query(f"SELECT * FROM intents{clause} ORDER BY id", params)
+        return [Intent(r["id"], r["subject"], r["kind"], json.loads(r["data"]), r["created_at"]) for r in rows]
 
     def set_offset(self, run: str, offset: int) -> None:
         """Remember how far into the run's log the watcher has read."""
@@ -414,6 +543,10 @@ class Store:
                     db.execute("UPDATE runs SET log_offset = ?, log_ident = ? WHERE name = ?",
                                (offset, json.dumps(dict(ident)) if ident else None, run))
         return len(rows)
+
+    def last_step(self, run: str) -> int | None:
+        """The highest step stored for `run` (None: none yet)."""
+        return self._query("SELECT MAX(step) FROM samples WHERE run = ?", (run,))[0][0]
 
     def samples(self, run: str) -> list[dict[str, Any]]:
         rows = self._query("SELECT step, ts, tok_s, loss, phase, extra FROM samples WHERE run = ? ORDER BY id", (run,))

@@ -3,9 +3,13 @@
 A Watcher follows registered runs through one Observer per container (shared by every run in it, all on
 the kept-open host connection), parses their log lines (logfmt, or the variant's `metrics:` regex), feeds
 each run's RunJudge, persists samples, GPU samples, offsets, events and decisions, and acts on final
-verdicts: on crash / stall / too_slow with action `fallback` it stops the run (identity-checked) and
-launches the next variant of its chain on the same target as `<root>.<n>-<variant>` (n = the run's place in
-the chain, the root being 1), linked to its parent, and follows it on the same observer.
+verdicts: on crash / stall / too_slow with action `fallback` it hands the run to chains.Supervisor (intent,
+identity-checked stop, GPU release, the next variant as `<root>.<n>-<variant>`, linked) and follows the new
+run on the same observer.
+
+Claims: a watcher acts on a chain only while it holds the chain's lease in the registry (chains.Claims). A
+second watcher of the same chain observes and shows, but stores nothing and acts on nothing; when the
+lease runs out (the first one was killed) it takes over, storing the steps the first one had not stored.
 
 The clock lives here, never in decide/: ticks are the workstation's time moved onto the container's clock
 (the agent's hello carries its time), so a skewed host clock cannot fake a stall.
@@ -25,35 +29,28 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
+from .chains import GPU_RELEASE_S, Claims, Outcome, Supervisor, catalogue_for, chain_key, chain_variants
 from .connections import Connections
-from .decide import Catalogue, DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
-from .errors import DfoError, RefusedError, UnknownRun, UsageError
-from .gpu import NvidiaSmiError, query_gpus
-from .inventory import Inventory, TargetSpec
+from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
+from .errors import DfoError, UnknownRun, UsageError
+from .inventory import Inventory
 from .logfmt import MalformedLine, StepRecord, make_parser, parse_ts, step_problem
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
-from .preflight import gpus_idle_check
-from .runs import spec_for
-from .runs import launch as launch_run
-from .runs import stop as stop_run
+from .states import RunState, Verdict
 from .store import Run, Store, utc_now
 
-FALLBACK_VERDICTS = frozenset({"crash", "stall", "too_slow"})
 DRAIN_MAX = 5000  # observations handled per step(); the rest wait for the next one
 VANISHED_GRACE_S = 3.0  # a dead PID with no exit file yet: wait this long for the wrapper to write it
 CATCH_UP_S = 3.0  # after a (re)connect, ticks wait this long for the log written meanwhile to arrive
-MAX_NAME_TRIES = 5
 SPARK_POINTS = 60
 RECENT_LINES = 6
 ACTION_JOIN_S = 5.0
-GPU_RELEASE_S = 30.0  # after a stop, how long the target's GPUs get to go idle before the fallback starts
-GPU_POLL_S = 1.0
-GPU_QUERY_TIMEOUT_S = 15.0
 MALFORMED_EVENTS = 20  # malformed-line events per run; after these the view's count goes on alone
+UNSAVED_MAX = 100_000  # steps an observing (not owning) watcher keeps for the day it takes over
 SAMPLE_FIELDS = ("step", "ts", "tok_s", "loss", "phase", "acc", "lr", "q_fill", "active", "mem_gb")
 Event = dict[str, Any]
 
@@ -70,7 +67,10 @@ class WatchedRun:
     source: str  # the observer (container) it is followed on
     gpus: tuple[int, ...]  # the target's GPUs; empty: every GPU the container shows
     decision: Decision
-    last_stored_step: int | None = None  # steps at or below this are already in the store
+    last_stored_step: int | None = None  # steps at or below this are already in the store (or seen, when observing)
+    unsaved: list = field(default_factory=list)  # samples seen while another watcher owned the chain
+    unsaved_offset: int | None = None
+    unsaved_ident: dict | None = None
     throughput: deque = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))
     latest: StepRecord | None = None
     lines: deque = field(default_factory=lambda: deque(maxlen=RECENT_LINES))
@@ -102,17 +102,7 @@ class ChainState:
     variants: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class ActionDone:
-    """What an action thread did, handed back to the loop through the observation queue."""
-
-    run: str
-    stopped: bool = False
-    signal: str | None = None
-    launched: Run | None = None
-    error: str | None = None
-    reason: str | None = None
-    note: str | None = None  # why no signal was sent (it had ended, or its PID is another process's now)
+ActionDone = Outcome  # what an action thread did, handed back to the loop through the observation queue
 
 
 @dataclass
@@ -151,12 +141,13 @@ class Watcher:
         peer_baseline: bool = True,
         unreachable_s: float | None = None,
         gpu_release_s: float = GPU_RELEASE_S,
+        claims: Claims | None = None,
     ) -> None:
         self.inventory = inventory
         self.connections = connections
         self.store = store
         self.config = decide_config or config_from_inventory(inventory)
-        self.catalogue = Catalogue().extended([s.model_dump() for s in inventory.signatures])
+        self.catalogue = catalogue_for(inventory)
         self.fallback = fallback
         self.poll = poll
         self.chain_override = tuple(chain_override) if chain_override else None
@@ -169,7 +160,9 @@ class Watcher:
         self.peer_baseline = peer_baseline  # False: too slow only against a configured baseline_tok_s
         # A container silent this long is given up on (its runs end the watch undecided); shorter outages resume.
         self.unreachable_s = unreachable_s if unreachable_s is not None else inventory.watch.unreachable_s
-        self.gpu_release_s = gpu_release_s
+        self.supervisor = Supervisor(inventory, connections, store, stop_grace_s=stop_grace_s, gpu_release_s=gpu_release_s)
+        self.claims = claims or Claims(store)
+        self.owned: set[str] = set()  # chain roots whose claim this watcher holds (it stores and acts for them)
         self.queue: queue.Queue = queue.Queue()
         self.observers: dict[str, ObserverBase] = {}
         self.links: dict[str, Link] = {}
@@ -179,6 +172,7 @@ class Watcher:
         self._package: Package | None = None
         self._actions: list[threading.Thread] = []
         self._events: list[Event] = []
+        self._looked_at: dict[str, float] = {}  # chain root -> when its runs were last looked up (observing)
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ public
@@ -190,25 +184,39 @@ class Watcher:
                 return self.watched[name]
             run = self.store.get_run(name)
             observer = self._observer_for(run.target)  # first: a target out of reach registers nothing
-            root, chain_runs = self._lineage(run)
+            chain_runs = self.store.lineage(run.name)
+            root = chain_runs[0]
             state = self._chains.get(root)
             if state is None:
-                state = self._chains[root] = ChainState(root, chain_runs, self._chain_variants(root))
+                state = self._chains[root] = ChainState(root, chain_runs,
+                                                        chain_variants(self.store, root, self.inventory, self.chain_override))
             elif name not in state.runs:
                 state.runs.append(name)
+            if self.claims.holds(chain_key(root)):
+                self.owned.add(root)
             watched = self._new_watched(run, root, state.variants)
             self.watched[name] = watched
             stored = self._resume(watched)
             observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=run.log_offset,
                             ident=run.log_ident)
             self._emit("attached", watched, {"target": run.target, "variant": run.variant, "offset": run.log_offset,
-                                              "steps_stored": stored})
+                                              "steps_stored": stored, "owner": root in self.owned,
+                                              **self._holder_of(root)})
+            if root in self.owned and self.fallback and self.store.open_intents(root):
+                self._start_worker(watched, lambda: self.supervisor.finish_open(root))
             return watched
+
+    def owns(self, name: str) -> bool:
+        """Whether this watcher stores and acts for the chain of run `name` (else another watcher does)."""
+        with self._lock:
+            watched = self.watched.get(name)
+            return watched is not None and watched.root in self.owned
 
     def step(self, timeout: float = 0.25) -> list[Event]:
         """Handle what arrived within `timeout` seconds: parse, persist, judge, act. Returns the new events."""
         items = self._drain(timeout)
         with self._lock:
+            self._renew_claims()
             writes = Writes()
             for item in items:
                 if isinstance(item, ActionDone):
@@ -254,11 +262,12 @@ class Watcher:
         self._start_action(watched, launch_next=None, reason=reason)
 
     def close(self) -> None:
-        """Stop watching: close every channel (the agents exit; the runs keep running)."""
+        """Stop watching: close every channel (the agents exit; the runs keep running), give up the claims."""
         for observer in list(self.observers.values()):
             observer.close()
         for thread in self._actions:
             thread.join(ACTION_JOIN_S)
+        self.claims.release_all()
 
     def __enter__(self) -> "Watcher":
         return self
@@ -267,28 +276,6 @@ class Watcher:
         self.close()
 
     # ------------------------------------------------------------------ attaching
-
-    def _lineage(self, run: Run) -> tuple[str, list[str]]:
-        """The chain root of `run` and the chain's runs from the root down to `run`."""
-        names = [run.name]
-        current = run
-        while current.parent and len(names) < 100:
-            parent = self.store.find_run(current.parent)
-            if parent is None:
-                break
-            names.insert(0, parent.name)
-            current = parent
-        return names[0], names
-
-    def _chain_variants(self, root: str) -> tuple[str, ...]:
-        """The chain the root was launched with (its variant, then its stored chain ahead), else the override
-        or the inventory's `fallback:`."""
-        if self.chain_override:
-            return self.chain_override
-        run = self.store.get_run(root)
-        if run.chain:
-            return (run.variant, *run.chain) if run.variant not in run.chain else tuple(run.chain)
-        return tuple(self.inventory.fallback)
 
     def _new_watched(self, run: Run, root: str, chain: tuple[str, ...]) -> WatchedRun:
         spec = self.inventory.target(run.target)
@@ -317,9 +304,9 @@ class Watcher:
             return self.inventory.watch.baseline_tok_s
         if not self.peer_baseline:
             return None
-        root, _ = self._lineage(run)
+        root = self.store.lineage(run.name)[0]
         peers = [r for r in self.store.list_runs(target=run.target)
-                 if r.name != run.name and (self._lineage(r)[0] == root or (run.batch and r.batch == run.batch))]
+                 if r.name != run.name and (self.store.lineage(r.name)[0] == root or (run.batch and r.batch == run.batch))]
         figures = [r.decision.get("steady_tok_s") for r in peers if r.decision and r.decision.get("steady_tok_s")]
         return max(figures) if figures else None
 
@@ -343,11 +330,53 @@ class Watcher:
                                            "tok_s": float(last["tok_s"])})
         watched.decision = watched.judge.decision()
         earlier = watched.run.decision
-        if earlier and earlier.get("decision") in FALLBACK_VERDICTS:
+        if earlier and Verdict.of(earlier.get("decision")).falls_back():
             watched.decision = Decision(**{k: v for k, v in earlier.items() if k in Decision.__dataclass_fields__})
-            children = [r for r in self.store.list_runs() if r.parent == watched.name]
-            watched.handled = bool(children) or not watched.run.active
+            watched.handled = bool(self.store.children(watched.name)) or not watched.run.active
         return stored
+
+    def _holder_of(self, root: str) -> dict[str, Any]:
+        claim = self.claims.holder(chain_key(root))
+        return {} if claim is None else {"claimed_by": f"{claim.host}:{claim.pid}"}
+
+    def _renew_claims(self) -> None:
+        """Renew the claims held; take over a chain whose owner's lease ran out; while only observing, follow
+        the runs its owner launched."""
+        now = time.monotonic()
+        for root in list(self._chains):
+            held = self.claims.holds(chain_key(root))
+            if held and root not in self.owned:
+                self.owned.add(root)
+                self._take_over(root)
+            elif not held:
+                self.owned.discard(root)
+                if now - self._looked_at.get(root, 0.0) >= 1.0:
+                    self._looked_at[root] = now
+                    self._follow_newer(root)
+
+    def _follow_newer(self, root: str) -> None:
+        """Attach the runs another watcher added to the chain (its fallbacks), so this one shows them too."""
+        runs, last = self.store.chain_runs(root), self._chains[root].runs[-1]
+        for name in runs[runs.index(last) + 1:] if last in runs else ():
+            try:
+                self.attach(name)
+            except DfoError as exc:  # its target is out of reach now: tried again on the next look
+                self._emit("action_error", self.watched[last], {"error": f"cannot follow {name}: {exc}"})
+
+    def _take_over(self, root: str) -> None:
+        """This watcher now owns `root`'s chain: store the steps its former owner had not, finish what it left
+        half done, and judge (and act) from here on."""
+        for watched in [w for w in self.watched.values() if w.root == root]:
+            stored = self.store.last_step(watched.name)
+            rows = [s for s in watched.unsaved if stored is None or s["step"] > stored]
+            self.store.add_samples(watched.name, rows, offset=watched.unsaved_offset, ident=watched.unsaved_ident)
+            watched.unsaved, watched.unsaved_offset, watched.unsaved_ident = [], None, None
+            watched.handled = watched.handled or bool(self.store.children(watched.name))
+            watched.dirty = True
+            self._emit("took_over", watched, {"steps_stored": len(rows)})
+        current = self.watched.get(self._chains[root].runs[-1])
+        if current is not None and self.fallback and self.store.open_intents(root):
+            self._start_worker(current, lambda: self.supervisor.finish_open(root))
 
     def _observer_for(self, target_name: str) -> ObserverBase:
         if target_name in self.observers:
@@ -466,13 +495,18 @@ class Watcher:
         self._ended(watched, watched.exit_code, self._clock(obs.source, obs.at))
 
     def _ended(self, watched: WatchedRun, code: int, ts: float, why: str | None = None) -> None:
-        watched.judge.observe(ExitObs(ts, code))
+        """The run's process ended. A stop someone asked for (`dfo stop`, a batch) is in the registry before
+        its signal went out: the judge hears of it with the exit, so the exit is no crash to fall back from."""
+        run = self.store.find_run(watched.name)
+        stop_requested = bool(run and run.stop_requested_at)
+        watched.judge.observe(ExitObs(ts, code, stop_requested=stop_requested))
         watched.dirty = True
-        state = "exited" if code == 0 else "crashed"
+        if stop_requested:
+            watched.stopped_reason = watched.stopped_reason or "stopped on request (dfo stop)"
+        state = str(RunState.STOPPED if stop_requested else RunState.after_exit(code))  # -1 (no exit file): crashed
         data = {"exit_code": code if code >= 0 else None, "state": state, "why": why or f"exit status {code}"}
         self._emit("ended", watched, data)
-        run = self.store.find_run(watched.name)
-        if run is not None and run.active:
+        if run is not None and run.active and watched.root in self.owned:
             watched.run = self.store.update_run(watched.name, state=state, exit_code=data["exit_code"], ended_at=utc_now())
 
     def _gpu_observed(self, obs: Observation, writes: "Writes") -> None:
@@ -498,12 +532,20 @@ class Watcher:
 
     def _persist(self, writes: "Writes") -> None:
         """Each run's samples and log offset in one transaction (a re-attach resumes right after them), then
-        the GPU samples."""
+        the GPU samples. Only for the chains this watcher owns: an observer keeps them for a take-over."""
         for name in writes.samples.keys() | writes.offsets.keys():
-            self.store.add_samples(name, writes.samples.get(name, ()), offset=writes.offsets.get(name),
-                                   ident=writes.idents.get(name))
+            watched = self.watched[name]
+            if watched.root in self.owned:
+                self.store.add_samples(name, writes.samples.get(name, ()), offset=writes.offsets.get(name),
+                                       ident=writes.idents.get(name))
+                continue
+            watched.unsaved = (watched.unsaved + writes.samples.get(name, []))[-UNSAVED_MAX:]
+            if writes.offsets.get(name) is not None:
+                watched.unsaved_offset = writes.offsets[name]
+                watched.unsaved_ident = writes.idents.get(name)
         for source, run, samples in writes.gpu_samples:
-            self.store.add_gpu_samples(source, samples, run=run)
+            if any(w.source == source and w.root in self.owned for w in self.watched.values()):
+                self.store.add_gpu_samples(source, samples, run=run)
 
     # ------------------------------------------------------------------ judging and acting
 
@@ -515,7 +557,11 @@ class Watcher:
                 continue  # while the channel is down, silence says nothing about the run
             if watched.gone_at is not None and now - watched.gone_at > VANISHED_GRACE_S:
                 watched.gone_at = None
-                self._ended(watched, -1, self._clock(watched.source, now), why="the process is gone and left no exit status")
+                recorded = self.store.find_run(watched.name)  # a `dfo stop` elsewhere may have read its exit file
+                if recorded is not None and not recorded.active and recorded.exit_code is not None:
+                    self._ended(watched, recorded.exit_code, self._clock(watched.source, now))
+                else:
+                    self._ended(watched, -1, self._clock(watched.source, now), why="the process is gone and left no exit status")
             watched.judge.observe(TickObs(self._clock(watched.source, now)))
             watched.dirty = True
 
@@ -556,19 +602,22 @@ class Watcher:
             if not watched.dirty or watched.stopping or watched.handled or watched.lost:
                 continue
             watched.dirty = False
-            if watched.decision.decision in FALLBACK_VERDICTS:  # restored from an earlier watch: final
-                self._act(watched)
+            owner = watched.root in self.owned
+            if Verdict.of(watched.decision.decision).falls_back():  # restored from an earlier watch: final
+                if owner:
+                    self._act(watched)
                 continue
             decision = watched.judge.decision()
             if decision_key(decision) != decision_key(watched.decision):
                 watched.decision = decision
                 self._record_decision(watched)
-            if decision.decision in FALLBACK_VERDICTS and not watched.handled:
+            if Verdict.of(decision.decision).falls_back() and not watched.handled and owner:
                 self._act(watched)
 
     def _record_decision(self, watched: WatchedRun) -> None:
         decision = watched.decision.to_json()
-        self.store.update_run(watched.name, decision=decision)
+        if watched.root in self.owned:
+            self.store.update_run(watched.name, decision=decision)
         self._emit("decision", watched, {"decision": decision})
         self.notifier.decision(watched.name, decision)
 
@@ -584,81 +633,40 @@ class Watcher:
                            reason=decision.decision + (f" [{decision.signature}]" if decision.signature else ""))
 
     def _start_action(self, watched: WatchedRun, *, launch_next: str | None, reason: str) -> None:
-        running = watched.alive is not False and watched.run.active
-        thread = threading.Thread(target=self._action_worker, args=(watched, running, launch_next, reason),
-                                  name=f"act-{watched.name}", daemon=True)
+        """Hand the run to the supervisor on a worker thread: a fallback (intent, stop, GPUs, launch), or a stop."""
+        if launch_next:
+            self._start_worker(watched, lambda: self.supervisor.fall_back(watched.run, launch_next, watched.chain, reason))
+        elif watched.alive is not False and watched.run.active:
+            self._start_worker(watched, lambda: self.supervisor.stop(watched.name, reason))
+        else:
+            self.queue.put(ActionDone(watched.name, reason=reason))
+
+    def _start_worker(self, watched: WatchedRun, work: Callable[[], Any]) -> None:
+        """Run `work` on its own thread; what it did comes back to the loop as ActionDone(s) on the queue."""
+        def body() -> None:
+            try:
+                done = work()
+            except DfoError as exc:
+                done = ActionDone(watched.name, error=str(exc))
+            for item in done if isinstance(done, list) else [done]:
+                self.queue.put(item)
+
+        thread = threading.Thread(target=body, name=f"act-{watched.name}", daemon=True)
         self._actions.append(thread)
         thread.start()
 
-    def _action_worker(self, watched: WatchedRun, running: bool, launch_next: str | None, reason: str) -> None:
-        """Runs on its own thread: stop, then launch; the outcome goes back to the loop as an ActionDone."""
-        stopped, signal, launched, error, note = False, None, None, None, None
-        target = self.connections.container(watched.run.target)
-        try:
-            if running:
-                result = stop_run(target, self.store, watched.name, grace_s=self.stop_grace_s)
-                stopped, signal = result.signal is not None, result.signal
-        except RefusedError as exc:  # it had ended meanwhile, or its PID is someone else's now
-            note = str(exc)
-        except DfoError as exc:
-            self.queue.put(ActionDone(watched.name, error=f"stop failed: {exc}", reason=reason))
-            return
-        try:
-            busy = self._gpus_still_busy(target, self.inventory.target(watched.run.target)) if launch_next else None
-            if busy:
-                error = (f"not launching {launch_next}: the GPUs of {watched.run.target} are still busy "
-                         f"{self.gpu_release_s:g} s after {watched.name} ended ({busy})")
-            elif launch_next:
-                launched = self._launch_next(target, watched, launch_next)
-        except DfoError as exc:
-            error = f"launching {launch_next} failed: {exc}"
-        self.queue.put(ActionDone(watched.name, stopped, signal, launched, error, reason, note))
-
-    def _gpus_still_busy(self, target, spec: TargetSpec) -> str | None:
-        """The preflight's GPU check before a fallback starts (the rest of the preflight held a moment ago):
-        None once the target's GPUs are idle, else why not after gpu_release_s. A target that lists no `gpus:`
-        is not checked: dfo cannot tell its own GPUs from another tenant's."""
-        if not spec.gpus:
-            return None
-        deadline = time.monotonic() + self.gpu_release_s
-        while True:
-            try:
-                check = gpus_idle_check(query_gpus(target, timeout=GPU_QUERY_TIMEOUT_S), spec)
-                why = None if check.ok else check.detail
-            except NvidiaSmiError as exc:
-                why = str(exc)
-            if why is None or time.monotonic() >= deadline:
-                return why
-            time.sleep(GPU_POLL_S)
-
-    def _overrides(self, root: str) -> dict[str, str]:
-        """The `--set` overrides the chain's first run was launched with (runs.launch records them)."""
-        launched = self.store.events(root, kind="launched")
-        data = (launched[0]["data"] or {}) if launched else {}
-        return dict(data.get("sets") or {})
-
-    def _launch_next(self, target, watched: WatchedRun, variant: str) -> Run:
-        chain = watched.chain
-        rest = chain[chain.index(variant) + 1:] if variant in chain else ()
-        builtin = self.inventory.variant(variant).command is None  # a user's command takes no trainer arguments
-        spec = spec_for(self.inventory, watched.run.target, variant, parent=watched.name, chain=tuple(rest),
-                        batch=watched.run.batch, sets=self._overrides(watched.root) if builtin else None)
-        for name in fallback_names(watched.root, len(self._chains[watched.root].runs) + 1, variant):
-            try:
-                return launch_run(target, spec, self.store, name=name).run
-            except RefusedError as exc:
-                if "already exists" not in str(exc):
-                    raise
-        raise RefusedError(f"no free run name for the fallback of {watched.name}", hint="remove old runs of this chain")
-
     def _action_done(self, done: ActionDone) -> None:
         watched = self.watched.get(done.run)
-        if watched is None:
+        if watched is None:  # an intent finished for a run of the chain this watch did not follow
+            if done.launched is not None and done.launched.name not in self.watched:
+                self.attach(done.launched.name)
             return
         watched.acting = False
         self.observers[watched.source].unfollow(watched.name)
         refreshed = self.store.find_run(watched.name)
         watched.run = refreshed or watched.run
+        if not watched.run.active:
+            watched.alive = False  # no longer followed: its end is what the stop recorded
         if done.stopped:
             self._emit("stopped", watched, {"signal": done.signal, "reason": done.reason})
         if done.note:
@@ -691,16 +699,17 @@ class Watcher:
             settled = not watched.acting
         else:
             settled = watched.decision.final and not watched.acting and (
-                watched.handled or watched.decision.decision not in FALLBACK_VERDICTS)
+                watched.handled or not Verdict.of(watched.decision.decision).falls_back())
         return {"root": state.root, "runs": list(state.runs), "current": current,
                 "decision": watched.decision.to_json(), "settled": settled}
 
     def _emit(self, kind: str, watched: WatchedRun, data: dict, *, store: bool = True) -> None:
+        store = store and watched.root in self.owned  # an observing watcher shows, its owner stores
         self._publish({"kind": kind, "at": utc_now(), "run": watched.name, "chain": watched.root, **data},
                       watched.name if store else None, store)
 
     def _emit_source(self, kind: str, source: str, data: dict) -> None:
-        self._publish({"kind": kind, "at": utc_now(), "target": source, **data}, None, True)
+        self._publish({"kind": kind, "at": utc_now(), "target": source, **data}, None, bool(self.owned))
 
     def _publish(self, event: Event, run: str | None, store: bool) -> None:
         if store:
@@ -728,14 +737,6 @@ def config_from_inventory(inventory: Inventory) -> DecideConfig:
 
 def decision_key(decision: Decision) -> tuple:
     return decision.decision, decision.action, decision.next_run, decision.signature
-
-
-def fallback_names(root: str, position: int, variant: str) -> Iterable[str]:
-    """`<root>.<n>-<variant>` (n = the new run's place in its chain), then with `-2`, `-3`, ... if taken."""
-    base = f"{root}.{position}-{variant}"
-    yield base
-    for suffix in range(2, MAX_NAME_TRIES + 1):
-        yield f"{base}-{suffix}"
 
 
 def sample_of(record: StepRecord) -> dict[str, Any]:

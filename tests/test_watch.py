@@ -26,7 +26,8 @@ from orchestrator.commands.watch import resolve_names
 from orchestrator.errors import UnknownRun
 from orchestrator.store import Run, Store
 from orchestrator.view import render
-from orchestrator.watch import Watcher, fallback_names
+from orchestrator.chains import next_run_names
+from orchestrator.watch import Watcher
 
 PY = sys.executable
 # Thresholds shortened for tests through the inventory's `watch:` section (decide/ keeps its own defaults).
@@ -147,8 +148,12 @@ def run_until(watcher: Watcher, done, timeout: float = 30.0) -> list[dict]:
     return events
 
 
-def test_fallback_names_show_the_chain() -> None:
-    assert list(fallback_names("t1", 2, "nographs"))[:2] == ["t1.2-nographs", "t1.2-nographs-2"]
+def test_fallback_names_show_the_chain_and_skip_taken_names() -> None:
+    with Store.in_memory() as store:
+        store.add_run(Run(name="t1", target="here", variant="trees", state="crashed"))
+        assert list(next_run_names(store, "t1", "nographs"))[:2] == ["t1.2-nographs", "t1.2-nographs-2"]
+        store.add_run(Run(name="t1.2-nographs", target="here", variant="nographs", state="crashed"))  # no parent link
+        assert next(iter(next_run_names(store, "t1", "nographs"))) == "t1.2-nographs-2"
 
 
 def test_steady_command_reaches_steady_keep_and_stores_every_step(lab) -> None:

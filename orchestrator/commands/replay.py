@@ -12,7 +12,8 @@ from typing import Optional
 
 import typer
 
-from ..decide import Catalogue, DecideConfig, Decision, replay
+from ..chains import catalogue_for
+from ..decide import DecideConfig, Decision, replay
 from ..errors import UsageError
 from ..inventory import load_inventory
 from ..logfmt import MalformedLine, make_parser
@@ -77,7 +78,7 @@ def replay_command(
         regex=metrics,
         variant=variant,
         chain=inv.fallback,
-        catalogue=Catalogue().extended([s.model_dump() for s in inv.signatures]),
+        catalogue=catalogue_for(inv),
         exit_code=exit_code if exit_code is not None else read_exit_code(log),
         line_interval_s=line_interval,
     )

@@ -97,13 +97,14 @@ def launch_command(
     no_fallback: bool = typer.Option(False, "--no-fallback", help="With --watch: only report, never stop or launch."),
     chain: Optional[str] = typer.Option(None, "--chain", help="Fallback chain for this run instead of the inventory's, e.g. trees,nographs,eager.", metavar="A,B,C"),
 ) -> None:
+    from ..chains import rest_of_chain
     from ..watch import chain_from_option
 
     if name is not None:
         check_name(name, "run name")  # before any connection: a bad name costs nothing
     inv = load_inventory(inventory)
     chain_list = chain_from_option(chain, variant, inv)
-    ahead = tuple(chain_list[chain_list.index(variant) + 1:]) if chain_list else ()
+    ahead = rest_of_chain(chain_list, variant) if chain_list else None  # (): a chain of one, None: the inventory's
     spec = runs_lib.spec_for(inv, host, variant, sets=runs_lib.parse_sets(sets), wandb=wandb, chain=ahead)
     target = inv.target(host)
     gate = None if no_preflight else Gate(target, tolerate=TOLERABLE_WHEN_BUSY if force else ())

@@ -15,6 +15,7 @@ from rich.live import Live
 
 from ..connections import Connections
 from ..inventory import Inventory, load_inventory
+from ..states import Verdict
 from ..store import Store
 from ..view import render
 from ..watch import Watcher
@@ -22,8 +23,7 @@ from .common import InventoryOpt, console, err_console, print_json
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
 SHOWN_EVENTS = ("decision", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
-                "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed")
-GOOD_ACTIONS = frozenset({"keep"})
+                "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed", "took_over")
 
 
 def register(app: typer.Typer) -> None:
@@ -41,7 +41,7 @@ def watch_command(
     names: Optional[list[str]] = typer.Argument(None, metavar="[NAME]...", help="Run names (see `dfo runs`); a run that fell back means its chain's newest run."),
     interval: float = typer.Option(0.5, "--interval", help="Seconds between refreshes of the live view.", min=0.05, metavar="S"),
     poll: Optional[float] = typer.Option(None, "--poll", help="Poll each container every S seconds instead of streaming.", min=0.2, metavar="S"),
-    until_decided: bool = typer.Option(False, "--until-decided", help="Exit once every chain has a final decision: 0 if all steady/keep, else 1."),
+    until_decided: bool = typer.Option(False, "--until-decided", help="Exit once every chain has a final decision (steady counts)."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Only report verdicts: never stop a run or launch another."),
     unreachable_after: Optional[float] = typer.Option(
         None, "--unreachable-after", min=1, metavar="S",
@@ -64,13 +64,10 @@ def resolve_names(store: Store, names: Sequence[str]) -> list[str]:
     """Named runs (each replaced by the newest run of its chain), or every active run when none is named."""
     if not names:
         return [run.name for run in store.list_runs(active=True)]
-    every = store.list_runs()
-    children = {run.parent: run.name for run in every if run.parent}  # later runs overwrite earlier ones
     resolved = []
     for name in names:
         store.get_run(name)  # UnknownRun names the fix
-        while name in children:
-            name = children[name]
+        name = store.chain_runs(name)[-1]
         if name not in resolved:
             resolved.append(name)
     return resolved
@@ -91,8 +88,9 @@ def watch_runs(
     """Watch `names` until Ctrl-C, until every chain is decided (--until-decided), or until every run ended
     or was given up on (its container out of reach for `unreachable_s`).
 
-    Returns the exit status: with --until-decided 0 when every chain ends steady/keep, else 1; 1 whenever a
-    run was given up on; 130 on Ctrl-C."""
+    Returns the exit status: 1 when a chain's final verdict is a failure (crash, stall, too slow, undecided
+    when the watch ended, drifting) or a run was given up on, else 0 (steady, exited cleanly, stopped);
+    130 on Ctrl-C."""
     with Connections(inventory) as connections, Store() as store:
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
                           on_event=print_json if as_json else None, unreachable_s=unreachable_s)
@@ -104,6 +102,8 @@ def watch_runs(
             else:
                 with Live(render(watcher), console=console, auto_refresh=False, transient=False) as live:
                     drive(watcher, until_decided, interval, lambda events: show(live, watcher, events))
+                if not console.is_terminal:
+                    console.print()  # Live leaves its last frame without a newline when not on a terminal
         except KeyboardInterrupt:
             err_console.print("stopped watching; the runs go on (dfo watch again to reattach)", highlight=False)
             return 130
@@ -111,16 +111,16 @@ def watch_runs(
             watcher.close()
         decisions = watcher.final_decisions()
         lost = any(w.lost for w in watcher.runs())
+        for decision in decisions:
+            run = store.find_run(decision["run"])
+            decision["ended"] = ({"state": run.state, "exit_code": run.exit_code}
+                                 if run is not None and not run.active else None)
     if as_json:
         for decision in decisions:
             print_json(decision)
     else:
         summarise(decisions)
-    if lost:
-        return 1
-    if not until_decided:
-        return 0
-    return 0 if all(d.get("action") in GOOD_ACTIONS for d in decisions) else 1
+    return 1 if lost or any(Verdict.of(d.get("decision")).is_failure() for d in decisions) else 0
 
 
 def drive(watcher: Watcher, until_decided: bool, interval: float, refresh) -> None:
@@ -163,6 +163,21 @@ def event_line(event: dict) -> str:
 
 def summarise(decisions: list[dict]) -> None:
     for d in decisions:
-        where = f" at step {d['at_step']}" if d.get("at_step") is not None else ""
-        console.print(f"{d['chain']}: {d['run']} {d['decision']}{where}, action {d['action']}: {d.get('reason', '')}",
-                      highlight=False, markup=False, soft_wrap=True)
+        console.print(final_line(d), highlight=False, markup=False, soft_wrap=True)
+
+
+def final_line(d: dict) -> str:
+    """`c1: c1.2-nographs steady at 5,344 tok/s; exited 0 (action keep: ...)`: the verdict and how the run ended."""
+    verdict = d["decision"]
+    if verdict in (Verdict.STEADY, Verdict.EXITED) and d.get("steady_tok_s") is not None:  # steady, then exited
+        what = f"steady at {d['steady_tok_s']:,.0f} tok/s"
+    else:
+        what = verdict + (f" at step {d['at_step']}" if d.get("at_step") is not None else "")
+    ended = d.get("ended")
+    if ended is None:
+        how = "still running"
+    elif ended.get("exit_code") is not None:
+        how = f"{'exited' if ended['state'] in ('exited', 'crashed') else ended['state']} {ended['exit_code']}"
+    else:
+        how = f"{ended['state']}, no exit status"
+    return f"{d['chain']}: {d['run']} {what}; {how} (action {d['action']}: {d.get('reason', '')})"

@@ -28,6 +28,9 @@ from .signatures import PSEUDO, Catalogue, Match, MatchTracker, Signature
 from .steady import SteadyDetector
 
 FINAL_VERDICTS = frozenset({"crash", "stall", "too_slow"})
+STOP_EXIT_CODES = frozenset({75, 143, 137, -1})
+"""Exits of a run asked to stop: 75 the trainer checkpointed and stopped (resumable), 143 SIGTERM, 137 and -1
+(no exit file) SIGKILL after the grace period."""
 GAP_HISTORY = 50  # the stall threshold follows the median of the last 50 gaps between step lines
 
 
@@ -211,6 +214,16 @@ class RunJudge:
         if self.pending_traceback is not None and self.pending_traceback.thread:
             self._settle_pending_traceback(obs.ts, run_went_on=True)
         if self._final is not None or self._exited is not None:
+            return
+        if obs.stop_requested and obs.code in STOP_EXIT_CODES:
+            estimate = self.steady.estimate  # a steady verdict reached before the stop stays the run's verdict
+            if estimate.steady:
+                self._exited = self._verdict("steady", estimate.declared_step, estimate.declared_ts, None,
+                                             f"{estimate.reason}; then stopped on request (exit {obs.code})",
+                                             {"exit_code": obs.code, "stopped": True})
+            else:
+                self._exited = self._verdict("stopped", self.last_step, obs.ts, None,
+                                             f"stopped on request (exit {obs.code})", {"exit_code": obs.code})
             return
         if obs.code == 0:
             estimate = self.steady.estimate

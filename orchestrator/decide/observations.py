@@ -47,10 +47,12 @@ class EventObs:
 
 @dataclass(frozen=True)
 class ExitObs:
-    """The run's process ended with exit status `code` (from the exit file)."""
+    """The run's process ended with exit status `code` (from the exit file; -1: gone without one).
+    `stop_requested`: dfo or the user asked it to stop before it ended (the registry's stop intent)."""
 
     ts: float
     code: int
+    stop_requested: bool = False
 
 
 @dataclass(frozen=True)

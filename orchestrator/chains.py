@@ -1,0 +1,276 @@
+"""The one run lifecycle `dfo watch` and `dfo batch` hand their decisions to.
+
+    verdict (decide/) --policy says act--> Supervisor.fall_back(run, variant)
+        1. intent recorded in the registry (chain root, run, next name, variant)    <- a dfo that dies from
+        2. stop: stop intent on the run, then the identity-checked SIGTERM/SIGKILL      here on leaves an open
+        3. wait until the run's GPUs are released (gpu_release_s)                       intent: the next watch
+        4. launch the next variant as `<root>.<n>-<variant>` with the first launch's    of the chain finishes
+           settings (--set, wandb), env (CUDA_VISIBLE_DEVICES) and GPUs, parent linked  it (never repeats it)
+        5. intent closed
+    claims: one owner per chain (a lease row, renewed); the others observe and show, never store or act
+
+A Policy says what differs between the two callers: `dfo watch` falls back on crash, stall and too slow;
+`dfo batch` falls back on crash and stall (too slow is a measurement there) and stops at its stop_when.
+
+This module must not judge runs (decide/ does), render, or parse options. It reaches machines only
+through runs.py (launch/stop) and gpu.py (the GPU release check).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from .decide import Catalogue, next_variant
+from .errors import DfoError, RefusedError
+from .gpu import NvidiaSmiError, query_gpus
+from .inventory import Inventory, TargetSpec
+from .preflight import gpus_idle_check
+from .runs import RunSpec, spec_for
+from .runs import launch as launch_run
+from .runs import stop as stop_run
+from .states import Verdict
+from .store import Claim, Intent, Run, Store
+
+GPU_RELEASE_S = 30.0  # after a stop, how long the run's GPUs get to go idle before the next run starts
+GPU_POLL_S = 1.0
+GPU_QUERY_TIMEOUT_S = 15.0
+MAX_NAME_TRIES = 5
+LEASE_S = 15.0  # a claim not renewed for this long is free: its owner died (kill -9) or hangs
+FALLBACK = "fallback"
+
+
+# ---------------------------------------------------------------------------------------------- policy
+
+@dataclass(frozen=True)
+class Policy:
+    """What a caller of the lifecycle acts on. `falls_back_on`: verdicts answered with the chain's next
+    variant (the others are results)."""
+
+    name: str
+    falls_back_on: frozenset[Verdict]
+
+    def falls_back(self, verdict: str | None) -> bool:
+        return Verdict.of(verdict) in self.falls_back_on
+
+
+WATCH_POLICY = Policy("watch", frozenset({Verdict.CRASH, Verdict.STALL, Verdict.TOO_SLOW}))
+BATCH_POLICY = Policy("batch", frozenset({Verdict.CRASH, Verdict.STALL}))  # too slow: a sweep measures it
+
+
+# ---------------------------------------------------------------------------------------------- chains
+
+def catalogue_for(inventory: Inventory) -> Catalogue:
+    """The crash catalogue: the built-in signatures plus the inventory's `signatures:`."""
+    return Catalogue().extended([signature.model_dump() for signature in inventory.signatures])
+
+
+def chain_variants(store: Store, root: str, inventory: Inventory, override: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The variants of the chain `root` started: `override` if given, else the chain it was launched with
+    (its variant, then what was ahead; an empty remainder is a chain of one, not "no chain"), else the
+    inventory's `fallback:`."""
+    if override:
+        return tuple(override)
+    run = store.get_run(root)
+    if run.chain is not None:
+        return tuple(run.chain) if run.variant in run.chain else (run.variant, *run.chain)
+    return tuple(inventory.fallback)
+
+
+def rest_of_chain(chain: Sequence[str], variant: str) -> tuple[str, ...]:
+    """What is left of `chain` after `variant` (empty: it was the last one)."""
+    return tuple(chain[chain.index(variant) + 1:]) if variant in chain else ()
+
+
+def next_variant_after(chain: Sequence[str], run: Run, decision: Mapping[str, Any], catalogue: Catalogue,
+                       topologies: Mapping[str, str]) -> str | None:
+    """The variant to launch after `run`'s verdict (decide.next_variant with the verdict's signature)."""
+    if decision.get("next_variant"):
+        return decision["next_variant"]
+    signature = catalogue.by_id(decision["signature"]) if decision.get("signature") else None
+    return next_variant(chain, run.variant, signature, topologies)
+
+
+def next_run_names(store: Store, root: str, variant: str) -> Iterable[str]:
+    """The one naming rule: `<root>.<n>-<variant>` (n = the new run's place in its chain), then `-2`, `-3`...
+    for names already in the registry."""
+    base = f"{root}.{len(store.chain_runs(root)) + 1}-{variant}"
+    for suffix in range(1, MAX_NAME_TRIES + 1):
+        name = base if suffix == 1 else f"{base}-{suffix}"
+        if store.find_run(name) is None:
+            yield name
+
+
+def first_launch(store: Store, root: str) -> dict[str, Any]:
+    """What the chain's first run was launched with: `sets` (the user's --set), `env`, `wandb`."""
+    launched = store.events(root, kind="launched")
+    return dict((launched[0]["data"] or {}) if launched else {})
+
+
+def next_spec(inventory: Inventory, store: Store, run: Run, variant: str, chain: Sequence[str]) -> RunSpec:
+    """The next run of `run`'s chain: `variant` on the same target, with the first launch's --set (built-in
+    trainer variants only), wandb mode and the environment it added to its variant's (CUDA_VISIBLE_DEVICES)."""
+    root = store.lineage(run.name)[0]
+    first = first_launch(store, root)
+    root_run = store.get_run(root)
+    root_env = inventory.variants[root_run.variant].env if root_run.variant in inventory.variants else {}
+    added_env = {k: v for k, v in (first.get("env") or {}).items() if k not in root_env}
+    builtin = inventory.variant(variant).command is None
+    spec = spec_for(inventory, run.target, variant, parent=run.name, chain=rest_of_chain(chain, variant),
+                    batch=run.batch, sets=dict(first.get("sets") or {}) if builtin else None,
+                    wandb=first.get("wandb") or "off")
+    return replace(spec, env={**spec.env, **added_env}) if added_env else spec
+
+
+def visible_gpus(spec: RunSpec, target: TargetSpec) -> tuple[int, ...]:
+    """The GPUs a run uses: its CUDA_VISIBLE_DEVICES when set (a batch cell's share), else the target's."""
+    text = spec.env.get("CUDA_VISIBLE_DEVICES")
+    if text and all(part.strip().isdigit() for part in text.split(",")):
+        return tuple(int(part) for part in text.split(","))
+    return target.gpus
+
+
+# ---------------------------------------------------------------------------------------------- claims
+
+def owner_id() -> str:
+    """A new claim owner: this process, once (host:pid:random)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Claims:
+    """The leases one watcher (or scheduler) holds. `holds(key)` takes the claim when it is free or expired
+    and renews it when it is ours; everyone else sees who has it."""
+
+    def __init__(self, store: Store, *, ttl_s: float = LEASE_S, clock: Callable[[], float] = time.time) -> None:
+        self.store, self.ttl_s, self.clock = store, ttl_s, clock
+        self.owner = owner_id()
+        self.held: dict[str, float] = {}  # key -> when we last renewed it
+        self.others: dict[str, Claim] = {}
+
+    def holds(self, key: str) -> bool:
+        now = self.clock()
+        if key in self.held and now - self.held[key] < self.ttl_s / 3:
+            return True
+        claim = self.store.claim(key, self.owner, pid=os.getpid(), host=socket.gethostname(), ttl_s=self.ttl_s, now=now)
+        if claim.owner == self.owner:
+            self.held[key] = now
+            self.others.pop(key, None)
+            return True
+        self.held.pop(key, None)
+        self.others[key] = claim
+        return False
+
+    def holder(self, key: str) -> Claim | None:
+        """The other owner of `key` as last seen (None when it is ours or unknown)."""
+        return self.others.get(key)
+
+    def release_all(self) -> None:
+        for key in list(self.held):
+            self.store.release_claim(key, self.owner)
+        self.held.clear()
+
+
+def chain_key(root: str) -> str:
+    return f"chain:{root}"
+
+
+# ---------------------------------------------------------------------------------------------- acting
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an action did: the stop (signal sent, or why none), the next run launched, or the error."""
+
+    run: str
+    stopped: bool = False
+    signal: str | None = None
+    launched: Run | None = None
+    error: str | None = None
+    reason: str | None = None
+    note: str | None = None  # why no signal was sent (it had ended, or its PID is another process's now)
+
+
+@dataclass
+class Supervisor:
+    """Stops runs and launches the next ones for watch and batch (the steps in the module docstring)."""
+
+    inventory: Inventory
+    connections: Any
+    store: Store
+    stop_grace_s: float = 30.0
+    gpu_release_s: float = GPU_RELEASE_S
+    on_step: Callable[[str, dict], None] = field(default=lambda kind, data: None)  # intent progress, for tests/events
+
+    def stop(self, name: str, reason: str) -> Outcome:
+        """Stop it (identity-checked; runs.stop records the stop intent before the signal)."""
+        run = self.store.get_run(name)
+        if not run.active:
+            return Outcome(name, reason=reason, note=f"it had already ended ({run.state})")
+        try:
+            result = stop_run(self.connections.container(run.target), self.store, name, grace_s=self.stop_grace_s)
+        except RefusedError as exc:  # it had ended meanwhile, or its PID is someone else's now
+            return Outcome(name, reason=reason, note=str(exc))
+        except DfoError as exc:
+            return Outcome(name, reason=reason, error=f"stop failed: {exc}")
+        return Outcome(name, stopped=result.signal is not None, signal=result.signal, reason=reason)
+
+    def fall_back(self, run: Run, variant: str, chain: Sequence[str], reason: str, *, subject: str | None = None) -> Outcome:
+        """Steps 1-5 for `run`: record the intent, stop it, wait for its GPUs, launch `variant`, close."""
+        root = self.store.lineage(run.name)[0]
+        name = next(iter(next_run_names(self.store, root, variant)), None)
+        if name is None:
+            return Outcome(run.name, reason=reason, error=f"no free run name for the fallback of {run.name}")
+        data = {"run": run.name, "variant": variant, "name": name, "chain": list(chain), "reason": reason}
+        intent_id = self.store.add_intent(subject or root, FALLBACK, data)
+        return self._carry_out(Intent(intent_id, subject or root, FALLBACK, data, ""))
+
+    def finish_open(self, subject: str) -> list[Outcome]:
+        """Finish the intents a dfo that died left open for `subject` (a chain root or a batch cell)."""
+        return [self._carry_out(intent) for intent in self.store.open_intents(subject)]
+
+    def _carry_out(self, intent: Intent) -> Outcome:
+        data = dict(intent.data)
+        run = self.store.get_run(data["run"])
+        stop = self.stop(run.name, data["reason"]) if run.active else Outcome(run.name, reason=data["reason"])
+        if stop.error:
+            return stop  # the intent stays open: the next watch of the chain tries again
+        self.on_step("stopped", data)
+        launched, error = self.store.find_run(data["name"]), None
+        if launched is None:  # not launched yet (a dfo that died after launching left the run: adopted)
+            try:
+                spec = next_spec(self.inventory, self.store, self.store.get_run(run.name), data["variant"], data["chain"])
+                target = self.connections.container(run.target)
+                busy = self.gpus_still_busy(target, spec)
+                if busy:
+                    error = (f"not launching {data['variant']}: the GPUs of {run.target} are still busy "
+                             f"{self.gpu_release_s:g} s after {run.name} ended ({busy})")
+                else:
+                    self.on_step("launching", data)
+                    launched = launch_run(target, spec, self.store, name=data["name"]).run
+            except DfoError as exc:
+                error = f"launching {data['variant']} failed: {exc}"
+        self.store.update_intent(intent.id, {**data, "error": error}, done=True)
+        return replace(stop, launched=launched, error=error)
+
+    def gpus_still_busy(self, target, spec: RunSpec) -> str | None:
+        """The preflight's GPU check on the run's GPUs before its successor starts: None once they are idle,
+        else why not after gpu_release_s. A target that lists no `gpus:` is not checked: dfo cannot tell its
+        own GPUs from another tenant's."""
+        target_spec = self.inventory.target(spec.target)
+        gpus = visible_gpus(spec, target_spec)
+        if not gpus:
+            return None
+        target_spec = replace(target_spec, gpus=gpus)
+        deadline = time.monotonic() + self.gpu_release_s
+        while True:
+            try:
+                check = gpus_idle_check(query_gpus(target, timeout=GPU_QUERY_TIMEOUT_S), target_spec)
+                why = None if check.ok else check.detail
+            except NvidiaSmiError as exc:
+                why = str(exc)
+            if why is None or time.monotonic() >= deadline:
+                return why
+            time.sleep(GPU_POLL_S)

@@ -1,0 +1,107 @@
+"""The one run lifecycle (orchestrator/chains.py) on the local target: a chain of one ends on its own verdict,
+a stop asked for while a watch is on the run is no crash (exit 143, or 75 from a checkpointing trainer),
+and `dfo launch --watch` / `dfo watch` exit non-zero on crash and stall, 0 on steady, with a final line that
+says both the verdict and how the run ended."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import write_inventory
+from orchestrator.runs import stop
+from orchestrator.watch import Watcher
+from test_watch import FAST_WATCH, PY, cli, lab, run_until  # noqa: F401  (lab: the fixture)
+
+# A trainer that checkpoints on SIGTERM: `event=done reason=sigterm`, then exit 75 (trainer/pipeline.py).
+CHECKPOINTING = """\
+import signal, sys, time
+from datetime import datetime, timezone
+def now():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+def on_term(*_):
+    print(f"ts={now()} event=checkpoint step={step}", flush=True)
+    print(f"ts={now()} event=done reason=sigterm", flush=True)
+    sys.exit(75)
+signal.signal(signal.SIGTERM, on_term)
+step = 0
+for step in range(1, 100000):
+    print(f"ts={now()} event=step step={step} tok_s=1000.0 loss=1.0", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_a_stop_during_a_watch_is_stopped_not_a_crash_and_nothing_falls_back(lab) -> None:
+    lab.launch("silent", "st1")  # 3 steps, then silence: never steady
+    watcher = lab.watcher()
+    watcher.attach("st1")
+    run_until(watcher, lambda w: w.runs()[0].latest is not None)
+    stop(lab.connections.container("here"), lab.store, "st1", grace_s=5)
+    events = run_until(watcher, lambda w: w.runs()[0].alive is False and w.settled(), timeout=30)
+    [decision] = watcher.final_decisions()
+    assert (decision["decision"], decision["action"], decision["next_run"]) == ("stopped", "none", None)
+    assert decision["evidence"]["exit_code"] == 143
+    assert [r.name for r in lab.store.list_runs()] == ["st1"]  # no fallback launched
+    assert lab.store.get_run("st1").state == "stopped" and lab.store.get_run("st1").exit_code == 143
+    assert "acting" not in [e["kind"] for e in events]
+
+
+def test_a_checkpointing_trainer_stopped_after_steady_keeps_its_steady_verdict(lab, tmp_path) -> None:
+    (tmp_path / "ckpt.py").write_text(CHECKPOINTING)
+    lab.inventory.variants["ckpt"] = lab.inventory.variants["nographs"].model_copy(update={"command": f"{PY} {tmp_path}/ckpt.py"})
+    lab.launch("ckpt", "k1")
+    watcher = lab.watcher()
+    watcher.attach("k1")
+    run_until(watcher, lambda w: w.runs()[0].decision.decision == "steady")
+    stop(lab.connections.container("here"), lab.store, "k1", grace_s=10)
+    run_until(watcher, lambda w: w.runs()[0].alive is False and w.settled(), timeout=30)
+    [decision] = watcher.final_decisions()
+    assert (decision["decision"], decision["action"]) == ("steady", "keep")
+    assert 990 < decision["steady_tok_s"] < 1010
+    assert [r.name for r in lab.store.list_runs()] == ["k1"]
+    assert (lab.store.get_run("k1").state, lab.store.get_run("k1").exit_code) == ("stopped", 75)
+
+
+def dfo_launch_watch(lab, tmp_path: Path, variant: str, name: str, chain: str, *extra: str, inventory: Path | None = None):
+    dfo, env = cli(tmp_path)
+    return subprocess.run(
+        [dfo, "launch", "--host", "here", "--variant", variant, "--name", name, "--no-preflight", "--chain", chain,
+         "--watch", *extra, "-i", str(inventory or lab.path)], capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.slow
+def test_a_chain_of_one_ends_on_its_own_crash_with_exit_1_and_no_fallback(lab, tmp_path) -> None:
+    done = dfo_launch_watch(lab, tmp_path, "failing", "one1", "failing")
+    assert done.returncode == 1, done.stderr + done.stdout[-2000:]
+    assert [r.name for r in lab.store.list_runs()] == ["one1"]  # not the inventory's fallback: the chain had one
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("one1: one1 crash at step 5; exited 3"), last
+
+
+@pytest.mark.slow
+def test_launch_watch_exits_0_on_steady_and_says_steady_and_exited(lab, tmp_path) -> None:
+    done = dfo_launch_watch(lab, tmp_path, "nographs", "ok1", "nographs")
+    assert done.returncode == 0, done.stderr + done.stdout[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("ok1: ok1 steady at 1,0") and "tok/s; exited 0" in last, last
+
+
+@pytest.mark.slow
+def test_launch_watch_exits_1_on_a_stall(lab, tmp_path) -> None:
+    (tmp_path / "stall").mkdir()
+    stalling = write_inventory(tmp_path / "stall", {
+        "defaults": {"workspace": str(lab.workspace)},
+        "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
+        "variants": {name: v.model_dump(exclude_none=True, exclude_defaults=True) for name, v in lab.inventory.variants.items()},
+        "fallback": ["silent"],
+        "watch": {**FAST_WATCH, "stall_floor_s": 2},
+    })
+    done = dfo_launch_watch(lab, tmp_path, "silent", "sl1", "silent", "--json", inventory=stalling)
+    assert done.returncode == 1, done.stderr + done.stdout[-2000:]
+    final = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (final["decision"], final["run"]) == ("stall", "sl1")
+    assert final["ended"]["state"] == "stopped"  # the watch stopped the stalled run: nothing left to fall back to
