@@ -42,6 +42,11 @@ class Check:
     ok: bool
     detail: str
     skipped: bool = False
+    code: str | None = None  # why it failed, for callers (nvidia-smi's kind: missing, no_devices, ...)
+
+
+GPU_CHECK_NAMES = ("nvidia_smi", "gpus_idle", "compute_apps")
+NO_GPU_CODES = ("missing", "no_devices")
 
 
 @dataclass
@@ -49,10 +54,19 @@ class TargetReport:
     target: str
     host: str
     checks: list[Check] = field(default_factory=list)
+    expects_gpus: bool = False  # the inventory lists GPUs for this target
 
     @property
     def ok(self) -> bool:
         return all(check.ok for check in self.checks)
+
+    @property
+    def cpu_only(self) -> bool:
+        """True when the target simply has no GPU (no nvidia-smi, or it finds none), the inventory lists none
+        for it, and every other check passed: ready for CPU runs, nothing to fix."""
+        smi = next((c for c in self.checks if c.name == "nvidia_smi"), None)
+        return (not self.expects_gpus and smi is not None and smi.code in NO_GPU_CODES
+                and all(c.ok or (c.skipped and c.name in GPU_CHECK_NAMES) for c in self.checks if c is not smi))
 
     def to_json(self) -> dict:
         return {"target": self.target, "host": self.host, "ok": self.ok, "checks": [asdict(c) for c in self.checks]}
@@ -106,7 +120,7 @@ def report_for(spec: TargetSpec, host: Target | None, target: Target | None, ans
                nvidia_smi_timeout: float = 10.0) -> TargetReport:
     """The rows for one target from `answer(target)`: the output of inside_script run in `target` (on `host`),
     by check_target or by a launch's own call. Never raises: an error becomes the row it belongs to."""
-    report = TargetReport(spec.name, spec.host)
+    report = TargetReport(spec.name, spec.host, expects_gpus=bool(spec.gpus))
     try:
         report.checks += _rows(spec, host, target, answer, nvidia_smi_timeout)
     except Exception as exc:  # a bug or an unforeseen error must not hide the other targets' rows
@@ -227,7 +241,7 @@ def _gpu_checks(sections: dict[str, tuple[int, str]], spec: TargetSpec, timeout:
         apps_rc, apps_text = sections.get("apps", (1, "no answer"))
         apps = gpu.parse_compute_apps(apps_text, where=where) if apps_rc == 0 else gpu.error_for(apps_rc, apps_text, where=where, timeout=timeout)
     except gpu.NvidiaSmiError as exc:
-        return [Check("nvidia_smi", False, exc.message)]
+        return [Check("nvidia_smi", False, exc.message, code=exc.kind)]
     if not gpus:
         return [Check("nvidia_smi", False, "nvidia-smi answered but listed no GPU")]
     rows = [Check("nvidia_smi", True, "; ".join(describe_gpu(g) for g in gpus)), gpus_idle_check(gpus, spec)]

@@ -47,10 +47,11 @@ def test_inventory_check_lists_targets(tmp_path: Path) -> None:
     assert listed["targets"] == [{"target": "here", "host": "local", "address": "local", "ctid": None, "gpus": []}]
 
 
-def test_preflight_here_on_a_gpu_less_machine_fails_plainly() -> None:
+def test_preflight_here_on_a_gpu_less_machine_says_it_has_no_gpu_and_what_still_works() -> None:
     result = dfo("preflight", "--host", "here", env={"PATH": "/usr/bin:/bin"})
-    assert result.returncode == 1
-    assert "nvidia-smi not found" in result.stdout and "FAIL" in result.stdout
+    assert result.returncode == 0  # no GPU on a laptop is a fact, not a failure to fix (issue 14)
+    assert "nvidia-smi not found" in result.stdout and "FAIL" not in result.stdout
+    assert "here has no GPU (no nvidia-smi here): it is ready for CPU runs" in " ".join(result.stdout.split())
     assert "Traceback" not in result.stdout + result.stderr
 
 

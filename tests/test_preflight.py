@@ -138,3 +138,22 @@ def test_a_workspace_with_spaces_and_shell_words_is_quoted(tmp_path: Path, smi: 
     ok, detail = checks_of(local_inventory(tmp_path, workspace=str(odd)), "box1")["workspace"]
     assert ok and detail.startswith(f"{odd} writable, ") and detail.endswith(" GB free")
     assert not (tmp_path / "injected").exists() and list(odd.iterdir()) == []  # the probe file was removed
+
+
+def test_preflight_of_a_target_without_a_gpu_says_what_still_works_instead_of_failing(tmp_path: Path, smi) -> None:
+    """`dfo preflight --host here` on a laptop: no GPU is a fact about the machine, not a failure to fix."""
+    import subprocess
+
+    smi.set_mode("no_devices")
+    inventory = local_inventory(tmp_path)
+    env = {**os.environ, "DFO_HOME": str(tmp_path / "state"), "COLUMNS": "100"}
+    dfo = str(Path(sys.executable).parent / "dfo")
+    shown = subprocess.run([dfo, "preflight", "--host", "box1", "-i", str(inventory.source)], capture_output=True,
+                           text=True, timeout=60, env=env)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "FAIL" not in shown.stdout and "1 of 1 targets ready: box1 (CPU only)" in shown.stdout
+    assert "box1 has no GPU (nvidia-smi finds none): it is ready for CPU runs" in " ".join(shown.stdout.split())
+    listed = local_inventory(tmp_path, gpus=[0])  # the inventory says it has a GPU: now it is a failure
+    failed = subprocess.run([dfo, "preflight", "--host", "box1", "-i", str(listed.source)], capture_output=True,
+                            text=True, timeout=60, env=env)
+    assert failed.returncode == 1 and "FAIL" in failed.stdout and "has no GPU" not in failed.stdout

@@ -55,8 +55,8 @@ def register(app: typer.Typer) -> None:
 def batch_command(
     file: Path = typer.Argument(..., help="Experiments file (YAML): batch, targets, matrix, repeats, concurrency, stop_when.", metavar="FILE"),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (each cell, its run name, start/skip/reattach); start nothing."),
-    poll: float = typer.Option(1.0, "--poll", help="Seconds between looks at the running cells.", min=0.1, metavar="S"),
-    wandb: str = typer.Option("off", "--wandb", help="Weights & Biases mode for built-in trainer runs: off|offline|online."),
+    poll: float = typer.Option(1.0, "--poll", help="Seconds between looks at the running cells.", min=0.1, metavar="SECONDS"),
+    wandb: str = typer.Option("off", "--wandb", help="Weights & Biases mode for built-in trainer runs: off|offline|online.", metavar="MODE"),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -129,7 +129,7 @@ def _duration(seconds: float) -> str:
 
 
 def report_command(
-    batch: str = typer.Argument(..., help="Batch name (the experiments file's `batch:`)."),
+    batch: str = typer.Argument(..., help="Batch name (the experiments file's `batch:`).", metavar="BATCH"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG: throughput over time per run, steady tok/s per configuration.", metavar="OUT.png"),
     csv_path: Optional[str] = typer.Option(None, "--csv", help="Write the rows as CSV to this file ('-': stdout).", metavar="FILE"),
     as_json: bool = JsonOpt,

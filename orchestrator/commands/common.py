@@ -86,3 +86,37 @@ def print_basis_note(bases: Sequence[str | None]) -> None:
     if LAST_WINDOW in bases:
         console.print(f"last-win: median tok/s over the run's last {LAST_WINDOW_S:.0f} s of steps; it never reached a "
                       "steady state, so it is not a steady figure", highlight=False)
+
+
+# ---------------------------------------------------------------------------------------------- completion
+# Shell completion (`dfo --install-completion`) of run, target and variant names. Each reads the registry or
+# the inventory and never fails: a broken file completes nothing rather than printing a traceback into the shell.
+
+def complete_runs(incomplete: str) -> list[str]:
+    from ..store import Store
+
+    try:
+        with Store() as store:
+            names = [run.name for run in store.list_runs()]
+    except Exception:
+        return []
+    return [name for name in reversed(names) if name.startswith(incomplete)]  # newest first
+
+
+def complete_targets(ctx: typer.Context, incomplete: str) -> list[str]:
+    inventory = _inventory_of(ctx)
+    return [name for name in inventory.target_names() if name.startswith(incomplete)] if inventory else []
+
+
+def complete_variants(ctx: typer.Context, incomplete: str) -> list[str]:
+    inventory = _inventory_of(ctx)
+    return [name for name in inventory.variants if name.startswith(incomplete)] if inventory else []
+
+
+def _inventory_of(ctx: typer.Context):
+    from ..inventory import load_inventory
+
+    try:
+        return load_inventory(ctx.params.get("inventory"))
+    except Exception:
+        return None

@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..report import LAST_WINDOW_S, STEADY
 from ..sanitize import text
 from ..store import Store
-from .common import JsonOpt, basis_label, console, fit_table, number, print_basis_note, print_json
+from .common import JsonOpt, basis_label, complete_runs, console, fit_table, number, print_basis_note, print_json
 
 EXAMPLES = {
     "metrics": "Example: dfo metrics train_trees_20261129-1140 --plot trees.png",
@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
 
 
 def metrics_command(
-    name: str = typer.Argument(..., help="Run name (see `dfo runs`).", metavar="NAME"),
+    name: str = typer.Argument(..., help="Run name (see `dfo runs`).", metavar="NAME", autocompletion=complete_runs),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of the history.", metavar="FILE.png"),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -105,7 +105,8 @@ def describe_figure(metrics: metrics_lib.RunMetrics) -> str:
 
 
 def compare_command(
-    names: list[str] = typer.Argument(..., help="Two or more run names (see `dfo runs`).", metavar="NAME..."),
+    names: list[str] = typer.Argument(..., help="Two or more run names (see `dfo runs`).", metavar="NAME",
+                             autocompletion=complete_runs),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of their throughput over time, overlaid.", metavar="FILE.png"),
     as_json: bool = JsonOpt,
 ) -> None:

@@ -15,8 +15,8 @@ from rich.table import Table
 from ..connections import Connections
 from ..errors import UsageError
 from ..inventory import load_inventory
-from ..preflight import TargetReport, preflight
-from .common import InventoryOpt, JsonOpt, console, print_json
+from ..preflight import GPU_CHECK_NAMES, TargetReport, preflight
+from .common import InventoryOpt, JsonOpt, complete_targets, console, print_json
 
 PREFLIGHT_EXAMPLE = "Example: dfo preflight --host ct200 --host ct201 -i inventory/lab.yaml"
 TRUST_EXAMPLE = "Example: dfo hostkey trust pve1 -i inventory/lab.yaml"
@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
 
 
 def preflight_command(
-    hosts: list[str] = typer.Option(..., "--host", help="Target (container name) to check; repeat for more."),
+    hosts: list[str] = typer.Option(..., "--host", help="Target (container name) to check; repeat for more.", metavar="TARGET",
+                                    autocompletion=complete_targets),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
     accept_new_host_key: bool = typer.Option(
@@ -47,12 +48,26 @@ def preflight_command(
     with Connections(inv, accept_new_host_keys=accept_new_host_key) as connections:
         reports = preflight(connections, hosts)
     if as_json:
-        print_json([report.to_json() for report in reports])
+        print_json([{**report.to_json(), "cpu_only": report.cpu_only} for report in reports])
     else:
         console.print(report_table(reports))
-        ready = [report.target for report in reports if report.ok]
+        for report in reports:
+            if report.cpu_only:
+                console.print(cpu_only_note(report), highlight=False, markup=False, soft_wrap=True)
+        ready = [report.target + (" (CPU only)" if report.cpu_only else "") for report in reports if report.ok or report.cpu_only]
         console.print(f"{len(ready)} of {len(reports)} targets ready" + (f": {', '.join(ready)}" if ready else ""))
-    return 0 if all(report.ok for report in reports) else 1
+    return 0 if all(report.ok or report.cpu_only for report in reports) else 1
+
+
+NO_GPU_WHY = {"missing": "no nvidia-smi here", "no_devices": "nvidia-smi finds none"}
+
+
+def cpu_only_note(report: TargetReport) -> str:
+    """What a target without a GPU is still good for, instead of a list of failures."""
+    code = next(c.code for c in report.checks if c.name == "nvidia_smi")
+    return (f"{report.target} has no GPU ({NO_GPU_WHY.get(code, code)}): it is ready for CPU runs (the built-in variants "
+            f"use preset tiny-cpu, e.g. `dfo launch --host {report.target} --variant eager --watch`); dfo replay, report, "
+            "metrics and compare need no GPU either")
 
 
 def report_table(reports: list[TargetReport]) -> Table:
@@ -62,11 +77,15 @@ def report_table(reports: list[TargetReport]) -> Table:
     for report in reports:
         for index, check in enumerate(report.checks):
             mark = "[dim]skip[/]" if check.skipped else ("[green]ok[/]" if check.ok else "[bold red]FAIL[/]")
-            table.add_row(report.target if index == 0 else "", check.name, mark, escape(check.detail), end_section=index == len(report.checks) - 1)
+            detail = check.detail
+            if report.cpu_only and check.name in GPU_CHECK_NAMES:
+                mark = "[dim]no GPU[/]" if check.name == "nvidia_smi" else "[dim]n/a[/]"
+                detail = check.detail if check.name == "nvidia_smi" else "no GPU to check"
+            table.add_row(report.target if index == 0 else "", check.name, mark, escape(detail), end_section=index == len(report.checks) - 1)
     return table
 
 
-def trust_command(host: str = typer.Argument(..., help="Inventory host (or target) name."), inventory: Optional[Path] = InventoryOpt) -> None:
+def trust_command(host: str = typer.Argument(..., help="Inventory host (or target) name.", metavar="HOST"), inventory: Optional[Path] = InventoryOpt) -> None:
     inv = load_inventory(inventory)
     host_name = host if host in inv.hosts else inv.target(host).host
     entry = inv.hosts[host_name]

@@ -27,7 +27,8 @@ from ..package import push
 from ..preflight import TOLERABLE_WHEN_BUSY, TargetReport
 from ..store import Run, Store
 from ..sanitize import markup, visible
-from .common import InventoryOpt, JsonOpt, console, err_console, fit_table, print_json
+from .common import (InventoryOpt, JsonOpt, complete_runs, complete_targets, complete_variants, console, err_console,
+                     fit_table, print_json)
 
 EXAMPLES = {
     "push": "Example: dfo push --host ct200 -i inventory/lab.yaml",
@@ -37,7 +38,8 @@ EXAMPLES = {
     "stop": "Example: dfo stop train_nographs_20261129-1140 --grace 60",
 }
 
-HostOpt = typer.Option(..., "--host", help="Target (container name from the inventory), e.g. ct200.", metavar="TARGET")
+HostOpt = typer.Option(..., "--host", help="Target (container name from the inventory), e.g. ct200.", metavar="TARGET",
+                       autocompletion=complete_targets)
 
 
 def register(app: typer.Typer) -> None:
@@ -84,12 +86,13 @@ def _warn_python(spec: TargetSpec, python_found: bool | None, torch_found: bool 
 
 def launch_command(
     host: str = HostOpt,
-    variant: str = typer.Option(..., "--variant", help="Variant name from the inventory, e.g. nographs."),
+    variant: str = typer.Option(..., "--variant", help="Variant name from the inventory, e.g. nographs.", metavar="VARIANT",
+                                autocompletion=complete_variants),
     name: Optional[str] = typer.Option(None, "--name", help="Run name (default: train_<variant>_<YYYYmmdd-HHMM>)."),
     sets: list[str] = typer.Option([], "--set", help="Override a trainer argument: key=value (repeatable).", metavar="KEY=VALUE"),
     force: bool = typer.Option(False, "--force", help="Start even when the target's GPUs look busy."),
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip the preflight checks."),
-    wandb: str = typer.Option("off", "--wandb", help="Weights & Biases mode passed to the built-in trainer: off|offline|online|auto."),
+    wandb: str = typer.Option("off", "--wandb", help="Weights & Biases mode passed to the built-in trainer: off|offline|online|auto.", metavar="MODE"),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
     watch: bool = typer.Option(False, "--watch", help="Go straight into `dfo watch` of this run's chain."),
@@ -204,7 +207,7 @@ def _text(value: object) -> str:
 
 
 def logs_command(
-    name: str = typer.Argument(..., help="Run name (see `dfo runs`)."),
+    name: str = typer.Argument(..., help="Run name (see `dfo runs`).", metavar="NAME", autocompletion=complete_runs),
     lines: int = typer.Option(80, "-n", "--lines", help="How many lines of the tail to show.", min=0),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until Ctrl-C (the run goes on)."),
     inventory: Optional[Path] = InventoryOpt,
@@ -247,7 +250,7 @@ def _follow(target, run: Run, lines: int) -> None:
 
 
 def stop_command(
-    name: str = typer.Argument(..., help="Run name (see `dfo runs`)."),
+    name: str = typer.Argument(..., help="Run name (see `dfo runs`).", metavar="NAME", autocompletion=complete_runs),
     grace: float = typer.Option(runs_lib.DEFAULT_GRACE_S, "--grace", help="Seconds between SIGTERM and SIGKILL.", min=0),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,

@@ -19,7 +19,7 @@ from ..states import Verdict
 from ..store import Store
 from ..view import render
 from ..watch import Watcher
-from .common import InventoryOpt, console, err_console, print_json
+from .common import InventoryOpt, complete_runs, console, err_console, print_json
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
 SHOWN_EVENTS = ("decision", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
@@ -38,13 +38,14 @@ def register(app: typer.Typer) -> None:
 
 
 def watch_command(
-    names: Optional[list[str]] = typer.Argument(None, metavar="[NAME]...", help="Run names (see `dfo runs`); a run that fell back means its chain's newest run."),
-    interval: float = typer.Option(0.5, "--interval", help="Seconds between refreshes of the live view.", min=0.05, metavar="S"),
-    poll: Optional[float] = typer.Option(None, "--poll", help="Poll each container every S seconds instead of streaming.", min=0.2, metavar="S"),
+    names: Optional[list[str]] = typer.Argument(None, metavar="NAME", autocompletion=complete_runs,
+                                                help="Run names (see `dfo runs`); a run that fell back means its chain's newest run."),
+    interval: float = typer.Option(0.5, "--interval", help="Seconds between refreshes of the live view.", min=0.05, metavar="SECONDS"),
+    poll: Optional[float] = typer.Option(None, "--poll", help="Poll each container every S seconds instead of streaming.", min=0.2, metavar="SECONDS"),
     until_decided: bool = typer.Option(False, "--until-decided", help="Exit once every chain has a final decision (steady counts)."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="Only report verdicts: never stop a run or launch another."),
     unreachable_after: Optional[float] = typer.Option(
-        None, "--unreachable-after", min=1, metavar="S",
+        None, "--unreachable-after", min=1, metavar="SECONDS",
         help="Give up on a container out of reach this long: its runs end the watch undecided, exit 1 "
              "(default: the inventory's watch.unreachable_s, 300). Shorter outages resume where they stopped."),
     inventory: Optional[Path] = InventoryOpt,

@@ -1,0 +1,62 @@
+"""What users expect of any CLI, through the installed console script: --version, --help placeholders that read
+as words, and shell completion of run, target and variant names (the protocol `dfo --install-completion` sets up)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import write_inventory
+
+from orchestrator.store import Run, Store
+
+DFO = str(Path(sys.executable).parent / "dfo")
+COMMANDS = ["", "launch", "watch", "batch", "report", "replay", "runs", "logs", "stop", "push", "preflight", "metrics",
+            "compare", "inventory", "inventory check", "inventory discover", "inventory import", "hostkey trust"]
+
+
+def dfo(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    shown = dfo("--version")
+    assert (shown.returncode, shown.stdout) == (0, f"dfo {version('dfo')}\n")
+
+
+def test_help_placeholders_are_words_not_python_types():
+    for command in COMMANDS:
+        shown = dfo(*command.split(), "--help", COLUMNS="200")
+        assert shown.returncode == 0, (command, shown.stderr)
+        assert not re.search(r"<(bool|str|int|float|list\[|path|float range|int range)", shown.stdout), (command, shown.stdout)
+    watch = dfo("watch", "--help", COLUMNS="200").stdout
+    assert re.search(r"--interval\s+SECONDS", watch) and "Usage: dfo watch [OPTIONS] [NAME]..." in watch
+    assert re.search(r"--variant\s+VARIANT", dfo("launch", "--help", COLUMNS="200").stdout)
+    assert re.search(r"--lines\s+-n\s+N\b", dfo("logs", "--help", COLUMNS="200").stdout)
+
+
+def complete(words: str, **env: str) -> list[str]:
+    shown = dfo(_DFO_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(len(words.split(" ")) - 1), **env)
+    assert shown.returncode == 0, shown.stderr
+    return shown.stdout.split()
+
+
+def test_completion_offers_run_target_and_variant_names(tmp_path):
+    with Store(tmp_path / "dfo.db") as store:
+        for name in ("train_trees_1", "train_nographs_1", "sweep.trees.ct200.r1"):
+            store.add_run(Run(name=name, target="ct200"))
+    inventory = write_inventory(tmp_path, {
+        "hosts": {"pve1": {"address": "10.0.0.1", "containers": {"ct200": {"ctid": 200}, "ct201": {"ctid": 201}}}},
+        "variants": {"trees": {"compile": "trees"}, "nographs": {"compile": "nographs"}}})
+    env = {"DFO_HOME": str(tmp_path), "DFO_INVENTORY": str(inventory)}
+    assert complete("dfo metrics train_", **env) == ["train_nographs_1", "train_trees_1"]  # newest first
+    assert complete("dfo compare train_trees_1 sw", **env) == ["sweep.trees.ct200.r1"]
+    assert complete("dfo launch --host ct2", **env) == ["ct200", "ct201"]
+    assert complete("dfo preflight --host ct20", **env) == ["ct200", "ct201"]
+    assert complete("dfo launch --host ct200 --variant no", **env) == ["nographs"]
+    assert complete("dfo launch --variant ", DFO_HOME=str(tmp_path), DFO_INVENTORY=str(tmp_path / "missing.yaml")) == []
