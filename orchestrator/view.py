@@ -1,6 +1,7 @@
 """The live view of `dfo watch`: one panel per followed run, built from the Watcher's state.
 
-Per run: variant and target, step, tok/s with a sparkline of recent steps, warm-up/steady state, per-GPU
+Per run: variant and target, time since it started, step (of the trainer's total, with an ETA from the recent
+step rate, when the trainer's event=start gives steps=), tok/s with a sparkline of recent steps, warm-up/steady state, per-GPU
 memory and utilisation bars (a GPU that went idle while the others stay busy says since when), queue fill
 and active drafters when the trainer reports them, the last log
 lines, and the decision with its reason. A header line shows each container's channel: connected,
@@ -21,7 +22,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from .logfmt import format_ts
+from .logfmt import format_ts, parse_ts
 from .sanitize import markup, text, visible
 from .watch import Link, WatchedRun, Watcher
 
@@ -89,11 +90,51 @@ def gpu_rows(watched: WatchedRun) -> Iterable[str]:
                f"util {bar(util / 100 if util is not None else None)} {util_text}{flag}")
 
 
+def duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `2h07m`."""
+    seconds = max(0, int(seconds))
+    minutes, secs = divmod(seconds, 60)
+    if minutes >= 60:
+        return f"{minutes // 60}h{minutes % 60:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def eta_seconds(step_times: Sequence[tuple[float, int]], total: int | None) -> float | None:
+    """Seconds to step `total` at the rate of the recent steps (None: no total, or no rate yet)."""
+    if total is None or len(step_times) < 2:
+        return None
+    (t0, s0), (t1, s1) = step_times[0], step_times[-1]
+    if t1 <= t0 or s1 <= s0:
+        return None
+    return max(0.0, (total - s1) * (t1 - t0) / (s1 - s0))
+
+
+def step_text(watched: WatchedRun) -> str:
+    """`step 1,200 of 3,000 (ETA 2m10s)`, or `step 1,200` when the trainer did not say its total."""
+    latest = watched.latest
+    if latest is None:
+        return "no step yet"
+    if watched.steps_total is None:
+        return f"step {latest.step:,}"
+    eta = eta_seconds(watched.step_times, watched.steps_total)
+    return f"step {latest.step:,} of {watched.steps_total:,}" + (f" (ETA {duration(eta)})" if eta is not None else "")
+
+
+def elapsed_text(watched: WatchedRun, now: float | None = None) -> str:
+    """How long the run has been going (up to its last step once it has ended)."""
+    start = parse_ts(watched.run.started_at) if watched.run.started_at else None
+    if start is None:
+        return ""
+    end = (now or time.time()) if watched.alive is not False else (watched.latest.ts if watched.latest else start)
+    return f"running {duration(end - start)}" if watched.alive is not False else f"ran {duration(end - start)}"
+
+
 def progress_line(watched: WatchedRun) -> Text:
     latest = watched.latest
     if latest is None:
-        return Text("no step yet", style="dim")
-    parts = [f"step {latest.step:,}", f"{latest.tok_s:,.0f} tok/s {sparkline(watched.throughput)}"]
+        return Text(" ".join(filter(None, [elapsed_text(watched), "no step yet"])), style="dim")
+    parts = [part for part in (elapsed_text(watched), step_text(watched)) if part]
+    parts.append(f"{latest.tok_s:,.0f} tok/s {sparkline(watched.throughput)}")
     if latest.loss is not None:
         parts.append(f"loss {latest.loss:.4g}")
     if latest.q_fill is not None:

@@ -36,7 +36,7 @@ from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, UnknownRun, UsageError
 from .inventory import Inventory
-from .logfmt import MalformedLine, StepRecord, make_parser, parse_ts, step_problem
+from .logfmt import EventRecord, MalformedLine, StepRecord, make_parser, parse_ts, step_problem
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
@@ -73,6 +73,8 @@ class WatchedRun:
     unsaved_ident: dict | None = None
     throughput: deque = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))
     latest: StepRecord | None = None
+    steps_total: int | None = None  # the trainer's own step count (its event=start steps=), when it says
+    step_times: deque = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))  # (ts, step) of recent steps
     lines: deque = field(default_factory=lambda: deque(maxlen=RECENT_LINES))
     gpu_now: list[dict] = field(default_factory=list)
     idle_reported: set = field(default_factory=set)  # (GPU index, idle since) already sent as gpu_idle events
@@ -470,6 +472,7 @@ class Watcher:
             watched.last_stored_step = record.step
             watched.latest = record
             watched.throughput.append(record.tok_s)
+            watched.step_times.append((record.ts, record.step))
             writes.samples.setdefault(watched.name, []).append(sample_of(record))
             self._emit("step", watched, {"step": record.step, "tok_s": record.tok_s, "loss": record.loss,
                                          "phase": record.phase}, store=False)
@@ -481,6 +484,8 @@ class Watcher:
                 self._emit("malformed", watched, {"reason": record.reason, "count": watched.malformed})
         else:
             watched.lines.append(line[:300])
+            if isinstance(record, EventRecord) and record.event == "start" and record.fields.get("steps", "").isdigit():
+                watched.steps_total = int(record.fields["steps"])
         watched.judge.observe(observation_from_record(record, received))
         watched.dirty = True
 

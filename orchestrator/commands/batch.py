@@ -25,6 +25,7 @@ from ..connections import Connections
 from ..inventory import load_inventory
 from ..sanitize import text
 from ..store import Store
+from ..view import duration, step_text
 from .common import (InventoryOpt, JsonOpt, basis_label, console, err_console, fit_table, number, print_basis_note,
                      print_json)
 
@@ -73,7 +74,7 @@ def batch_command(
             else:
                 with Live(Text(f"batch {plan.batch}: preflight ..."), console=console, auto_refresh=False) as live:
                     run_batch(plan, inv, connections, store, watcher, wandb=wandb, poll_s=poll,
-                              on_progress=lambda progress: live.update(render_progress(progress), refresh=True))
+                              on_progress=lambda progress: live.update(render_progress(progress, watcher), refresh=True))
         except KeyboardInterrupt:
             err_console.print(f"interrupted: running cells go on; `dfo batch {file}` again resumes", highlight=False,
                               markup=False, soft_wrap=True)
@@ -108,24 +109,23 @@ def show_plan(plan: Plan, as_json: bool) -> None:
     )
 
 
-def render_progress(progress: Progress) -> Group:
-    """Counts and ETA on one line, then the running cells and the latest news."""
+def render_progress(progress: Progress, watcher=None) -> Group:
+    """Counts and ETA on one line, then the running cells (with each one's step and tok/s, from the watcher)
+    and the latest news."""
     counts = progress.counts
-    eta = f"  ETA {_duration(progress.eta_s)}" if progress.eta_s is not None else ""
+    eta = f"  ETA {duration(progress.eta_s)}" if progress.eta_s is not None else ""
     head = Text(
         f"batch {progress.batch}: {counts['done']} done, {counts['failed'] + counts['error']} failed, "
         f"{counts['running']} running, {counts['pending']} left{eta}",
         style="bold",
     )
+    followed = {watched.name: watched for watched in watcher.runs()} if watcher is not None else {}
     running = Table(box=None, show_header=False, pad_edge=False)
     for cell, run in progress.running:
-        running.add_row(text(f"  {cell}"), text(run))
+        watched = followed.get(run)
+        now = f"{step_text(watched)}  {watched.latest.tok_s:,.0f} tok/s" if watched and watched.latest else "no step yet"
+        running.add_row(text(f"  {cell}"), text(run), text(now))
     return Group(head, running, *(text(f"  {line}", style="dim") for line in progress.news))
-
-
-def _duration(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{secs:02d}s"
 
 
 def report_command(

@@ -1,0 +1,78 @@
+"""The live views say how far a run is: elapsed time, step N of M and an ETA when the trainer's event=start gives
+its step total (the watch panel), and each running cell's step and tok/s (the batch view). Real runs, real
+watcher (LocalTarget and its agent), rendered as a terminal would show them."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rich.console import Console
+
+from harness import write_inventory
+from orchestrator.batch import Progress
+from orchestrator.commands.batch import render_progress
+from orchestrator.connections import Connections
+from orchestrator.inventory import load_inventory
+from orchestrator.runs import launch, spec_for, stop
+from orchestrator.store import Store
+from orchestrator.view import duration, eta_seconds, render
+from orchestrator.watch import Watcher
+
+TRAINER = """\
+import sys, time
+from datetime import datetime, timezone
+def now():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+total = int(sys.argv[1])
+print(f"ts={now()} event=start run=r steps={total}", flush=True)
+for step in range(1, total + 1):
+    print(f"ts={now()} event=step step={step} tok_s=1000.0 loss=2.0", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def shown(renderable, width: int = 140) -> str:
+    console = Console(record=True, width=width, file=open("/dev/null", "w"))
+    console.print(renderable)
+    return console.export_text()
+
+
+def test_eta_comes_from_the_recent_step_rate():
+    assert eta_seconds([(100.0, 10), (110.0, 110)], 1110) == 100.0  # 10 steps/s, 1000 to go
+    assert eta_seconds([(100.0, 10)], 1110) is None and eta_seconds([(100.0, 10), (110.0, 110)], None) is None
+    assert (duration(42), duration(185), duration(7620)) == ("42s", "3m05s", "2h07m")
+
+
+def test_watch_panel_and_batch_view_show_elapsed_step_of_total_eta_and_tok_s(tmp_path, monkeypatch):
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    path = write_inventory(tmp_path, {
+        "defaults": {"workspace": str(tmp_path / "ws")},
+        "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
+        "variants": {"counted": {"command": f"{sys.executable} {tmp_path}/trainer.py 400"}},
+    })
+    monkeypatch.setenv("DFO_HOME", str(tmp_path / "state"))
+    inventory = load_inventory(path)
+    with Connections(inventory) as connections, Store(tmp_path / "state" / "dfo.db") as store:
+        launch(connections.container("here"), spec_for(inventory, "here", "counted"), store, name="p1")
+        watcher = Watcher(inventory, connections, store)
+        try:
+            watcher.attach("p1")
+            deadline = time.monotonic() + 30
+            while not (watcher.runs()[0].latest and watcher.runs()[0].latest.step >= 40):
+                assert time.monotonic() < deadline, "no steps seen"
+                watcher.step(0.2)
+            panel = shown(render(watcher))
+            batch = shown(render_progress(Progress("sweep", {"done": 0, "failed": 0, "error": 0, "running": 1,
+                                                             "pending": 2}, [("counted.here.r1", "p1")], None, []),
+                                          watcher))
+        finally:
+            watcher.close()
+            stop(connections.container("here"), store, "p1", grace_s=2)
+    step = watcher.runs()[0].latest.step
+    assert "running " in panel and f"of 400 (ETA " in panel, panel
+    eta_text = panel.split("(ETA ")[1].split(")")[0]
+    minutes, _, secs = eta_text.rpartition("m")
+    eta = int(minutes or 0) * 60 + int(secs.rstrip("s"))
+    assert 0.5 * (400 - step) * 0.05 < eta < 3 * (400 - step) * 0.05 + 2  # about 0.05 s a step to go
+    assert "counted.here.r1" in batch and "p1" in batch and " of 400" in batch and "1,000 tok/s" in batch
