@@ -1,5 +1,6 @@
 """Summarise trainer logs: steady tok/s (median of the second half of the step lines), samples/s, MFU
-against the H200's 989 TFLOP/s dense bf16, seconds from event=start to the first step, compile seconds.
+per GPU against the H200's 989 TFLOP/s dense bf16
+(GPUs = the distinct cuda devices of the start line's targets and drafters), seconds from event=start to the first step, compile seconds.
     python bench/qwen_summary.py LOG... [--preset qwen3-8b-shape]
 Prints a Markdown table. Reads logs only (no torch)."""
 
@@ -22,7 +23,7 @@ FIELD = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|\S+)')
 
 def parse(path: Path) -> dict:
     start = first = None
-    steps, compiles, done = [], [], ""
+    steps, compiles, done, gpus = [], [], "", 1
     for line in path.read_text(errors="replace").splitlines():
         if not line.startswith("ts="):
             continue
@@ -31,6 +32,8 @@ def parse(path: Path) -> dict:
         event = fields.get("event")
         if event == "start":
             start = ts
+            devices = {d for key in ("targets", "drafters") for d in fields.get(key, "").split(",") if d}
+            gpus = max(1, len({d for d in devices if d.startswith("cuda")}))
         elif event == "compile":
             compiles.append(float(fields["seconds"]))
         elif event == "step":
@@ -42,7 +45,7 @@ def parse(path: Path) -> dict:
     half = steps[len(steps) // 2:]
     return {"steady": statistics.median(half) if half else None, "lines": len(steps),
             "first_step_s": (first - start).total_seconds() if first and start else None,
-            "compile_s": max(compiles) if compiles else None, "end": done}
+            "compile_s": max(compiles) if compiles else None, "end": done, "gpus": gpus}
 
 
 def main() -> int:
@@ -52,14 +55,14 @@ def main() -> int:
     args = parser.parse_args()
     cfg = build_config(args.preset, [])
     flops, seq = flops_per_sample(cfg)["total"], cfg.data.seq_len * cfg.data.batch
-    print("| log | step lines | steady tok/s | samples/s | MFU (989) | first step after start | compile s | end |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| log | GPUs | step lines | steady tok/s | samples/s | MFU per GPU (989) | first step after start | compile s | end |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for path in args.logs:
         r = parse(path)
         sps = r["steady"] / seq if r["steady"] else None
         cell = lambda v, f: format(v, f) if v is not None else "-"  # noqa: E731
-        print(f"| {path.stem} | {r['lines']} | {cell(r['steady'], ',.0f')} | {cell(sps, '.2f')} "
-              f"| {cell(sps * flops / PEAK if sps else None, '.1%')} | {cell(r['first_step_s'], '.1f')} s "
+        print(f"| {path.stem} | {r['gpus']} | {r['lines']} | {cell(r['steady'], ',.0f')} | {cell(sps, '.2f')} "
+              f"| {cell(sps * flops / PEAK / r['gpus'] if sps else None, '.1%')} | {cell(r['first_step_s'], '.1f')} s "
               f"| {cell(r['compile_s'], '.1f')} | {r['end']} |")
     return 0
 
