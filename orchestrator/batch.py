@@ -42,7 +42,7 @@ from . import runs
 from .chains import BATCH_POLICY, Supervisor, catalogue_for, next_run_names, next_variant_after, rest_of_chain
 from .decide import Catalogue
 from .errors import DfoError, InvalidName, InventoryError, RefusedError, UnknownTarget
-from .inventory import Inventory, _name_problem, describe_validation_error
+from .inventory import Inventory, _name_problem, describe_validation_error, read_yaml_file
 from .launchplan import Gate
 from .logfmt import format_ts, parse_ts
 from .preflight import TOLERABLE_WHEN_BUSY, PreflightFailed
@@ -152,12 +152,8 @@ class Plan:
 
 def load_experiments(path: Path, inventory: Inventory) -> Plan:
     """Read, validate and expand an experiments file; InventoryError carries one `FILE: key.path: ...` per problem."""
-    source = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InventoryError([f"{source}: cannot read: {exc.strerror} (pass an existing experiments file)"]) from None
-    return parse_experiments(text, inventory, source=source)
+    text = read_yaml_file(path, missing="pass an existing experiments file", unreadable="pass an existing experiments file")
+    return parse_experiments(text, inventory, source=str(path))
 
 
 def parse_experiments(text: str, inventory: Inventory, *, source: str = "<memory>") -> Plan:

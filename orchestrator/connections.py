@@ -21,9 +21,11 @@ from .remote.pct import PctTarget
 class Connections:
     """Per-invocation cache of host targets. Use as a context manager so every connection is closed."""
 
-    def __init__(self, inventory: Inventory, *, accept_new_host_keys: bool = False) -> None:
+    def __init__(self, inventory: Inventory, *, accept_new_host_keys: bool = False, offer_accept_new: bool = False) -> None:
+        """`offer_accept_new`: the command has --accept-new-host-key (an unknown host key's hint names it)."""
         self.inventory = inventory
         self.accept_new_host_keys = accept_new_host_keys
+        self.offer_accept_new = offer_accept_new
         self._hosts: dict[str, Target] = {}
         self._lock = threading.Lock()
         self._host_locks: dict[str, threading.Lock] = {}
@@ -58,6 +60,7 @@ class Connections:
             user=self.inventory.ssh_user(host_name),
             connect_timeout=self.inventory.defaults.connect_timeout,
             accept_new_host_key=self.accept_new_host_keys,
+            offer_accept_new=self.offer_accept_new,
         )
 
     def close(self) -> None:

@@ -22,22 +22,22 @@ from typing import Annotated, Any, Literal, Optional
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
 from .errors import InvalidName, InventoryError, UnknownTarget, UnknownVariant
+from .logfmt import metrics_regex_problem
 from .names import check_name
 
 CTID_MIN, CTID_MAX = 100, 999_999_999
 BUILTIN_NAME = "default.yaml"
-METRIC_GROUPS = ("tok_s", "step")
 
 
 def _ctid(value: Any) -> Any:
@@ -61,6 +61,14 @@ def _http_url(value: Any) -> Any:
     if isinstance(value, str) and re.fullmatch(r"https?://[^\s/]+\S*", value):
         return value
     raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+
+
+def _metrics_regex(pattern: Any) -> Any:
+    """A `metrics:` regex that compiles and has the groups a step needs (the parser's own check)."""
+    problem = metrics_regex_problem(pattern) if isinstance(pattern, str) else None
+    if problem:
+        raise ValueError(f"expected a regex with named groups step and tok_s: {problem}")
+    return pattern
 
 
 Ctid = Annotated[Optional[int], BeforeValidator(_ctid)]
@@ -127,16 +135,9 @@ class Variant(_Strict):
     args: dict[str, Any] = {}
     env: dict[EnvName, str] = {}
     command: Optional[str] = None  # a user's own trainer, run in the workspace
-    metrics: Optional[Annotated[str, BeforeValidator(_compiled_regex)]] = None
+    metrics: Optional[Annotated[str, AfterValidator(_metrics_regex)]] = None
     baseline_tok_s: Optional[float] = Field(None, gt=0)
     notify: Optional[Notify] = None  # replaces the inventory's notify: for this variant's runs
-
-    @field_validator("metrics")
-    @classmethod
-    def _metrics_has_groups(cls, pattern: Optional[str]) -> Optional[str]:
-        if pattern is not None and not set(METRIC_GROUPS) & set(re.compile(pattern).groupindex):
-            raise ValueError(f"expected a regex with a named group (?P<tok_s>...) or (?P<step>...), got {pattern!r}")
-        return pattern
 
     @model_validator(mode="after")
     def _command_or_builtin(self) -> "Variant":
@@ -269,15 +270,22 @@ def load_inventory(path: Optional[Path] = None) -> Inventory:
     if path is None:
         text = resources.files("orchestrator.builtin").joinpath(BUILTIN_NAME).read_text()
         return parse_inventory(text, source=f"<built-in {BUILTIN_NAME}>")
+    text = read_yaml_file(path, missing="pass an existing file with -i, or unset DFO_INVENTORY",
+                          unreadable="pass a readable YAML file with -i")
+    return parse_inventory(text, source=str(path))
+
+
+def read_yaml_file(path: Path, *, missing: str, unreadable: str) -> str:
+    """The UTF-8 text of a YAML file the user named; InventoryError (one line naming the file and the fix) if
+    it is missing, unreadable or not UTF-8. `missing`/`unreadable`: the fix to suggest."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InventoryError([f"{path}: file not found (pass an existing file with -i, or unset DFO_INVENTORY)"]) from None
+        raise InventoryError([f"{path}: file not found ({missing})"]) from None
     except OSError as exc:
-        raise InventoryError([f"{path}: cannot read: {exc.strerror} (pass a readable YAML file with -i)"]) from None
+        raise InventoryError([f"{path}: cannot read: {exc.strerror} ({unreadable})"]) from None
     except UnicodeDecodeError as exc:
         raise InventoryError([f"{path}: not UTF-8 text (byte {exc.start}): expected a YAML file"]) from None
-    return parse_inventory(text, source=str(path))
 
 
 def parse_inventory(text: str, *, source: str = "<memory>") -> Inventory:
@@ -434,13 +442,15 @@ def _cross_checks(inventory: Inventory) -> list[str]:
 
 
 def _workspace_problem(defaults: Defaults, host_name: str, host: Host, name: str, container: Container) -> list[str]:
-    """A remote workspace must be absolute: it is quoted on every command line, so `~` would never expand."""
-    if host.transport == "local":
-        return []
+    """A workspace must be absolute: remotely it is quoted on every command line, so `~` would never expand;
+    on the local host `~` is expanded, but a relative path would depend on where dfo happens to be started."""
     workspace = container.workspace or defaults.workspace
-    if workspace.startswith("/"):
+    local = host.transport == "local"
+    if workspace.startswith("/") or (local and workspace.startswith("~")):
         return []
     where = f"hosts.{host_name}.containers.{name}.workspace" if container.workspace else "defaults.workspace"
+    if local:
+        return [f"{where}: expected an absolute path or ~/... on local host {host_name!r} (e.g. ~/dfo-ws), got {workspace!r}"]
     return [f"{where}: expected an absolute path on SSH host {host_name!r} (e.g. /root/dfo), got {workspace!r}"]
 
 

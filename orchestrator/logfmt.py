@@ -216,22 +216,34 @@ def _step_or_text(record: StepRecord | str | None, line: str, received_ts: float
     return TextLine(received_ts, line)
 
 
+METRIC_GROUPS = ("step", "tok_s")
+"""The named groups a `metrics:` regex must have: without both, no line of it can be a step."""
+
+
+def metrics_regex_problem(pattern: str) -> str | None:
+    """What is wrong with a `metrics:` regex (it does not compile, or lacks a required group), or None. The one
+    check, made by the inventory when it loads and by RegexExtractor."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        return f"{pattern!r} does not compile: {exc} (fix the regex)"
+    missing = [group for group in METRIC_GROUPS if group not in regex.groupindex]
+    if missing:
+        return (f"{pattern!r} lacks the named group(s) {', '.join(missing)} "
+                "(add e.g. (?P<step>\\d+) and (?P<tok_s>[\\d.]+))")
+    return None
+
+
 class RegexExtractor:
     """A user's own metric format: a regex with named groups `step` and `tok_s` (and optionally `ts`,
     `loss`, `acc`, `lr`, `q_fill`, `mem_gb`, `phase`, `active`). Lines it does not match go through
     the logfmt parser, so a user trainer that also prints contract lines still works."""
 
     def __init__(self, pattern: str) -> None:
-        try:
-            self.regex = re.compile(pattern)
-        except re.error as exc:
-            raise UsageError(f"metrics regex {pattern!r} does not compile: {exc}", hint="fix the regex") from exc
-        missing = {"step", "tok_s"} - set(self.regex.groupindex)
-        if missing:
-            raise UsageError(
-                f"metrics regex {pattern!r} lacks the named group(s) {', '.join(sorted(missing))}",
-                hint="add e.g. (?P<step>\\d+) and (?P<tok_s>[\\d.]+)",
-            )
+        problem = metrics_regex_problem(pattern)
+        if problem:
+            raise UsageError(f"metrics regex {problem}")
+        self.regex = re.compile(pattern)
 
     def __call__(self, text: str, received_ts: float | None = None) -> Record:
         line = text.rstrip("\r\n")

@@ -204,15 +204,17 @@ def _transfer(target: Target, workspace: str, package: Package) -> None:
 
 
 def _verify_and_unpack_script(workspace: str, sha256: str, archive: str) -> str:
-    """Check the archive's sha256, unpack into a temp dir, write .complete, then rename into place."""
+    """Check the archive's sha256, unpack into a temp dir, write .complete, then rename into place. The archive
+    is hashed and unpacked from stdin, in the directory: sha256sum marks a file name holding `\\` with one
+    more, and GNU tar unquotes `\\` escapes in -C and -f arguments, so a workspace with one would fail."""
     q = shlex.quote
     final = q(pkg_dir(workspace, sha256))
     return f"""
 a={q(archive)}
-got=$(sha256sum "$a" | cut -d' ' -f1)
+got=$(sha256sum < "$a" | cut -d' ' -f1)
 if [ "$got" != {sha256} ]; then rm -f "$a"; echo "sha256 $got, expected {sha256}" >&2; exit {SHA_MISMATCH_EXIT}; fi
 d=$(mktemp -d {q(workspace + '/.dfo/pkg/.unpack.')}XXXXXX) || exit 1
-if ! tar -xzf "$a" -C "$d"; then rm -rf "$d" "$a"; exit 1; fi
+if ! (cd "$d" && tar -xzf - < "$a"); then rm -rf "$d" "$a"; exit 1; fi
 rm -f "$a"
 printf %s {sha256} > "$d/.complete"
 if [ "$(cat {final}/.complete 2>/dev/null)" = {sha256} ]; then rm -rf "$d"; exit 0; fi

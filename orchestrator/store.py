@@ -286,7 +286,11 @@ class Store:
             path = dfo_home() / "dfo.db"
         self.path = str(path)
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise DfoError(f"run registry directory {Path(self.path).parent}: cannot create it: "
+                               f"{exc.strerror or exc}", hint="set DFO_HOME to a directory you can write") from None
         self._lock = threading.RLock()
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
@@ -319,18 +323,31 @@ class Store:
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One IMMEDIATE transaction: takes the write lock up front, so it waits (busy_timeout) instead of failing."""
-        with self._lock:
+        with self._lock, self._failures():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):  # a damaged file may refuse the rollback too
+                    self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        with self._lock:
+        with self._lock, self._failures():
             return self._db.execute(sql, params).fetchall()
+
+    @contextmanager
+    def _failures(self) -> Iterator[None]:
+        """SQLite's own failures (a page damaged after the file was opened, a full disk, a lock held past the
+        busy timeout) as one DfoError naming the file; a constraint (IntegrityError) is the caller's to map."""
+        try:
+            yield
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.DatabaseError as exc:
+            raise DfoError(f"run registry {self.path}: {exc}",
+                           hint="move the file aside or set DFO_HOME; `sqlite3 FILE .recover` may save its rows") from None
 
     def transaction(self) -> "contextlib.AbstractContextManager[sqlite3.Connection]":
         """One write transaction, for modules with tables of their own (batch.py): `with store.transaction() as db:`."""

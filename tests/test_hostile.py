@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from orchestrator.errors import CommandFailed, UsageError
 from orchestrator.logfmt import MalformedLine, StepRecord, parse_logfmt, make_parser
 from orchestrator.remote.base import Result
 from orchestrator.sanitize import SafeConsole, finite_json, visible
-from orchestrator.store import Store
+from orchestrator.store import Run, Store
 from orchestrator.view import render
 from orchestrator.watch import Watcher
 
@@ -282,8 +283,147 @@ def test_a_watch_after_a_copytruncate_stores_every_step_of_the_new_log_once(lab)
         time.sleep(0.05)
     second = lab.watcher(fallback=False)
     second.attach("ct1")
-    events = run_until(second, lambda w: len(lab.store.samples("ct1")) >= 40 + len(lab.log_steps("ct1")) - 5)
+    # every step of the log as it is now gets stored: none lost at the stale offset
+    events = run_until(second, lambda w: set(lab.log_steps("ct1")) <= {s["step"] for s in lab.store.samples("ct1")})
     assert [e["why"] for e in events if e["kind"] == "truncated"] == ["rewritten"]
     steps = [s["step"] for s in lab.store.samples("ct1")]
     assert steps == sorted(set(steps))  # once each
-    assert set(lab.log_steps("ct1")) <= set(steps)  # every step of the log as it is now: none lost
+
+
+# ------------------------------------------------------------------ ~/.ssh/config as OpenSSH reads it
+
+
+def included_host(ssh_home, sshd, alias: str) -> None:
+    """`alias` defined only in a file that ~/.ssh/config Includes (by an absolute glob)."""
+    conf_d = ssh_home.ssh_dir / "conf.d"
+    conf_d.mkdir(exist_ok=True)
+    (conf_d / "lab.conf").write_text(f"Host {alias}\n    HostName {sshd.host}\n    Port {sshd.port}\n"
+                                     f"    User root\n    IdentityFile {ssh_home.identity}\n")
+    ssh_home.config_path.write_text(f"Include {conf_d}/*.conf\n" + ssh_home.config_path.read_text())
+
+
+def matched_host(ssh_home, sshd, alias: str) -> None:
+    """`alias` reached only through a `Match host` block, in a file that ~/.ssh/config Includes."""
+    match_file = ssh_home.ssh_dir / "match.conf"
+    match_file.write_text(f"Match host {alias}\n    HostName {sshd.host}\n    Port {sshd.port}\n"
+                          f"    IdentityFile {ssh_home.identity}\n")
+    ssh_home.config_path.write_text(f"Include {match_file}\n" + ssh_home.config_path.read_text())
+
+
+@pytest.mark.parametrize("client", ["openssh", "paramiko"])
+def test_an_alias_from_an_included_file_connects(ssh_home, sshd, client, monkeypatch):
+    from orchestrator.remote import ssh
+
+    if client == "paramiko":
+        monkeypatch.setattr(ssh, "openssh_client", lambda: None)
+    else:
+        assert ssh.openssh_client() is not None, "the OpenSSH client is part of the test image"
+    included_host(ssh_home, sshd, "inclab")
+    target = ssh.SshTarget("lab", "inclab")
+    try:
+        assert (target.host, target.port) == (sshd.host, sshd.port)
+        assert target.run(["echo", "included"]).stdout == "included\n"
+    finally:
+        target.close()
+
+
+@pytest.mark.parametrize("client", ["openssh", "paramiko"])
+def test_an_alias_set_by_a_match_block_connects_and_a_bad_config_is_named(ssh_home, sshd, client, monkeypatch):
+    from orchestrator.remote import ssh
+
+    if client == "paramiko":
+        monkeypatch.setattr(ssh, "openssh_client", lambda: None)
+    matched_host(ssh_home, sshd, "matchlab")
+    target = ssh.SshTarget("lab", "matchlab")
+    try:
+        assert target.run(["echo", "matched"]).stdout == "matched\n"
+    finally:
+        target.close()
+    if client == "openssh":
+        ssh_home.config_path.write_text(ssh_home.config_path.read_text() + "NoSuchOption yes\n")
+        with pytest.raises(UsageError, match=r"ssh config: .*line \d+: Bad configuration option: nosuchoption"):
+            ssh.SshTarget("lab", "matchlab")
+
+
+# ------------------------------------------------------------------ bad input: one clean line, no traceback
+
+
+def dfo(*args: str, home: Path, timeout: float = 60) -> "subprocess.CompletedProcess[str]":
+    """The installed `dfo` console script (its real error handling), with its own DFO_HOME."""
+    env = {**os.environ, "DFO_HOME": str(home)}
+    env.pop("DFO_INVENTORY", None)
+    return subprocess.run([str(Path(sys.executable).parent / "dfo"), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def assert_clean_error(done, code: int, *texts: str) -> None:
+    assert done.returncode == code, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.startswith("dfo: error: "), done.stderr
+    for text in texts:
+        assert text in done.stderr, done.stderr
+
+
+def local_inventory(tmp_path: Path, workspace: str, **variants) -> Path:
+    return write_inventory(tmp_path, {
+        "defaults": {"workspace": workspace},
+        "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
+        "variants": variants or {"quick": {"command": "echo hi"}},
+    }, name="local.yaml")
+
+
+def test_a_batch_file_that_is_not_utf8_is_named_in_one_line(tmp_path):
+    experiments = tmp_path / "sweep.yaml"
+    experiments.write_bytes(b"batch: s\n\xff\xfe matrix: {}\n")
+    assert_clean_error(dfo("batch", str(experiments), home=tmp_path / "state"), 2,
+                       f"{experiments}: not UTF-8 text (byte 9): expected a YAML file")
+
+
+def test_a_dfo_home_that_cannot_be_created_is_named_with_the_fix(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert_clean_error(dfo("runs", home=blocker / "state"), 1,
+                       f"run registry directory {blocker / 'state'}: cannot create it: Not a directory",
+                       "set DFO_HOME to a directory you can write")
+
+
+def test_a_registry_damaged_after_it_was_made_fails_watch_cleanly_while_runs_still_lists(tmp_path):
+    home = tmp_path / "state"
+    with Store(home / "dfo.db") as store:
+        store.add_run(Run(name="r1", target="here", state="running", log_path=str(tmp_path / "r1.log")))
+        store.add_samples("r1", [{"step": i, "ts": 1.8e9 + i, "tok_s": 100.0} for i in range(3000)], offset=10)
+        root = store.query("SELECT rootpage FROM sqlite_master WHERE name = 'samples'")[0][0]
+        page = store.query("PRAGMA page_size")[0][0]
+        store.query("PRAGMA wal_checkpoint(TRUNCATE)")
+    with open(home / "dfo.db", "r+b") as db:  # one page of the samples table overwritten
+        db.seek((root - 1) * page)
+        db.write(b"\xff" * page)
+    listed = dfo("runs", home=home)
+    assert listed.returncode == 0 and "r1" in listed.stdout
+    assert_clean_error(dfo("watch", "r1", "--json", home=home), 1,
+                       f"run registry {home / 'dfo.db'}: database disk image is malformed", "move the file aside")
+
+
+def test_a_workspace_with_a_backslash_gets_its_package_intact(tmp_path):
+    inventory = local_inventory(tmp_path, str(tmp_path / "ws\\back"))
+    first = dfo("push", "--host", "here", "-i", str(inventory), home=tmp_path / "state")
+    assert first.returncode == 0 and "pushed trainer" in first.stdout, first.stderr
+    again = dfo("push", "--host", "here", "-i", str(inventory), home=tmp_path / "state")
+    assert "nothing transferred" in again.stdout, again.stderr
+
+
+def test_a_relative_workspace_on_the_local_host_is_refused_by_inventory_check(tmp_path):
+    inventory = local_inventory(tmp_path, "relative/ws")
+    assert_clean_error(dfo("inventory", "check", "-i", str(inventory), home=tmp_path / "state"), 2,
+                       "defaults.workspace: expected an absolute path or ~/... on local host 'local'")
+
+
+def test_a_metrics_regex_without_step_is_refused_before_anything_starts(tmp_path):
+    inventory = local_inventory(tmp_path, str(tmp_path / "ws"),
+                                mine={"command": "echo 'it 1 speed 5 tok/s'", "metrics": r"speed (?P<tok_s>[\d.]+) tok/s"})
+    expected = r"lacks the named group(s) step (add e.g. (?P<step>\d+) and (?P<tok_s>[\d.]+))"
+    assert_clean_error(dfo("inventory", "check", "-i", str(inventory), home=tmp_path / "state"), 2,
+                       "variants.mine.metrics: expected a regex with named groups step and tok_s", expected)
+    launched = dfo("launch", "--host", "here", "--variant", "mine", "--no-preflight", "--watch", "-i", str(inventory),
+                   home=tmp_path / "state")
+    assert_clean_error(launched, 2, expected)
+    assert not (tmp_path / "ws" / "logs").exists()  # nothing started

@@ -149,7 +149,10 @@ def test_unknown_host_key_refused_then_recorded_after_opt_in(ssh_home, sshd):
     ssh_home.empty_known_hosts()
     with pytest.raises(HostKeyUnknown) as caught:
         SshTarget("pve1", "testhost").run("true")
-    assert "dfo hostkey trust pve1" in str(caught.value) and "--accept-new-host-key" in str(caught.value)
+    assert "dfo hostkey trust pve1" in str(caught.value) and "--accept-new-host-key" not in str(caught.value)
+    with pytest.raises(HostKeyUnknown) as caught:  # a command that has the option (preflight) names it
+        SshTarget("pve1", "testhost", offer_accept_new=True).run("true")
+    assert "--accept-new-host-key" in str(caught.value)
     assert ssh_home.known_hosts.read_text() == ""  # never added silently
     assert SshTarget("pve1", "testhost", accept_new_host_key=True).run("true").ok
     assert sshd.host_key_pub.split()[1] in ssh_home.known_hosts.read_text()

@@ -37,7 +37,10 @@ def print_error(err: DfoError) -> None:
     """One line per problem on stderr, prefixed `dfo: error:`."""
     lines = err.problems if isinstance(err, InventoryError) else [str(err)]
     for line in lines:
-        err_console.print(f"[bold red]dfo: error:[/] {markup(line)}", highlight=False, soft_wrap=True)
+        first, *more = line.split("\n")  # a remote error's further lines, indented under it
+        err_console.print(f"[bold red]dfo: error:[/] {markup(first)}", highlight=False, soft_wrap=True)
+        for extra in more:
+            err_console.print(f"  {markup(extra)}", highlight=False, soft_wrap=True)
 
 
 def print_json(obj: Any) -> None:

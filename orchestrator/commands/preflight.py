@@ -45,7 +45,7 @@ def preflight_command(
     ),
 ) -> int:
     inv = load_inventory(inventory)
-    with Connections(inv, accept_new_host_keys=accept_new_host_key) as connections:
+    with Connections(inv, accept_new_host_keys=accept_new_host_key, offer_accept_new=True) as connections:
         reports = preflight(connections, hosts)
     if as_json:
         print_json([{**report.to_json(), "cpu_only": report.cpu_only} for report in reports])

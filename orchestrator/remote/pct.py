@@ -101,7 +101,7 @@ class PctTarget(Target):
         self._verify(local, remote, timeout)
 
     def _verify(self, local: Path, remote: str, timeout: float) -> None:
-        script = f"sha256sum {shlex.quote(remote)} 2>/dev/null || wc -c < {shlex.quote(remote)}"
+        script = f"sha256sum < {shlex.quote(remote)} 2>/dev/null || wc -c < {shlex.quote(remote)}"  # stdin: no name escaping
         found = self.run(script, timeout=timeout).stdout.split()
         expected = (file_sha256(local), str(Path(local).stat().st_size))
         if not found or found[0] not in expected:

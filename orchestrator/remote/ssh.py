@@ -2,7 +2,8 @@
 
 The connection opens lazily on first use and is shared by every command, transfer and stream (a channel
 each), from any number of threads. ~/.ssh/config is honoured (aliases, HostName, User, Port, IdentityFile,
-ProxyJump), as are ssh-agent and the default key files. Host keys are checked against known_hosts: an
+ProxyJump) as OpenSSH reads it, Include and Match too: through `ssh -G HOST` where the OpenSSH client is
+installed, else through paramiko's parser (Match; dfo inlines Include for it). ssh-agent and the default key files apply. Host keys are checked against known_hosts: an
 unknown key is refused unless the caller opted in (then it is recorded, like OpenSSH's accept-new); a
 changed key is always refused.
 
@@ -13,11 +14,15 @@ exceptions (and socket errors) become errors.py classes. It must never add a hos
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
+import pwd
 import select
 import shlex
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections import deque
@@ -27,7 +32,8 @@ from typing import Iterator
 import paramiko
 from fabric import Config, Connection
 
-from ..errors import AuthError, CommandFailed, CommandTimeout, ConnectError, DfoError, HostKeyChanged, HostKeyUnknown, TransferError
+from ..errors import (AuthError, CommandFailed, CommandTimeout, ConnectError, DfoError, HostKeyChanged, HostKeyUnknown,
+                      TransferError, UsageError)
 from .base import DEFAULT_TIMEOUT, Command, Result, Stream, Target, env_argv, render
 
 DEFAULT_USER = "root"
@@ -37,6 +43,10 @@ MAX_PARALLEL_COMMANDS = 8
 POLL_S = 0.2
 CLOSE_WAIT_S = 1.0
 STDERR_TAIL_BYTES = 8192
+OPENSSH_CARRIED = frozenset({"hostname", "user", "port", "identityfile", "proxyjump", "proxycommand", "userknownhostsfile"})
+"""What dfo takes from `ssh -G` (the settings paramiko acts on); every other keyword is OpenSSH's business."""
+SSH_G_TIMEOUT_S = 10.0
+MAX_JUMP_HOPS = 8
 SILENT_PEER_TEXTS = ("Error reading SSH protocol banner", "No existing session")
 """paramiko's words for a peer that accepted TCP but never spoke SSH within the timeout."""
 
@@ -47,7 +57,8 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 class SshTarget(Target):
     """A host reached over SSH. `name` is what messages call it; `host` an address or ~/.ssh/config alias.
-    `user`/`port` given here win over ~/.ssh/config; left None, its User/Port apply (else root and 22)."""
+    `user`/`port` given here win over ~/.ssh/config; left None, its User/Port apply (else root and 22).
+    `offer_accept_new`: the calling command has --accept-new-host-key, so an unknown key's hint names it."""
 
     def __init__(
         self,
@@ -58,12 +69,14 @@ class SshTarget(Target):
         user: str | None = None,
         connect_timeout: float = 10.0,
         accept_new_host_key: bool = False,
+        offer_accept_new: bool = False,
         known_hosts: str | Path | None = None,
         ssh_config: str | Path | None = None,
     ) -> None:
         self.name = name
         self.connect_timeout = connect_timeout
         self.accept_new_host_key = accept_new_host_key
+        self.offer_accept_new = offer_accept_new  # the command has --accept-new-host-key: its hint may name it
         self._connection = _resolve(host, port=port, user=user, ssh_config=ssh_config)
         self.host, self.port, self.user = self._connection.host, int(self._connection.port), self._connection.user
         self.known_hosts = Path(known_hosts) if known_hosts else _known_hosts_path(self._connection)
@@ -300,7 +313,8 @@ class _RecordOrRefuse(paramiko.MissingHostKeyPolicy):
             raise HostKeyUnknown(
                 f"host key of {hostname} ({key.get_name()} {key.fingerprint}) is not in {target.known_hosts}",
                 where=target.name,
-                hint=f"check the fingerprint, then run `dfo hostkey trust {target.name}` or pass --accept-new-host-key",
+                hint=f"check the fingerprint, then run `dfo hostkey trust {target.name}`"
+                     + (" or pass --accept-new-host-key" if target.offer_accept_new else ""),
             )
         record_host_key(target.known_hosts, hostname, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
@@ -367,15 +381,88 @@ def _known_hosts_name(host: str, port: int) -> str:
 
 
 def _resolve(host: str, *, port: int | None, user: str | None, ssh_config: str | Path | None) -> Connection:
-    """A not-yet-open fabric Connection with ~/.ssh/config (or `ssh_config`) applied to `host`."""
-    if ssh_config is not None:
-        config = Config(runtime_ssh_path=str(ssh_config))
+    """A not-yet-open fabric Connection with ~/.ssh/config (or `ssh_config`) applied to `host`: as the OpenSSH
+    client reads it (`ssh -G`, which follows Include and Match) where that client is installed, else as
+    paramiko reads it (Match), with Include lines inlined first."""
+    path = str(ssh_config) if ssh_config is not None else os.path.expanduser("~/.ssh/config")
+    openssh = _openssh_config(host, path)
+    if openssh is not None:
+        config = Config(ssh_config=openssh)
+    elif ssh_config is not None or os.path.exists(path):
+        config = Config(ssh_config=paramiko.SSHConfig.from_text(_config_text(Path(path))))
     else:
-        config = Config(user_ssh_path=os.path.expanduser("~/.ssh/config"))
+        config = Config(user_ssh_path=path)
     connection = Connection(host, user=user, port=port, config=config)
     if user is None and "user" not in connection.ssh_config:  # not the local login name: Proxmox hosts log in as root
         connection = Connection(host, user=DEFAULT_USER, port=port, config=config)
     return connection
+
+
+def openssh_client() -> str | None:
+    """The OpenSSH client's path, or None where it is not installed (then paramiko reads ssh config)."""
+    return shutil.which("ssh")
+
+
+def _openssh_config(host: str, path: str) -> paramiko.SSHConfig | None:
+    """`host`'s settings as `ssh -G` resolves them from the config file at `path` (Include and Match followed),
+    as a paramiko SSHConfig holding only what the file set (HostName, User, Port, IdentityFile, ProxyJump,
+    ProxyCommand, UserKnownHostsFile), with a block for each ProxyJump hop too. None without an OpenSSH client.
+    A config that ssh itself refuses raises UsageError with ssh's own words."""
+    client = openssh_client()
+    if client is None:
+        return None
+    blocks, pending = [], [host]
+    while pending and len(blocks) < MAX_JUMP_HOPS:
+        name = pending.pop(0)
+        settings = _ssh_g(client, name, path)
+        defaults = _ssh_g(client, name, os.devnull)
+        chosen = {key: values for key, values in settings.items() if key in OPENSSH_CARRIED and values != defaults.get(key)}
+        blocks.append(f"Host {name}\n" + "".join(f"  {key} {value}\n" for key, values in chosen.items() for value in values))
+        for hop in chosen.get("proxyjump", [""])[0].split(","):
+            hop_host = hop.rpartition("@")[2].rsplit(":", 1)[0] if hop and hop != "none" else ""
+            if hop_host and hop_host not in pending and all(not b.startswith(f"Host {hop_host}\n") for b in blocks):
+                pending.append(hop_host)
+    return paramiko.SSHConfig.from_text("".join(blocks))
+
+
+def _ssh_g(client: str, host: str, path: str) -> dict[str, list[str]]:
+    """`ssh -G host` as {keyword: [values]} (IdentityFile and a few others may repeat), reading `path` as the
+    user's config: ssh's own ~/.ssh/config (with /etc/ssh/ssh_config) when `path` is that file, else `-F path`."""
+    config_file = path if os.path.exists(path) else os.devnull
+    own = os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".ssh", "config")
+    choice = [] if config_file == own else ["-F", config_file]
+    try:
+        done = subprocess.run([client, "-G", *choice, "--", host], capture_output=True, text=True,
+                              timeout=SSH_G_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"cannot read ssh config {config_file} with `ssh -G`: {exc}") from None
+    if done.returncode != 0:
+        why = next((line for line in done.stderr.splitlines() if line.strip()), f"exit {done.returncode}")
+        raise UsageError(f"ssh config: {why}", hint="fix that line; `ssh -G HOST` shows what OpenSSH reads")
+    settings: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        settings.setdefault(key.lower(), []).append(value)
+    return settings
+
+
+def _config_text(path: Path, depth: int = 0) -> str:
+    """An ssh config file's text with its Include lines replaced by the files they name (globs, relative
+    to ~/.ssh, nested up to 16 deep), for paramiko, whose parser skips Include. Missing files read as empty."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    out = []
+    for line in lines:
+        keyword, _, rest = line.strip().replace("=", " ", 1).partition(" ")
+        if keyword.lower() != "include" or depth >= 16:
+            out.append(line)
+            continue
+        for pattern in shlex.split(rest):
+            pattern = os.path.join(os.path.expanduser("~/.ssh"), os.path.expanduser(pattern))
+            out.extend(_config_text(Path(found), depth + 1) for found in sorted(glob.glob(pattern)))
+    return "\n".join(out)
 
 
 def _known_hosts_path(connection: Connection) -> Path:
