@@ -427,3 +427,20 @@ def test_a_metrics_regex_without_step_is_refused_before_anything_starts(tmp_path
                    home=tmp_path / "state")
     assert_clean_error(launched, 2, expected)
     assert not (tmp_path / "ws" / "logs").exists()  # nothing started
+
+
+def test_gpu_and_process_names_from_a_remote_nvidia_smi_are_shown_escaped_in_the_preflight_table(tmp_path,
+                                                                                                  monkeypatch):
+    from harness import STANDIN_BIN
+    from harness.nvidia_smi import STATE_ENV, Gpu, GpuApp, NvidiaSmiState
+
+    monkeypatch.setenv("PATH", f"{STANDIN_BIN}:{os.environ['PATH']}")
+    monkeypatch.setenv(STATE_ENV, str(tmp_path / "smi.json"))
+    NvidiaSmiState(tmp_path / "smi.json", gpus=[Gpu(0, name=f"H200 {CLEAR}[/x]", memory_used_mib=9000,
+                                                    apps=[GpuApp(pid=7, used_memory_mib=9000,
+                                                                 process_name=f"{CLIPBOARD}[bold]x")])])
+    inventory = local_inventory(tmp_path, str(tmp_path / "ws"))
+    result = CliRunner().invoke(app, ["preflight", "--host", "here", "-i", str(inventory)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert_no_raw_controls(result.output)
+    assert "\\x1b[2J[/x]" in result.output and "\\x1b]52;c;aGFja2Vk" in result.output
