@@ -80,6 +80,8 @@ def main() -> None:
         f"total: {totals['ok']}/{totals['n']} verdicts right, {totals['premature']} premature steady, "
         f"{totals['false_fallback']} false fallbacks; delay after true warm-up end (steps) med/p90/max {fmt(delays)}"
     )
+    early = sum(r["before_2pct"] for r in all_rows)
+    print(f"  ({early} declared after the level was within the precision but before the 2% point: negative delays above)")
     per_line_us = cpu / lines * 1e6
     print(
         f"cost: {lines} log lines in {cpu:.1f} s CPU = {per_line_us:.0f} us/line (parse + judge); "

@@ -32,6 +32,7 @@ from pydantic import (
     model_validator,
 )
 
+from .decide.config import DecideConfig
 from .errors import InvalidName, InventoryError, UnknownTarget, UnknownVariant
 from .logfmt import metrics_regex_problem
 from .names import check_name
@@ -151,13 +152,18 @@ class Variant(_Strict):
         return self
 
 
-class Watch(_Strict):
-    first_step_grace_s: float = Field(900, gt=0)
-    min_steady_steps: int = Field(60, ge=1)
-    min_steady_seconds: float = Field(60, ge=0)
-    stall_factor: float = Field(10, gt=1)
-    stall_floor_s: float = Field(120, gt=0)
-    too_slow_tolerance: float = Field(0.10, ge=0, lt=1)
+_DECIDE = DecideConfig()
+
+
+class Watch(_Strict):  # the decide/ keys take their defaults from DecideConfig (docs/decisions.md)
+    first_step_grace_s: float = Field(_DECIDE.first_step_grace_s, gt=0)
+    min_steady_steps: int = Field(_DECIDE.min_steady_steps, ge=1)
+    min_steady_seconds: float = Field(_DECIDE.min_steady_seconds, ge=0)
+    stall_factor: float = Field(_DECIDE.stall_factor, gt=1)
+    stall_floor_s: float = Field(_DECIDE.stall_floor_s, gt=0)
+    too_slow_tolerance: float = Field(_DECIDE.too_slow_tolerance, ge=0, lt=1)
+    precision: float = Field(_DECIDE.precision, gt=0, lt=1)  # steady: no trend beyond it, its interval within it
+    max_undecided_s: float = Field(_DECIDE.max_undecided_s, gt=0)  # then a final answer: steady (noisy) or drifting
     baseline_tok_s: Optional[float] = Field(None, gt=0)
     unreachable_s: float = Field(300, gt=0)  # a host out of reach this long ends the watch of its runs
 

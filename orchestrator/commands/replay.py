@@ -21,7 +21,8 @@ from ..sanitize import markup
 from .common import InventoryOpt, JsonOpt, console, err_console, print_json
 
 EXAMPLE = "Example: dfo replay logs/run-trees.log --baseline 150000 --variant trees -i inventory/lab.yaml --json"
-COLOURS = {"steady": "green", "exited": "green", "undecided": "yellow", "crash": "red", "stall": "red", "too_slow": "magenta"}
+COLOURS = {"steady": "green", "exited": "green", "stopped": "cyan", "undecided": "yellow", "drifting": "yellow",
+           "crash": "red", "stall": "red", "too_slow": "magenta"}
 FAILED_VERDICTS = frozenset({"crash", "stall", "too_slow"})
 
 
@@ -128,10 +129,13 @@ def render(decision: Decision) -> None:
                       highlight=False)
     if decision.steady_tok_s is not None:
         lo, hi = decision.interval
+        noise = f", noise +/-{decision.noise_rel / 2:.0%}{' (noisy)' if decision.noisy else ''}" if decision.noise_rel is not None else ""
         console.print(
-            f"  steady {decision.steady_tok_s:,.0f} tok/s (95% {lo:,.0f}..{hi:,.0f}), warm-up ended at step "
+            f"  steady {decision.steady_tok_s:,.0f} tok/s (95% {lo:,.0f}..{hi:,.0f}{noise}), warm-up ended at step "
             f"{decision.warmup_end_step}",
             highlight=False,
         )
+    if decision.ended:
+        console.print(f"  ended: {decision.ended}, exit status {decision.exit_code}", highlight=False)
     if decision.next_variant:
         console.print(f"  next variant: {markup(decision.next_variant)}", highlight=False)

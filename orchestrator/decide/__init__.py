@@ -1,11 +1,14 @@
 """decide/: pure decisions about a training run. Observations in, Decision out; no I/O, no clock.
 
-    from orchestrator.decide import RunJudge, DecideConfig, StepObs, TickObs, replay, next_variant
+    from orchestrator.decide import RunJudge, DecideConfig, StepObs, TickObs, StopRequested, Verdict, replay
 """
 
+from ..states import Verdict
 from .config import DecideConfig
 from .judge import Decision, RunJudge, describe_gpus
-from .observations import EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, TickObs, observation_from_record
+from .observations import (
+    EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, StopRequested, TickObs, observation_from_record,
+)
 from .policy import action_for, next_variant
 from .replay import replay
 from .signatures import BUILTIN, Catalogue, MatchTracker, Signature
@@ -13,6 +16,6 @@ from .steady import SteadyDetector, SteadyEstimate
 
 __all__ = [
     "BUILTIN", "Catalogue", "DecideConfig", "Decision", "EventObs", "ExitObs", "GpuObs", "LineObs", "MatchTracker",
-    "Observation", "RunJudge", "Signature", "SteadyDetector", "SteadyEstimate", "StepObs", "TickObs",
+    "Observation", "RunJudge", "Signature", "SteadyDetector", "SteadyEstimate", "StepObs", "StopRequested", "TickObs", "Verdict",
     "action_for", "describe_gpus", "next_variant", "observation_from_record", "replay",
 ]

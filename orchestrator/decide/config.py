@@ -18,7 +18,7 @@ class DecideConfig:
     """Seconds from the run's start to its first step before it counts as stalled (compilation is slow)."""
     min_steady_steps: int = 60
     """Steady needs at least this many steps since the first step (an autotuning plateau is shorter)."""
-    min_steady_seconds: float = 60.0
+    min_steady_seconds: float = 30.0
     """... and at least this many seconds since the first step."""
     stall_factor: float = 10.0
     """After the first step: stalled when silent for stall_factor x the median gap between step lines ..."""
@@ -26,24 +26,27 @@ class DecideConfig:
     """... but never sooner than this many seconds (a checkpoint save can take a minute)."""
     too_slow_tolerance: float = 0.10
     """Too slow when the steady interval's upper bound is below (1 - tolerance) x the baseline."""
+    precision: float = 0.05
+    """Steady once no trend larger than this fraction over the window is plausible and the level's 95%
+    interval is within +/- this fraction of it."""
+    max_undecided_s: float = 600.0
+    """Seconds of steps (since the first step, or since a level shift) after which an undecided run gets a
+    final answer: steady flagged noisy (no trend beyond the precision) or drifting."""
+    noisy_rel: float = 0.10
+    """`noisy` is flagged when the interval throughputs' IQR / median exceeds this (reported, never a gate)."""
     block_size: int = 5
-    """Steps per block; the detector works on block medians."""
-    min_blocks_after_warmup: int = 12
+    """Steps per block; the detector works on block medians (MSER-5)."""
+    min_blocks_after_warmup: int = 8
     """MSER's truncation point is accepted only with at least this many blocks after it."""
-    stable_rel: float = 0.03
-    """Halves' medians, the Theil-Sen level change and each new block must agree within this fraction."""
-    max_iqr_rel: float = 0.10
-    """IQR / median of the block medians after the warm-up must not exceed this."""
+    trend_horizon_steps: int = 150
+    """The trend is projected over half the window after the warm-up (from its centre, where the level is
+    measured, to its newest block) and over at least this many steps (a slow leak seen in a short window is
+    not a level)."""
     confirm_blocks: int = 2
     """Consecutive new blocks that must pass every check before steady is declared."""
-    max_interval_rel: float = 0.015
-    """Steady needs the 95% interval's half-width within this fraction of the level (a noisy run waits)."""
-    drift_horizon_blocks: int = 20
-    """The Theil-Sen slope is projected over at least this many blocks: a slow leak in a short window fails."""
-    shift_rel: float = 0.06
-    """After steady: `shift_blocks` block medians in a row beyond this fraction on one side re-open the verdict ..."""
     shift_blocks: int = 4
-    """... (a recompile, a throttled GPU, or an autotuning stretch longer than the minimums)."""
+    """After steady: the median of the newest shift_blocks (or 2x, 4x, 8x, 16x as many) blocks further than the
+    precision and 4 standard errors from the level before them re-opens the verdict."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -51,6 +54,8 @@ class DecideConfig:
                 raise UsageError(f"watch.{f.name} must be >= 0, got {getattr(self, f.name)}")
         if min(self.block_size, self.confirm_blocks, self.shift_blocks) < 1 or self.min_blocks_after_warmup < 2:
             raise UsageError("watch.block_size, confirm_blocks and shift_blocks must be >= 1, min_blocks_after_warmup >= 2")
+        if not 0 < self.precision < 1:
+            raise UsageError(f"watch.precision must be between 0 and 1 (0.05 = 5%), got {self.precision}")
         if not 0 < self.too_slow_tolerance < 1:
             raise UsageError(f"watch.too_slow_tolerance must be between 0 and 1, got {self.too_slow_tolerance}")
 

@@ -1,14 +1,19 @@
 """RunJudge: the state machine that turns one run's observations into a Decision.
 
-    undecided (waiting for the first step / warming up) --> steady --> exited (exit 0: fine)
-         |                                                    |
-         +--> crash | stall | too_slow  <---------------------+   (the first of these is final)
+    undecided (waiting for the first step / warming up) --> steady (or, after max_undecided_s, drifting)
+         |        |                                           |        a steady (drifting) verdict stays the
+         |        +--> exited (exit 0) | stopped              |        run's verdict when it ends: `ended`
+         +--> crash | stall | too_slow  <---------------------+        and `exit_code` say how
+                                                                       (crash, stall, too_slow are final)
 
 Crash: a fatal catalogue signature, a worker-thread traceback (even while the PID lives), a bare traceback
 that ends the run (non-zero exit, or the log ends after it), a non-zero exit, a NaN/inf loss, event=error.
 Stall: judged on the caller's clock (TickObs): no first step within `first_step_grace_s` of the start, or no
 new step for max(stall_factor x median gap between step lines, stall_floor_s); GPU samples go into the
 evidence. Too slow: only once steady, when the interval's upper bound < (1 - tolerance) x baseline.
+Stopped: after a StopRequested observation (dfo or the user asked), whatever follows (exit 75, 143, 137, a
+traceback on the way out, silence) is a stop; without one, exit 75 or 143 after `event=done reason=sigterm`
+(someone else sent SIGTERM and the trainer honoured it) is a stop too.
 Pure: no I/O, no clock; `feed` is cheap except once per block of steps (see steady.py).
 """
 
@@ -20,27 +25,28 @@ from statistics import median
 from typing import Mapping, Sequence
 
 from ..logfmt import format_ts
+from ..states import Verdict
 from .config import DecideConfig
 from .gpus import IdleGpuDetector
-from .observations import EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, TickObs
+from .observations import EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, StopRequested, TickObs
 from .policy import action_for, next_variant
 from .signatures import PSEUDO, Catalogue, Match, MatchTracker, Signature
 from .steady import SteadyDetector
 
-FINAL_VERDICTS = frozenset({"crash", "stall", "too_slow"})
-STOP_EXIT_CODES = frozenset({75, 143, 137, -1})
-"""Exits of a run asked to stop: 75 the trainer checkpointed and stopped (resumable), 143 SIGTERM, 137 and -1
-(no exit file) SIGKILL after the grace period."""
 GAP_HISTORY = 50  # the stall threshold follows the median of the last 50 gaps between step lines
+EARLY_STEP_LINES = 10  # for the first 10 step lines, the stall limit is at least the time the first step took
+SIGTERM_EXITS = frozenset({75, 143})  # the trainer's checkpointed stop (75), or the default SIGTERM death
 
 
 @dataclass
 class Decision:
-    """DESIGN.md's decision JSON plus `interval`, `reason`, `evidence` and `next_variant`.
+    """DESIGN.md's decision JSON plus `reason`, `evidence`, `next_variant`, `ended` and `exit_code`.
 
-    `next_run` stays None here: the caller names the next run after `next_variant`."""
+    `next_run` stays None here: the caller names the next run after `next_variant`. `ended` says how the
+    run ended (exited | stopped | crashed, None while it runs) beside the verdict it holds: a run steady at
+    5,344 tok/s that then exits 0 reads decision=steady, ended=exited, exit_code=0."""
 
-    decision: str  # steady | crash | stall | too_slow | exited | undecided
+    decision: str  # a Verdict: steady | drifting | crash | stall | too_slow | stopped | exited | undecided
     run: str
     at_step: int | None
     at_ts: str | None
@@ -53,11 +59,15 @@ class Decision:
     reason: str
     evidence: dict = field(default_factory=dict)
     next_variant: str | None = None
+    noise_rel: float | None = None  # IQR / median of the interval throughputs after the warm-up (reported)
+    noisy: bool = False  # noise_rel above watch.noisy_rel, or a steady answer forced by max_undecided_s
+    ended: str | None = None  # exited | stopped | crashed; None while the run goes on
+    exit_code: int | None = None
 
     @property
     def final(self) -> bool:
         """True once the watcher has nothing more to wait for on this run."""
-        return self.decision != "undecided"
+        return self.decision != Verdict.UNDECIDED
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -117,8 +127,15 @@ class RunJudge:
         self.pending_since: float | None = None
         self.survived_tracebacks = 0
         self.exit_code: int | None = None
+        self.step_lines = 0
+        self.first_step_s: float | None = None  # start -> first step line: what a slow start costs
+        self.done_reason: str | None = None  # the trainer's `event=done reason=...`
+        self.stop_requested_at: float | None = None
+        self.stop_by: str | None = None
+        self.ignored_after_stop = 0  # crash evidence seen after a stop request (a stop is not a crash)
+        self.first_steady: tuple[int | None, float | None] | None = None
         self._final: Decision | None = None
-        self._exited: Decision | None = None
+        self._ended: tuple[str, int, float] | None = None  # (exited | stopped | crashed, exit code, ts)
 
     # ---- feeding -------------------------------------------------------------------------------
     def feed(self, obs: Observation) -> Decision:
@@ -141,6 +158,7 @@ class RunJudge:
             LineObs: self._on_line,
             EventObs: self._on_event,
             ExitObs: self._on_exit,
+            StopRequested: self._on_stop,
             GpuObs: self._on_gpus,
             TickObs: self._on_tick,
         }[type(obs)]
@@ -148,7 +166,7 @@ class RunJudge:
 
     def end_of_log(self) -> Decision:
         """The log has ended (replay): a bare traceback with no step after it ended the run."""
-        if self._exited is None:
+        if self._ended is None:
             self._settle_pending_traceback(self.now, run_went_on=False)
         return self.decision()
 
@@ -171,6 +189,9 @@ class RunJudge:
         if self.last_step_ts is not None:
             self.gaps.append(max(obs.ts - self.last_step_ts, 0.0))
             self._typical_gap = None
+        elif self.start_ts is not None:
+            self.first_step_s = max(obs.ts - self.start_ts, 0.0)
+        self.step_lines += 1
         self.last_step, self.last_step_ts = obs.step, obs.ts
         self._settle_pending_traceback(obs.ts, run_went_on=True)
         if obs.loss_is_bad:
@@ -178,11 +199,13 @@ class RunJudge:
             self._crash(match.signature, match, obs.ts, f"loss is {obs.loss} at step {obs.step}")
             return
         if self.steady.feed(obs):
+            if self.steady.estimate.steady and self.first_steady is None:
+                self.first_steady = (self.steady.estimate.declared_step, self.steady.estimate.declared_ts)
             self._check_too_slow(obs)
 
     def _on_gpus(self, obs: GpuObs) -> None:
         self.gpu_samples.append(obs)
-        if self._final is None and self._exited is None:  # after the verdict, GPUs say nothing new
+        if self._final is None and self._ended is None:  # after the verdict, GPUs say nothing new
             self.idle_gpus.feed(obs)
 
     def _on_line(self, obs: LineObs) -> None:
@@ -198,6 +221,8 @@ class RunJudge:
             self.pending_traceback, self.pending_since = match, ts
 
     def _on_event(self, obs: EventObs) -> None:
+        if obs.event == "done":
+            self.done_reason = obs.fields.get("reason")
         if obs.event != "error":
             return
         text = " ".join(f"{k}={v}" for k, v in obs.fields.items())
@@ -209,26 +234,30 @@ class RunJudge:
         else:
             self._crash(PSEUDO["trainer_error"], Match(PSEUDO["trainer_error"], text), obs.ts, text)
 
+    def _on_stop(self, obs: StopRequested) -> None:
+        if self.stop_requested_at is None:
+            self.stop_requested_at, self.stop_by = obs.ts, obs.by
+            self.pending_traceback = None  # a traceback on the way out of a stop is part of the stop
+
+    def _stopping(self) -> bool:
+        return self.stop_requested_at is not None
+
     def _on_exit(self, obs: ExitObs) -> None:
+        if obs.stop_requested:  # the watcher's short form: the registry held a stop request for this run
+            self._on_stop(StopRequested(obs.ts, by="request"))
         self.exit_code = obs.code
-        if self.pending_traceback is not None and self.pending_traceback.thread:
+        if self.pending_traceback is not None and self.pending_traceback.thread and not self._stopping():
             self._settle_pending_traceback(obs.ts, run_went_on=True)
-        if self._final is not None or self._exited is not None:
+        if self._ended is not None:
             return
-        if obs.stop_requested and obs.code in STOP_EXIT_CODES:
-            estimate = self.steady.estimate  # a steady verdict reached before the stop stays the run's verdict
-            if estimate.steady:
-                self._exited = self._verdict("steady", estimate.declared_step, estimate.declared_ts, None,
-                                             f"{estimate.reason}; then stopped on request (exit {obs.code})",
-                                             {"exit_code": obs.code, "stopped": True})
-            else:
-                self._exited = self._verdict("stopped", self.last_step, obs.ts, None,
-                                             f"stopped on request (exit {obs.code})", {"exit_code": obs.code})
+        if self._final is not None:
+            self._ended = ("crashed" if obs.code else "exited", obs.code, obs.ts)
+            self._final.ended, self._final.exit_code = self._ended[0], obs.code
             return
-        if obs.code == 0:
-            estimate = self.steady.estimate
-            why = "exited 0" if estimate.steady else f"exited 0 before a steady state was reached ({estimate.reason})"
-            self._exited = self._verdict("exited", self.last_step, obs.ts, None, why, {"exit_code": 0})
+        if self._stopping() or (self.done_reason == "sigterm" and obs.code in SIGTERM_EXITS):
+            self._ended = ("stopped", obs.code, obs.ts)
+        elif obs.code == 0:
+            self._ended = ("exited", 0, obs.ts)
         elif self.pending_traceback is not None:
             self._crash(PSEUDO["python_exception"], self.pending_traceback, obs.ts, f"exited {obs.code}")
         else:
@@ -236,8 +265,8 @@ class RunJudge:
             self._crash(match.signature, match, obs.ts, f"exited {obs.code} with no traceback in the log")
 
     def _on_tick(self, obs: TickObs) -> None:
-        if self._final is not None or self._exited is not None:
-            return
+        if self._final is not None or self._ended is not None or self._stopping():
+            return  # silence after a stop request is the stop working
         if self.pending_traceback is not None and self.pending_traceback.thread and obs.now - self.pending_since >= 2:
             self._settle_pending_traceback(obs.now, run_went_on=True)
         silent_since, limit, what = self._silence_rule()
@@ -247,7 +276,7 @@ class RunJudge:
             if gpus:
                 evidence["gpus"] = gpus
             reason = f"{what} for {obs.now - silent_since:.0f} s (limit {limit:.0f} s)" + (f"; {gpus}" if gpus else "")
-            self._final = self._verdict("stall", self.last_step, obs.now, None, reason, evidence)
+            self._final = self._verdict(Verdict.STALL, self.last_step, obs.now, None, reason, evidence)
 
     def _silence_rule(self) -> tuple[float | None, float, str]:
         if self.last_step_ts is None:
@@ -255,6 +284,8 @@ class RunJudge:
         if self._typical_gap is None:
             self._typical_gap = median(self.gaps) if self.gaps else 0.0
         limit = max(self.config.stall_factor * self._typical_gap, self.config.stall_floor_s)
+        if self.step_lines <= EARLY_STEP_LINES:  # a slow start: the next steps may recompile as long
+            limit = max(limit, self.first_step_s or 0.0, max(self.gaps, default=0.0))
         return self.last_step_ts, limit, f"no new step after step {self.last_step}"
 
     # ---- verdicts --------------------------------------------------------------------------------
@@ -269,10 +300,13 @@ class RunJudge:
                 f"{threshold:,.0f} ({1 - self.config.too_slow_tolerance:.0%} of baseline {self.baseline:,.0f})"
             )
             evidence = {"baseline_tok_s": self.baseline, "threshold_tok_s": threshold}
-            self._final = self._verdict("too_slow", obs.step, obs.ts, None, reason, evidence)
+            self._final = self._verdict(Verdict.TOO_SLOW, obs.step, obs.ts, None, reason, evidence)
 
     def _crash(self, signature: Signature, match: Match, ts: float | None, why: str) -> None:
         if self._final is not None:
+            return
+        if self._stopping():
+            self.ignored_after_stop += 1
             return
         evidence = {"line": match.line[:500], "meaning": signature.meaning}
         if match.thread:
@@ -282,17 +316,18 @@ class RunJudge:
         if self.exit_code is not None:
             evidence["exit_code"] = self.exit_code
         reason = f"{signature.id}: {why}" + (f" (thread {match.thread}, process may still run)" if match.thread else "")
-        self._final = self._verdict("crash", self.last_step, ts, signature, reason, evidence)
+        self._final = self._verdict(Verdict.CRASH, self.last_step, ts, signature, reason, evidence)
 
     def _verdict(
-        self, verdict: str, step: int | None, ts: float | None, signature: Signature | None, reason: str, evidence: dict
+        self, verdict: Verdict, step: int | None, ts: float | None, signature: Signature | None, reason: str, evidence: dict
     ) -> Decision:
         estimate = self.steady.estimate
-        idle = self.idle_gpus.first() if verdict in ("crash", "stall") else None
+        idle = self.idle_gpus.first() if verdict in (Verdict.CRASH, Verdict.STALL) else None
         if idle is not None:
             reason, evidence = f"{reason}; {idle.describe()}", {**evidence, "gpu_idle_first": idle.to_json()}
-        nxt = next_variant(self.chain, self.variant, signature, self.topologies) if verdict in FINAL_VERDICTS else None
-        action = action_for(verdict, nxt, fallback_enabled=self.fallback, steady_seen=estimate.steady)
+        nxt = next_variant(self.chain, self.variant, signature, self.topologies) if verdict.falls_back() else None
+        action = action_for(verdict, nxt, fallback_enabled=self.fallback)
+        ended, code = (self._ended[0], self._ended[1]) if self._ended else (None, self.exit_code)
         return Decision(
             decision=verdict,
             run=self.run,
@@ -307,27 +342,58 @@ class RunJudge:
             reason=reason,
             evidence={**evidence, **self._common_evidence()},
             next_variant=nxt if action == "fallback" else None,
+            noise_rel=estimate.noise_rel if estimate.steady else None,
+            noisy=estimate.noisy if estimate.steady else False,
+            ended=ended,
+            exit_code=code,
         )
 
     def _common_evidence(self) -> dict:
         estimate = self.steady.estimate
         common = {"last_step": self.last_step, "steady": estimate.evidence}
-        if estimate.steady:
+        if estimate.steady or estimate.drifting:
             common["steady_declared_step"] = estimate.declared_step
+            common["steady_declared_at"] = format_ts(estimate.declared_ts)
+        if self.first_steady is not None and self.first_steady[0] != estimate.declared_step:
+            common["first_steady_declared_step"] = self.first_steady[0]
+            common["first_steady_declared_at"] = format_ts(self.first_steady[1])
         if self.warnings:
             common["known_warnings"] = dict(self.warnings)
         if self.survived_tracebacks:
             common["tracebacks_survived"] = self.survived_tracebacks
+        if self.stop_requested_at is not None:
+            common["stop_requested_at"] = format_ts(self.stop_requested_at)
+            common["stop_requested_by"] = self.stop_by
+        if self.ignored_after_stop:
+            common["crash_evidence_ignored_after_stop"] = self.ignored_after_stop
         return common
 
     def decision(self) -> Decision:
-        """The verdict held now: a final one, else exited, else steady, else undecided."""
+        """The verdict held now: crash/stall/too_slow; else steady or drifting (with how the run ended, if it
+        did); else stopped or exited once the run ended; else undecided."""
         if self._final is not None:
             return self._final
-        if self._exited is not None:
-            return self._exited
         estimate = self.steady.estimate
         if estimate.steady:
-            return self._verdict("steady", estimate.declared_step, estimate.declared_ts, None, estimate.reason, {})
+            return self._verdict(Verdict.STEADY, estimate.declared_step, estimate.declared_ts, None,
+                                 self._with_ending(estimate.reason), {})
+        if estimate.drifting:
+            return self._verdict(Verdict.DRIFTING, estimate.declared_step, estimate.declared_ts, None,
+                                 self._with_ending(estimate.reason), {})
+        if self._ended is not None:
+            how, code, ts = self._ended
+            verdict = Verdict.STOPPED if how == "stopped" else Verdict.EXITED
+            before = f" before a steady state was reached ({estimate.reason})" if self.last_step is not None else " before its first step"
+            return self._verdict(verdict, self.last_step, ts, None, self._ending_text() + before, {"exit_code": code})
         reason = estimate.reason if self.last_step is not None else "waiting for the first step"
-        return self._verdict("undecided", self.last_step, self.last_step_ts or self.now, None, reason, {})
+        return self._verdict(Verdict.UNDECIDED, self.last_step, self.last_step_ts or self.now, None, reason, {})
+
+    def _ending_text(self) -> str:
+        how, code, _ = self._ended
+        if how == "stopped":
+            who = f"by {self.stop_by}" if self.stop_by else "by a SIGTERM it honoured (event=done reason=sigterm)"
+            return f"stopped {who}, exit status {code}"
+        return f"exited {code}"
+
+    def _with_ending(self, reason: str) -> str:
+        return reason if self._ended is None else f"{reason}; then {self._ending_text()}"

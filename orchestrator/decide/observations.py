@@ -48,11 +48,22 @@ class EventObs:
 @dataclass(frozen=True)
 class ExitObs:
     """The run's process ended with exit status `code` (from the exit file; -1: gone without one).
-    `stop_requested`: dfo or the user asked it to stop before it ended (the registry's stop intent)."""
+    `stop_requested`: dfo or the user asked it to stop before it ended (the registry's stop intent); the
+    same as a StopRequested observation just before the exit."""
 
     ts: float
     code: int
     stop_requested: bool = False
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """dfo (a fallback, a batch) or the user (`dfo stop`) asked the run to stop at `ts`: whatever it does
+    next (exit 75 after a checkpoint, 143, 137 after a SIGKILL, a traceback on the way out, silence) is a
+    stop, never a crash or a stall."""
+
+    ts: float
+    by: str = "user"
 
 
 @dataclass(frozen=True)
@@ -70,7 +81,7 @@ class TickObs:
     now: float
 
 
-Observation = StepObs | LineObs | EventObs | ExitObs | GpuObs | TickObs
+Observation = StepObs | LineObs | EventObs | ExitObs | StopRequested | GpuObs | TickObs
 
 
 def observation_from_record(record: Record, fallback_ts: float) -> StepObs | LineObs | EventObs:

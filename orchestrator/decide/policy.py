@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from ..states import Verdict
 from .signatures import Signature
-
-FALLBACK_VERDICTS = frozenset({"crash", "too_slow", "stall"})
 
 
 def next_variant(
@@ -42,10 +41,12 @@ def next_variant(
     return rest[0]
 
 
-def action_for(verdict: str, next_name: str | None, *, fallback_enabled: bool, steady_seen: bool) -> str:
-    """keep | fallback | stop | none for a verdict."""
-    if verdict == "steady" or (verdict == "exited" and steady_seen):
+def action_for(verdict: str, next_name: str | None, *, fallback_enabled: bool) -> str:
+    """keep | fallback | stop | none for a verdict: steady keeps its variant (also once the run ended: the
+    verdict stays steady); crash/stall/too_slow fall back or stop; drifting, stopped, exited, undecided: none."""
+    verdict = Verdict(verdict)
+    if verdict is Verdict.STEADY:
         return "keep"
-    if verdict in FALLBACK_VERDICTS:
+    if verdict.falls_back():
         return "fallback" if fallback_enabled and next_name else "stop"
     return "none"

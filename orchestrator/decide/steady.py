@@ -1,25 +1,32 @@
-"""Online warm-up truncation and steady-state detection over per-step throughput.
+"""Online warm-up truncation and steady-state detection over per-step throughput, at a user-set precision.
 
-The rule (docs/decisions.md has the reasoning and the evidence):
-1. Steps marked eval/checkpoint/warmup are dropped; the rest form blocks of `block_size` steps whose
-   MEDIANS are the series (a single-step dip cannot move a block median). Steps are counted by the step
-   numbers the trainer reports: a line covers the steps since the previous line (its tok_s is the mean over
-   that logging interval, by the metric-line contract), so a trainer logging every 10 steps closes a block
-   with each line, one logging every step with every 5th line. Every rule below then sees the same number
-   of blocks, each worth at least `block_size` steps, whatever the logging interval.
-2. On every new block, MSER over the block medians picks the truncation point d*; it is accepted only in
+Steady means "the level stopped moving", not "the noise is small" (docs/decisions.md has the reasoning and
+the evidence). With p = `precision` (default 5%):
+1. Steps marked eval/checkpoint/warmup are dropped; the rest form blocks of `block_size` steps (counted by
+   the step numbers the trainer reports: a line stands for the steps since the previous line) whose MEDIANS
+   are the series, so a single-step dip cannot move it.
+2. On every new block, MSER-5 over the block medians picks the truncation point d*; it is accepted only in
    the first half of the series and with at least `min_blocks_after_warmup` blocks after it.
-3. After d*: first- vs second-half medians within `stable_rel`, IQR/median <= `max_iqr_rel`, the Theil-Sen
-   slope moves the level by <= `stable_rel` over the window (projected over at least
-   `drift_horizon_blocks`, so a slow leak is not taken for a level), the newest block lies inside the window's
-   Tukey fence, and the 95% interval's half-width is within `max_interval_rel` of the level. Steady once every check (and the minimum steps AND seconds since the first step) holds for
-   `confirm_blocks` consecutive new blocks. Undecided beats wrong.
-4. The steady figure is the median of the raw steps after d*; its 95% interval comes from batch means.
-5. Once steady, `shift_blocks` block medians in a row more than `shift_rel` away on one side re-open the
-   verdict: the analysis restarts at the shift (a recompile, throttling, an over-long autotuning stretch).
+3. After d*, both of:
+   - no trend larger than p over the window is plausible: the Theil-Sen slope's 95% confidence interval
+     (Sen 1968, its variance widened for the autocorrelation), projected over the window, lies within +/- p
+     of the level (Mann-Kendall on the same points is reported beside it);
+   - the level's 95% interval is within +/- p: the level is the mean of batch means, batches as long as the
+     series' autocorrelation time, the interval from their spread with the effective sample size.
+   Steady once both hold, and the minimum steps AND seconds since the first step are met, for
+   `confirm_blocks` consecutive new blocks. The dispersion of the interval throughputs (IQR / median,
+   `noise_rel`) is reported, with `noisy` when it exceeds `noisy_rel`; it never blocks the verdict.
+4. The figure is the mean of the batch means, the centre of its own interval.
+5. Once steady, the median of the newest m blocks (m = shift_blocks, 2x, 4x, ... ) further than p from the
+   level before them, and further than SHIFT_Z standard errors, is a level shift: the verdict re-opens,
+   the analysis restarts at the shift, and `level_shifts` records both levels (the new one once declared).
+6. Never undecided forever: after `max_undecided_s` of steps (since the first step, or since a shift
+   re-opened the verdict) the answer is final: steady, flagged noisy, with its wide interval when there is no
+   trend (Mann-Kendall p >= 0.05, or a trend smaller than p), else drifting with the slope.
 
-Cost: work happens once per block, on at most `ANALYSIS_BLOCKS` recent blocks, with prefix sums for MSER
-and a bounded Theil-Sen sample. Pure: no I/O, no clock.
+Cost: the analysis runs once per block on at most `ANALYSIS_BLOCKS` recent blocks, with prefix sums for MSER
+and Theil-Sen on at most `TREND_POINTS` points; once steady only the level and the shift test are updated.
+Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -33,23 +40,47 @@ from .observations import StepObs
 
 DROPPED_PHASES = frozenset({"eval", "checkpoint", "warmup"})
 ANALYSIS_BLOCKS = 400  # a run not settled after 400 blocks is judged on its most recent 400 only
-THEIL_SEN_POINTS = 40  # slopes over at most 40 evenly spaced points: 780 pairs
-MAX_ESTIMATE_BLOCKS = 200  # the steady figure stops being refined after 200 blocks past d*
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145)
+TREND_POINTS = 60  # Theil-Sen and Mann-Kendall over at most 60 evenly spaced batch means: 1770 pairs
+TREND_HORIZON = 0.5  # the trend is projected from the window's centre (where its mean sits) to its newest block
+MSER_LATEST = 0.75  # MSER's truncation point is accepted in the first 3/4 of the series (White: the first half)
+Z_975 = 1.959964
+SHIFT_Z = 4.0  # a level shift must stand this many standard errors out (checked on every block) ...
+SHIFT_PRECISIONS = 3.0  # ... and move the level by more than 3x the precision (a slow swing is not a shift)
+SHIFT_BEFORE_BLOCKS = 100  # the level a shift is measured from: at most the 200 blocks before it
+REFINE_BLOCKS = 2000  # once steady, the figure is the level of the (at most 2,000) blocks since the warm-up
+TREND_P = 0.05  # Mann-Kendall: a trend is plausible at p < 0.05
+MIN_BATCHES = 10  # batches are as long as the autocorrelation time, but there are at least 10 of them
+MAX_LAG1 = 0.9  # autocorrelation estimates are clipped to [0, 0.9]: tau <= 19
 
 
 @dataclass
 class SteadyEstimate:
-    """The current answer: steady or not, and when steady the figure, its interval and the evidence."""
+    """The current answer: steady, drifting or neither, and the figure, its interval and the evidence."""
 
     steady: bool = False
     tok_s: float | None = None
     interval: tuple[float, float] | None = None
+    noise_rel: float | None = None
+    noisy: bool = False
     warmup_end_step: int | None = None
     declared_step: int | None = None
     declared_ts: float | None = None
+    drifting: bool = False
     reason: str = "waiting for steps"
     evidence: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- statistics (pure functions)
+
+
+def t_975(df: float) -> float:
+    """Student's t 97.5% quantile (Cornish-Fisher expansion; within 1% for df >= 2, exact enough at df 1)."""
+    if df <= 1:
+        return 12.706
+    z = Z_975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df * df) + (
+        3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z
+    ) / (384 * df**3)
 
 
 def mser_truncation(prefix1: list[float], prefix2: list[float], start: int, end: int, min_after: int) -> int | None:
@@ -65,59 +96,122 @@ def mser_truncation(prefix1: list[float], prefix2: list[float], start: int, end:
     return best_d
 
 
-def theil_sen_slope(values: list[float]) -> float:
-    """Median of pairwise slopes over at most THEIL_SEN_POINTS evenly spaced points (index units)."""
+def stdev(values: list[float]) -> float:
+    """Sample standard deviation (statistics.stdev is exact and 10x slower; this runs on every block)."""
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def lag1(values: list[float]) -> float:
+    """Lag-1 autocorrelation, clipped to [0, MAX_LAG1] (a negative estimate is treated as none)."""
+    n = len(values)
+    if n < 3:
+        return 0.0
+    mean = sum(values) / n
+    dev = [v - mean for v in values]
+    denom = sum(d * d for d in dev)
+    if denom <= 0:
+        return 0.0
+    r = sum(a * b for a, b in zip(dev, dev[1:])) / denom
+    return min(max(r, 0.0), MAX_LAG1)
+
+
+def autocorrelation_time(values: list[float]) -> float:
+    """(1 + r) / (1 - r) for the lag-1 autocorrelation r: how many points carry one point's information."""
+    r = lag1(values)
+    return (1 + r) / (1 - r)
+
+
+@dataclass(frozen=True)
+class Level:
+    """The level of a series: mean of batch means, its 95% interval, and what it was computed from."""
+
+    mean: float
+    lo: float
+    hi: float
+    batches: int
+    batch_size: int
+    n_eff: float
+    means: list[float] = field(default_factory=list)
+
+    @property
+    def half_width_rel(self) -> float:
+        return (self.hi - self.lo) / 2 / abs(self.mean) if self.mean else math.inf
+
+
+def batch_means_level(values: list[float]) -> Level:
+    """Batch means over the tail of `values`, batches as long as the autocorrelation time (so their means
+    are close to independent), the effective number of batches from the batch means' own lag-1
+    autocorrelation; the level is their mean, the centre of its t interval."""
     n = len(values)
     if n < 2:
-        return 0.0
-    stride = max(1, math.ceil(n / THEIL_SEN_POINTS))
-    points = [(i, values[i]) for i in range(0, n, stride)]
-    slopes = [(yj - yi) / (j - i) for a, (i, yi) in enumerate(points) for (j, yj) in points[a + 1 :]]
-    return median(slopes)
-
-
-def batch_means_interval(values: list[float]) -> tuple[float, float]:
-    """95% interval of the level from contiguous batch means (at most 10 batches, t quantiles)."""
-    batches = min(10, len(values) // 2)
-    if batches < 2:
-        return (min(values), max(values))
-    size = len(values) // batches
-    tail = values[len(values) - batches * size :]
+        return Level(values[0], -math.inf, math.inf, 1, 1, 1.0, list(values)) if values else Level(math.nan, -math.inf, math.inf, 0, 0, 0.0)
+    size = max(1, min(n // MIN_BATCHES, math.ceil(autocorrelation_time(values))))
+    batches = n // size
+    tail = values[n - batches * size :]
     means = [fmean(tail[i * size : (i + 1) * size]) for i in range(batches)]
     centre = fmean(means)
-    spread = math.sqrt(math.fsum((m - centre) ** 2 for m in means) / (batches - 1) / batches)
-    t = T_975[min(batches - 2, len(T_975) - 1)]
-    return (centre - t * spread, centre + t * spread)
+    r = lag1(means)
+    n_eff = max(2.0, batches * (1 - r) / (1 + r))
+    half = t_975(n_eff - 1) * stdev(means) / math.sqrt(n_eff)
+    return Level(centre, centre - half, centre + half, batches, size, n_eff, means)
 
 
-def stability_checks(window: list[float], config: DecideConfig) -> dict:
-    """The checks of rule 3 over the block medians after d*; `ok` when all of them pass."""
-    level = median(window)
-    half = len(window) // 2
-    halves_rel = abs(median(window[half:]) - median(window[:half])) / level
-    q1, _, q3 = quantiles(window, n=4)
-    iqr_rel = (q3 - q1) / level
-    horizon = max(len(window) - 1, config.drift_horizon_blocks)
-    drift_rel = abs(theil_sen_slope(window)) * horizon / level
-    lo, hi = batch_means_interval(window)
-    precision_rel = (hi - lo) / 2 / level
-    reach = max(1.5 * (q3 - q1), 0.01 * level)
-    newest_inside = q1 - reach <= window[-1] <= q3 + reach
-    ok = (
-        halves_rel <= config.stable_rel
-        and iqr_rel <= config.max_iqr_rel
-        and drift_rel <= config.stable_rel
-        and newest_inside
-        and precision_rel <= config.max_interval_rel
-    )
-    return {
-        "ok": ok,
-        "halves_rel": round(halves_rel, 4),
-        "iqr_rel": round(iqr_rel, 4),
-        "drift_rel": round(drift_rel, 4),
-        "newest_block_inside": newest_inside,
-        "interval_half_width_rel": round(precision_rel, 4),
-    }
+def _subsample(values: list[float]) -> tuple[list[int], list[float], int]:
+    stride = max(1, math.ceil(len(values) / TREND_POINTS))
+    index = list(range(0, len(values), stride))
+    return index, [values[i] for i in index], stride
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Theil-Sen slope (per point of the input) with Sen's 95% interval, and Mann-Kendall's z and p."""
+
+    slope: float
+    lo: float
+    hi: float
+    mk_z: float
+    mk_p: float
+
+
+def trend(values: list[float]) -> Trend:
+    """Theil-Sen over at most TREND_POINTS evenly spaced points; Sen's rank interval and Mann-Kendall's
+    variance are widened by the subsample's autocorrelation time (Hamed and Rao's correction, AR(1) form)."""
+    index, points, stride = _subsample(values)
+    k = len(points)
+    if k < 3:
+        return Trend(0.0, -math.inf, math.inf, 0.0, 1.0)
+    slopes, s = [], 0
+    for a in range(k):
+        for b in range(a + 1, k):
+            diff = points[b] - points[a]
+            slopes.append(diff / (index[b] - index[a]))
+            s += (diff > 0) - (diff < 0)
+    slopes.sort()
+    slope = median(slopes)
+    # the autocorrelation of the residuals around the line (a trend alone would look like autocorrelation),
+    # raised to the subsample's stride, for an AR(1)-like series
+    r = lag1([v - slope * i for i, v in enumerate(values)]) ** stride
+    inflation = (1 + r) / (1 - r)
+    var_s = k * (k - 1) * (2 * k + 5) / 18 * inflation
+    big_n = len(slopes)
+    c = Z_975 * math.sqrt(var_s)
+    lo_rank, hi_rank = math.floor((big_n - c) / 2), math.ceil((big_n + c) / 2)
+    lo = slopes[lo_rank] if lo_rank >= 0 else -math.inf
+    hi = slopes[hi_rank - 1] if hi_rank <= big_n else math.inf
+    z = (s - (s > 0) + (s < 0)) / math.sqrt(var_s) if s else 0.0
+    return Trend(slope, lo, hi, z, math.erfc(abs(z) / math.sqrt(2)))
+
+
+def noise_of(values: list[float]) -> float:
+    """IQR / median of the interval throughputs: how much one logging interval varies from the next."""
+    if len(values) < 4:
+        return 0.0
+    q1, q2, q3 = quantiles(values, n=4)
+    return (q3 - q1) / q2 if q2 else 0.0
+
+
+# ---------------------------------------------------------------- the detector
 
 
 class SteadyDetector:
@@ -135,6 +229,7 @@ class SteadyDetector:
         self._pending_steps = 0  # steps the pending lines stand for, by their step numbers
         self._raw: list[list[float]] = []  # raw tok/s of each block
         self._block_first_step: list[int] = []
+        self._block_ts: list[float] = []  # time of each block's last line
         self._medians: list[float] = []
         self._prefix1: list[float] = [0.0]
         self._prefix2: list[float] = [0.0]
@@ -142,6 +237,9 @@ class SteadyDetector:
         self._scale: float | None = None
         self._truncation: int | None = None
         self._origin = 0  # analysis starts here (moves on a level shift)
+        self._open_since: float | None = None  # the undecided clock: first step, or the last shift
+        self._forced_noisy = False  # steady by max_undecided_s: noisy whatever the spread
+        self._since_refine = 0
         self.shifts: list[dict] = []
 
     def feed(self, obs: StepObs) -> bool:
@@ -149,7 +247,7 @@ class SteadyDetector:
         if self.last_step is not None and obs.step <= self.last_step:
             return False
         if self.first_step is None:
-            self.first_step, self.first_ts = obs.step, obs.ts
+            self.first_step, self.first_ts, self._open_since = obs.step, obs.ts, obs.ts
         covered = obs.step - self.last_step if self.last_step is not None else 1  # steps this line stands for
         self.last_step, self.last_ts = obs.step, obs.ts
         if obs.phase in DROPPED_PHASES or not (math.isfinite(obs.tok_s) and obs.tok_s > 0):
@@ -158,7 +256,7 @@ class SteadyDetector:
             self._pending_first_step, self._pending_steps = obs.step - covered + 1, 0
         self._pending.append(obs.tok_s)
         self._pending_steps += covered
-        if self._pending_steps < self.config.block_size:
+        if self._pending_steps < self.config.block_size or self.estimate.drifting:
             return False
         self._close_block()
         return True
@@ -170,6 +268,7 @@ class SteadyDetector:
         scaled = block_median / self._scale  # prefix sums of squares stay well-conditioned
         self._raw.append(block)
         self._block_first_step.append(self._pending_first_step or 0)
+        self._block_ts.append(self.last_ts)
         self._medians.append(block_median)
         self._prefix1.append(self._prefix1[-1] + scaled)
         self._prefix2.append(self._prefix2[-1] + scaled * scaled)
@@ -178,22 +277,69 @@ class SteadyDetector:
         elif not self.estimate.steady:
             self._analyse()
 
+    # ---- level shifts ----------------------------------------------------------------------------
     def _level_shifted(self) -> bool:
-        recent = self._medians[-self.config.shift_blocks :]
-        level = self.estimate.tok_s
-        if len(self._medians) - self._truncation < self.config.shift_blocks:
+        n, d = len(self._medians), self._truncation
+        precision = self.config.precision
+        shortest = self._blocks_holding_minimums()
+        if shortest is None:
             return False
-        high = all(m > level * (1 + self.config.shift_rel) for m in recent)
-        low = all(m < level * (1 - self.config.shift_rel) for m in recent)
-        if not (high or low):
-            return False
-        self._origin = len(self._medians) - self.config.shift_blocks
-        self.shifts.append({"from_tok_s": level, "to_tok_s": median(recent), "at_step": self._block_first_step[self._origin]})
-        self.estimate = SteadyEstimate(reason=f"level shifted from {level:,.0f} to {median(recent):,.0f} tok/s; re-estimating")
+        for m in (shortest, 2 * shortest, 4 * shortest):
+            if n - m - d < self.config.min_blocks_after_warmup:
+                return False  # too little of the old level before the newest m blocks
+            before = self._medians[max(d, n - m - SHIFT_BEFORE_BLOCKS) : n - m]
+            level, recent = median(before), median(self._medians[n - m :])
+            se = 1.25 * stdev(before) * math.sqrt(autocorrelation_time(before)) * math.sqrt(1 / m + 1 / len(before))
+            gap = abs(recent - level)
+            if gap > SHIFT_PRECISIONS * precision * level and gap > SHIFT_Z * se:
+                self._reopen(self._change_point(max(d, n - 2 * m), n))
+                return True
+        return False
+
+    def _change_point(self, lo: int, hi: int) -> int:
+        """Where in blocks [lo, hi) the level changed: the split minimising the two parts' summed squared
+        deviations (from the prefix sums), each part at least 2 blocks."""
+        p1, p2 = self._prefix1, self._prefix2
+
+        def sse(a: int, b: int) -> float:
+            return p2[b] - p2[a] - (p1[b] - p1[a]) ** 2 / (b - a)
+
+        return min(range(lo + 2, hi - 1), key=lambda k: sse(lo, k) + sse(k, hi), default=lo)
+
+    def _blocks_holding_minimums(self) -> int | None:
+        """The fewest newest blocks that span min_steady_seconds and min_steady_steps (and shift_blocks): a
+        new level must hold as long as the first one had to before it can replace it."""
+        n = len(self._medians)
+        last_step, last_ts = self.last_step, self._block_ts[-1]
+        for m in range(self.config.shift_blocks, n - self._truncation):
+            first = n - m
+            if (last_ts - self._block_ts[first - 1] >= self.config.min_steady_seconds
+                    and last_step - self._block_first_step[first] + 1 >= self.config.min_steady_steps):
+                return m
+        return None
+
+    def _reopen(self, origin: int) -> None:
+        """The level moved at block `origin`: record both levels (block means on each side; the new level's
+        declared figure is added once it holds) and analyse again from there."""
+        old = fmean(self._medians[max(self._truncation, origin - SHIFT_BEFORE_BLOCKS) : origin] or [self.estimate.tok_s])
+        recent = fmean(self._medians[origin:])
+        self._origin = origin
+        self._open_since = self._block_ts[origin - 1] if origin > 0 else self.first_ts
+        self.shifts.append({
+            "from_tok_s": round(old, 1),
+            "to_tok_s": round(recent, 1),  # the mean of the shifted blocks when it was seen; declared_tok_s follows
+            "at_step": self._block_first_step[origin],
+            "declared_tok_s": None,
+            "declared_step": None,
+        })
+        self.estimate = SteadyEstimate(
+            reason=f"level shifted from {old:,.0f} to about {recent:,.0f} tok/s at step "
+            f"{self._block_first_step[origin]}; re-estimating"
+        )
         self._good_blocks_in_a_row, self._truncation = 0, None
         self._analyse()
-        return True
 
+    # ---- analysis before steady ---------------------------------------------------------------
     def _minimums_met(self) -> tuple[bool, str]:
         steps = self.last_step - self.first_step
         seconds = self.last_ts - self.first_ts
@@ -204,56 +350,188 @@ class SteadyDetector:
             )
         return True, ""
 
+    def _window_stats(self, d: int) -> dict:
+        """Level, trend and noise over the blocks from d on (at most the newest ANALYSIS_BLOCKS)."""
+        n = len(self._medians)
+        first = max(d, n - ANALYSIS_BLOCKS)
+        window = self._medians[first:]
+        level = batch_means_level(window)
+        slope = trend(level.means)  # on the batch means: nearly independent points
+        # in batch units: half the window, and at least trend_horizon_steps (a slow leak in a short window)
+        steps_per_batch = (self.last_step - self._block_first_step[first] + 1) / len(window) * level.batch_size
+        span = max((len(level.means) - 1) * TREND_HORIZON, self.config.trend_horizon_steps / steps_per_batch)
+        scale = abs(level.mean) or 1.0
+        seconds = self._block_ts[-1] - (self._block_ts[first - 1] if first > 0 else self.first_ts)
+        raw = [v for block in self._raw[first:] for v in block]
+        noise = noise_of(raw)
+        return {
+            "first": first,
+            "level": level,
+            "trend": slope,
+            "trend_rel": slope.slope * span / scale,
+            "trend_rel_interval": (slope.lo * span / scale, slope.hi * span / scale),
+            "slope_tok_s_per_s": slope.slope * span / seconds if seconds > 0 else 0.0,
+            "noise_rel": noise,
+        }
+
+    def _checks(self, stats: dict) -> dict:
+        precision = self.config.precision
+        lo, hi = stats["trend_rel_interval"]
+        level: Level = stats["level"]
+        no_trend = -precision <= lo and hi <= precision
+        precise = level.half_width_rel <= precision
+        return {
+            "ok": no_trend and precise,
+            "precision": precision,
+            "trend_rel": round(stats["trend_rel"], 4),
+            "trend_rel_95": [round(lo, 4) if math.isfinite(lo) else None, round(hi, 4) if math.isfinite(hi) else None],
+            "no_trend_beyond_precision": no_trend,
+            "mann_kendall_z": round(stats["trend"].mk_z, 2),
+            "mann_kendall_p": round(stats["trend"].mk_p, 4),
+            "interval_half_width_rel": round(level.half_width_rel, 4) if math.isfinite(level.half_width_rel) else None,
+            "interval_within_precision": precise,
+            "batches": level.batches,
+            "batch_blocks": level.batch_size,
+            "n_eff": round(level.n_eff, 1),
+            "noise_rel": round(stats["noise_rel"], 4),
+        }
+
     def _analyse(self) -> None:
         n = len(self._medians)
         start = max(self._origin, n - ANALYSIS_BLOCKS)
         need_after = self.config.min_blocks_after_warmup
         d = mser_truncation(self._prefix1, self._prefix2, start, n, need_after) if n - start >= need_after else None
-        if d is None or d - start > (n - start) // 2:
+        if d is not None and d - start > (n - start) * MSER_LATEST:
+            d = None
+        timed_out = self.last_ts - self._open_since >= self.config.max_undecided_s
+        if d is None:
             self._good_blocks_in_a_row = 0
-            self._undecided(f"warming up: {n} blocks, no warm-up end with {need_after} blocks after it yet", d)
+            if timed_out and n - start >= 2 * need_after:
+                self._final_answer(start + (n - start) // 2)
+                return
+            self._undecided(f"warming up: {n - self._origin} blocks, no warm-up end with {need_after} blocks after it yet", d)
             return
-        checks = stability_checks(self._medians[d:], self.config)
+        stats = self._window_stats(d)
+        checks = self._checks(stats)
         minimums_ok, minimums_why = self._minimums_met()
         self._good_blocks_in_a_row = self._good_blocks_in_a_row + 1 if checks["ok"] and minimums_ok else 0
-        if self._good_blocks_in_a_row < self.config.confirm_blocks:
-            why = "not stable yet" if not checks["ok"] else minimums_why or "confirming"
-            self._undecided(f"warming up: {why} (warm-up end at block {d} of {n})", d, checks)
+        if self._good_blocks_in_a_row >= self.config.confirm_blocks:
+            self._declare(d, stats, checks)
             return
+        if timed_out:
+            self._final_answer(d, stats, checks)
+            return
+        why = minimums_why if checks["ok"] else self._why_not(checks)
+        self._undecided(f"warming up: {why} (warm-up end at block {d - self._origin} of {n - self._origin})", d, checks)
+
+    @staticmethod
+    def _why_not(checks: dict) -> str:
+        parts = []
+        if not checks["no_trend_beyond_precision"]:
+            lo, hi = checks["trend_rel_95"]
+            parts.append(f"a trend of {checks['trend_rel']:+.1%} over the window is still plausible "
+                         f"(95% {lo if lo is not None else -math.inf:+.1%}..{hi if hi is not None else math.inf:+.1%})")
+        if not checks["interval_within_precision"]:
+            width = checks["interval_half_width_rel"]
+            parts.append(f"the level is known to +/-{width:.1%}" if width is not None else "too few batches for an interval")
+        return "; ".join(parts) + f" (precision {checks['precision']:.0%})"
+
+    def _final_answer(self, d: int, stats: dict | None = None, checks: dict | None = None) -> None:
+        """max_undecided_s ran out: steady (noisy, wide interval) unless a trend beyond the precision is there."""
+        stats = stats or self._window_stats(d)
+        checks = checks or self._checks(stats)
+        checks = {**checks, "decided_by": "max_undecided_s", "max_undecided_s": self.config.max_undecided_s}
+        trending = stats["trend"].mk_p < TREND_P and abs(stats["trend_rel"]) > self.config.precision
+        if not trending:
+            self._declare(d, stats, checks, noisy=True)
+            return
+        per_min = stats["slope_tok_s_per_s"] * 60 / (stats["level"].mean or 1.0)
+        self.estimate.drifting = True
+        self.estimate.declared_step, self.estimate.declared_ts = self.last_step, self.last_ts
+        self.estimate.reason = (
+            f"drifting: still trending {per_min:+.1%} per minute ({stats['trend_rel']:+.1%} over the last "
+            f"{self.last_ts - (self._block_ts[stats['first'] - 1] if stats['first'] else self.first_ts):.0f} s, "
+            f"Mann-Kendall p={stats['trend'].mk_p:.3f}) after {self.config.max_undecided_s:.0f} s undecided"
+        )
+        self.estimate.evidence = {
+            **self._base_evidence(d),
+            "checks": checks,
+            "slope_tok_s_per_s": round(stats["slope_tok_s_per_s"], 3),
+            "slope_rel_per_min": round(per_min, 4),
+            "level_tok_s": round(stats["level"].mean, 1),
+        }
+
+    def _declare(self, d: int, stats: dict, checks: dict, noisy: bool = False) -> None:
         self._truncation = d
-        self._refine(checks)
         self.estimate.steady = True
         self.estimate.declared_step, self.estimate.declared_ts = self.last_step, self.last_ts
+        self._forced_noisy = noisy
+        self._set_level(stats, checks)
+        if self.shifts and self.shifts[-1]["declared_tok_s"] is None:
+            self.shifts[-1]["declared_tok_s"] = round(self.estimate.tok_s, 1)
+            self.shifts[-1]["declared_step"] = self.last_step
 
     def _undecided(self, reason: str, d: int | None, checks: dict | None = None) -> None:
         if self.shifts:
             reason += f" after a level shift at step {self.shifts[-1]['at_step']}"
         self.estimate.reason = reason
-        self.estimate.evidence = {"blocks": len(self._medians), "truncation_block": d, "checks": checks}
+        self.estimate.evidence = {"blocks": len(self._medians) - self._origin, "truncation_block": d, "checks": checks}
         if self.shifts:
             self.estimate.evidence["level_shifts"] = self.shifts
 
-    def _refine(self, checks: dict | None = None) -> None:
+    # ---- once steady ----------------------------------------------------------------------------
+    def _refine(self) -> None:
+        """A new block while steady: the level and its interval follow it (no trend test: that is the
+        shift rule's job now)."""
+        n = len(self._medians)
+        first = max(self._truncation, n - REFINE_BLOCKS)
+        self._since_refine += 1
+        if self._since_refine < max(1, (n - first) // 100):
+            return  # refined after ~1% more blocks each time: O(1) per block on long runs
+        self._since_refine = 0
+        later = mser_truncation(self._prefix1, self._prefix2, first, n, self.config.min_blocks_after_warmup)
+        if later is not None and self._truncation < later <= first + (n - first) // 2:
+            self._truncation = first = later  # with more data MSER sees the warm-up's tail: cut it too
+        level = batch_means_level(self._medians[first:])
+        raw = [v for block in self._raw[first:] for v in block]
+        stats = {"first": first, "level": level, "noise_rel": noise_of(raw)}
+        checks = dict(self.estimate.evidence.get("checks") or {})
+        checks.update({
+            "interval_half_width_rel": round(level.half_width_rel, 4) if math.isfinite(level.half_width_rel) else None,
+            "batches": level.batches, "batch_blocks": level.batch_size, "n_eff": round(level.n_eff, 1),
+            "noise_rel": round(stats["noise_rel"], 4),
+        })
+        self._set_level(stats, checks)
+
+    def _set_level(self, stats: dict, checks: dict) -> None:
+        level: Level = stats["level"]
         d = self._truncation
-        if len(self._medians) - d > MAX_ESTIMATE_BLOCKS and self.estimate.tok_s is not None:
-            return
-        raw_after = [value for block in self._raw[d:] for value in block]
-        steady_tok_s = median(raw_after)
-        lo, hi = batch_means_interval(self._medians[d:])
-        self.estimate.tok_s = steady_tok_s
-        self.estimate.interval = (lo, hi)
-        self.estimate.warmup_end_step = self._block_first_step[d]
-        self.estimate.reason = (
-            f"steady at {steady_tok_s:,.0f} tok/s (95% {lo:,.0f}..{hi:,.0f}) after warm-up ending at step "
-            f"{self._block_first_step[d]}"
+        self.estimate.tok_s = level.mean
+        self.estimate.interval = (level.lo, level.hi)
+        self.estimate.noise_rel = round(stats["noise_rel"], 4)
+        self.estimate.noisy = (
+            self._forced_noisy or stats["noise_rel"] > self.config.noisy_rel or level.half_width_rel > self.config.precision
         )
-        self.estimate.evidence = {
-            "blocks": len(self._medians),
-            "truncation_block": d,
-            "steps_used": self.last_step - self._block_first_step[d] + 1,  # by step number
-            "lines_used": len(raw_after),
-            "steps_used_from": self._block_first_step[d],
-            "checks": checks if checks is not None else self.estimate.evidence.get("checks"),
+        self.estimate.warmup_end_step = self._block_first_step[d]
+        noisy = f", noisy: +/-{stats['noise_rel'] / 2:.0%} interval to interval" if self.estimate.noisy else ""
+        timeout = (" (decided after max_undecided_s: no trend beyond the precision)"
+                   if checks.get("decided_by") == "max_undecided_s" else "")
+        self.estimate.reason = (
+            f"steady at {level.mean:,.0f} tok/s (95% {level.lo:,.0f}..{level.hi:,.0f}{noisy}) after warm-up "
+            f"ending at step {self._block_first_step[d]}{timeout}"
+        )
+        self.estimate.evidence = {**self._base_evidence(d), "checks": checks}
+
+    def _base_evidence(self, d: int) -> dict:
+        n = len(self._medians)
+        first = max(d, n - (REFINE_BLOCKS if self.estimate.steady else ANALYSIS_BLOCKS))
+        evidence = {
+            "blocks": n - self._origin,
+            "truncation_block": d - self._origin,
+            "steps_used": self.last_step - self._block_first_step[first] + 1,  # by step number
+            "lines_used": sum(len(block) for block in self._raw[first:]),
+            "steps_used_from": self._block_first_step[first],
         }
         if self.shifts:
-            self.estimate.evidence["level_shifts"] = self.shifts
+            evidence["level_shifts"] = self.shifts
+        return evidence

@@ -3,9 +3,12 @@
 import math
 
 import numpy as np
+import pytest
 from tracegen import CRASH_TEXTS, HANDLED_TRACEBACK, TRAINER_FRAMES, thread_traceback
 
-from orchestrator.decide import EventObs, ExitObs, GpuObs, LineObs, RunJudge, StepObs, TickObs
+from orchestrator.decide import (
+    DecideConfig, EventObs, ExitObs, GpuObs, LineObs, RunJudge, StepObs, StopRequested, TickObs, Verdict,
+)
 
 T0 = 1_795_000_000.0
 CHAIN = ("trees", "notrees", "nographs", "eager")
@@ -91,14 +94,16 @@ def test_non_zero_exit_without_traceback_falls_back():
     )
 
 
-def test_exit_zero_after_steady_is_fine_and_before_steady_is_just_exited():
+def test_exit_zero_after_steady_stays_steady_and_says_how_it_ended_before_steady_is_just_exited():
     j = judge()
     feed_steps(j, 300)
     decision = j.feed(ExitObs(T0 + 400, 0))
-    assert (decision.decision, decision.action) == ("exited", "keep") and decision.steady_tok_s is not None
+    assert (decision.decision, decision.action, decision.ended, decision.exit_code) == ("steady", "keep", "exited", 0)
+    assert decision.steady_tok_s is not None and decision.reason.endswith("; then exited 0")
     early = judge()
     feed_steps(early, 20)
-    assert (early.feed(ExitObs(T0 + 30, 0)).decision, early.decision().action) == ("exited", "none")
+    decision = early.feed(ExitObs(T0 + 30, 0))
+    assert (decision.decision, decision.action, decision.ended, decision.steady_tok_s) == ("exited", "none", "exited", None)
 
 
 def test_nan_loss_is_a_crash():
@@ -180,3 +185,88 @@ def test_a_final_verdict_is_not_changed_by_what_follows():
     j.feed(TickObs(T0 + 500))
     assert j.decision().decision == "stall"
     assert j.feed(ExitObs(T0 + 501, 143)).decision == "stall"  # the stop dfo sent
+
+
+# ---- a stop is not a crash -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [75, 143, 137])
+def test_an_exit_after_a_stop_request_is_stopped_never_a_crash_or_a_fallback(code):
+    j = judge()
+    feed_steps(j, 20)
+    j.feed(StopRequested(T0 + 21, by="user"))
+    feed_lines(j, thread_traceback(TRAINER_FRAMES, "KeyboardInterrupt", "Thread-2 (drafter)"), T0 + 21.5)
+    j.feed(TickObs(T0 + 500))  # silence after a stop is the stop working, not a stall
+    decision = j.feed(ExitObs(T0 + 501, code))
+    assert (decision.decision, decision.action, decision.next_variant) == ("stopped", "none", None)
+    assert (decision.ended, decision.exit_code, decision.signature) == ("stopped", code, None)
+    assert decision.evidence["stop_requested_by"] == "user" and "stopped by user" in decision.reason
+
+
+def test_a_steady_verdict_reached_before_the_stop_stays_the_runs_verdict():
+    j = judge()
+    feed_steps(j, 300)
+    j.feed(StopRequested(T0 + 301, by="dfo"))
+    decision = j.feed(ExitObs(T0 + 305, 75))
+    assert (decision.decision, decision.action, decision.ended, decision.exit_code) == ("steady", "keep", "stopped", 75)
+    assert decision.steady_tok_s is not None and decision.reason.endswith("then stopped by dfo, exit status 75")
+
+
+def test_exit_75_after_the_trainers_sigterm_event_is_stopped_without_a_request_but_143_alone_is_a_crash():
+    j = judge()
+    feed_steps(j, 20)
+    j.feed(EventObs(T0 + 21, "done", {"step": "20", "reason": "sigterm", "exit": "75"}))
+    decision = j.feed(ExitObs(T0 + 22, 75))
+    assert (decision.decision, decision.ended, decision.action) == ("stopped", "stopped", "none")
+    assert "SIGTERM it honoured" in decision.reason
+    other = judge()
+    feed_steps(other, 20)
+    assert (other.feed(ExitObs(T0 + 22, 143)).decision, other.decision().signature) == ("crash", "exit_nonzero")
+
+
+# ---- stall after a slow start ------------------------------------------------------------------------------
+
+
+def test_a_slow_first_step_stretches_the_stall_limit_of_the_early_steps():
+    j = judge(started_ts=T0)
+    j.feed(StepObs(T0 + 300, 1, 1_000.0, loss=2.0))  # the first step took 5 minutes (compilation)
+    j.feed(StepObs(T0 + 302, 2, 1_000.0, loss=2.0))
+    assert j.feed(TickObs(T0 + 302 + 121)).decision == "undecided"  # not stalled at 121 s after the second
+    assert j.feed(TickObs(T0 + 302 + 299)).decision == "undecided"
+    decision = j.feed(TickObs(T0 + 302 + 301))
+    assert decision.decision == "stall" and decision.evidence["limit_s"] == 300.0
+    fast = judge(started_ts=T0)
+    fast.feed(StepObs(T0 + 5, 1, 1_000.0, loss=2.0))
+    fast.feed(StepObs(T0 + 6, 2, 1_000.0, loss=2.0))
+    assert fast.feed(TickObs(T0 + 6 + 121)).decision == "stall"  # a quick start keeps the 120-s floor
+
+
+# ---- never undecided forever -------------------------------------------------------------------------------
+
+
+def test_a_noisy_run_with_no_trend_is_steady_and_noisy_after_max_undecided_s():
+    config = DecideConfig(max_undecided_s=120)
+    j = judge(config=config)
+    rng = np.random.default_rng(11)
+    decision = None
+    for step in range(1, 400):  # +/-30% interval to interval, strongly autocorrelated: never precise enough
+        ts = T0 + step * 0.5
+        swing = 0.3 * math.sin(step / 9.0) + rng.normal(0, 0.15)
+        decision = j.feed(StepObs(ts, step, 50_000 * (1 + swing), loss=2.0))
+    assert decision.decision == "steady" and decision.noisy and decision.action == "keep"
+    assert decision.evidence["steady"]["checks"]["decided_by"] == "max_undecided_s"
+    lo, hi = decision.interval
+    assert lo <= decision.steady_tok_s <= hi and (hi - lo) / 2 > 0.05 * decision.steady_tok_s  # its wide interval
+    assert decision.evidence["steady_declared_step"] >= 240  # not before 120 s of steps
+
+
+def test_a_run_still_trending_after_max_undecided_s_is_drifting_with_its_slope():
+    j = judge(config=DecideConfig(max_undecided_s=120))
+    rng = np.random.default_rng(12)
+    decision = None
+    for step in range(1, 400):
+        ts = T0 + step * 0.5
+        decision = j.feed(StepObs(ts, step, 100_000 * (1 - 0.001 * step) * (1 + rng.normal(0, 0.01)), loss=2.0))
+    assert (decision.decision, decision.action, decision.steady_tok_s) == ("drifting", "none", None)
+    assert decision.evidence["steady"]["slope_rel_per_min"] < -0.05 and "drifting" in decision.reason
+    assert not Verdict(decision.decision).falls_back()  # no fallback: the variant runs, it just never settled

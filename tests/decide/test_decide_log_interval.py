@@ -73,6 +73,7 @@ def test_a_trainer_logging_every_10_steps_is_judged_on_blocks_of_steps_not_of_li
     declared = feed_lines(detector, values, every=10, line_s=3.0)  # a line every 3 s, each the mean of 10 steps
     assert declared is not None
     lines = declared // 10
-    assert lines * 3.0 >= 60 and lines < 30  # the 60-s minimum holds; 12 blocks of lines would need 62+ lines
+    # the 30-s minimum holds, and lines count as the 10 steps each stands for (not as one step each)
+    assert (lines - 1) * 3.0 >= DecideConfig().min_steady_seconds and lines < 30
     assert abs(detector.estimate.tok_s / 1000 - 1) < 0.01
     assert detector.estimate.evidence["steps_used"] >= 10 * detector.estimate.evidence["lines_used"] - 9

@@ -53,8 +53,8 @@ def test_autotuning_plateau_shorter_than_the_minimum_is_never_declared_steady():
 
 def test_minimum_seconds_hold_back_a_fast_run():
     rng = np.random.default_rng(3)
-    detector, declared = run_detector(noisy(rng, 50_000, 3000), step_s=0.05)  # 60 s = 1200 steps
-    assert declared is not None and declared * 0.05 >= 60
+    detector, declared = run_detector(noisy(rng, 50_000, 3000), step_s=0.05)  # 30 s = 600 steps
+    assert declared is not None and (declared - 1) * 0.05 >= DecideConfig().min_steady_seconds
 
 
 def test_too_few_steps_stay_undecided():

@@ -16,14 +16,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from orchestrator.decide import DecideConfig
 from orchestrator.logfmt import format_ts
 
 T0 = 1_795_000_000.0  # 2026-11-18: any fixed epoch works, the judge only uses differences
 CHAIN = ("trees", "notrees", "nographs", "eager")
 VARIANT = "trees"
 USER_REGEX = r"^\[(?P<ts>[\d\- :.]+)\] it (?P<step>\d+) \| loss (?P<loss>\S+) \| (?P<tok_s>[\d.]+) tok/s"
-MAX_FLAT_STEPS, MAX_FLAT_SECONDS = 55, 55.0  # flat stretches stay inside the 60-step / 60-s minimums
+DEFAULTS = DecideConfig()
+# flat stretches stay inside the minimum evidence (60 steps AND 30 s since the first step): a flat stretch
+# longer than both is a steady state by definition
+MAX_FLAT_STEPS, MAX_FLAT_SECONDS = DEFAULTS.min_steady_steps - 5, DEFAULTS.min_steady_seconds - 5
 SETTLED_WITHIN = 0.02  # the true warm-up ends where the noise-free curve stays within 2% of its level
+PRECISION = DEFAULTS.precision  # steady before the noise-free curve is within the precision is premature
 
 
 @dataclass
@@ -34,13 +39,14 @@ class Trace:
     expect: str  # the verdict the watcher must hold at the end
     expect_action: str
     signature: str | None = None
-    warmup_end_step: int | None = None  # true warm-up end (None: no steady state exists)
+    warmup_end_step: int | None = None  # true warm-up end: within 2% of the level (None: no steady state exists)
     level: float | None = None  # true steady tok/s
     baseline: float | None = None
     exit_code: int | None = None
     end_ts: float | None = None
     regex: str | None = None
     step_ts: dict[int, float] = field(default_factory=dict)
+    settled_step: int | None = None  # from here the noise-free level is within the precision of its value
 
     def replay_kwargs(self) -> dict:
         return {
@@ -237,10 +243,20 @@ class Builder:
         self.lines.extend(lines)
 
 
-def series(rng, shape, level: float, n: int) -> tuple[np.ndarray, int | None]:
+def settled_step(curve: np.ndarray, within: float) -> int | None:
+    """The first step (1-based) from which the noise-free curve stays within `within` of its level."""
+    outside = np.flatnonzero(np.abs(curve - 1) > within)
+    if len(outside) == len(curve):
+        return None
+    return int(outside[-1]) + 2 if len(outside) else 1
+
+
+def series(rng, shape, level: float, n: int) -> tuple[np.ndarray, tuple[int | None, int | None]]:
+    """tok/s, and (the true warm-up end, the step from which the level is within the precision)."""
     curve, end = shape(rng, n)
     noise = ar1(rng, n, float(rng.uniform(0.01, 0.04)), float(rng.uniform(0.3, 0.7)))
-    return level * curve * (1 + noise), end
+    settled = settled_step(curve, PRECISION) if end is not None else None
+    return level * curve * (1 + noise), (end, settled)
 
 
 def make_trace(kind: str, seed: int) -> Trace:
@@ -255,21 +271,21 @@ def _healthy(kind, seed, rng, level, shape_name=None, baseline=None, user_format
     b = Builder(rng, user_format)
     if step_s is not None:
         b.step_s = step_s
-    tok_s, end = series(rng, shape, level, 700)
+    tok_s, (end, settled) = series(rng, shape, level, 700)
     if end > MAX_FLAT_STEPS:  # a flat stretch longer than both minimums is a steady state by definition
         b.step_s = min(b.step_s, MAX_FLAT_SECONDS / end)
     b.steps(tok_s[: end + 400] if end + 400 < len(tok_s) else tok_s)
-    return b, end
+    return b, (end, settled)
 
 
 def kind_clean(kind, seed, rng, level):
-    b, end = _healthy(kind, seed, rng, level, step_s=float(rng.uniform(1.0, 2.0)) if kind == "plateau" else None)
-    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, step_ts=b.step_ts)
+    b, (end, settled) = _healthy(kind, seed, rng, level, step_s=float(rng.uniform(1.0, 2.0)) if kind == "plateau" else None)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_dips(kind, seed, rng, level):
     b = Builder(rng)
-    tok_s, end = series(rng, shape_exponential, level, 700)
+    tok_s, (end, settled) = series(rng, shape_exponential, level, 700)
     phases = ["train"] * len(tok_s)
     for start in range(100, len(tok_s), 100):  # eval every 100 steps, marked by phase
         for i in range(start, min(start + 5, len(tok_s))):
@@ -280,52 +296,53 @@ def kind_dips(kind, seed, rng, level):
     b.ts += 30  # the checkpoint save: a long gap, shorter than the stall floor
     b.text([f"ts={format_ts(b.ts)} event=checkpoint path=/workspace/ckpt/step250.pt"])
     b.steps(tok_s[250:], phases[250:])
-    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_unmarked_dips(kind, seed, rng, level):
     b = Builder(rng)
-    tok_s, end = series(rng, shape_ramp, level, 650)
+    tok_s, (end, settled) = series(rng, shape_ramp, level, 650)
     tok_s[37::37] = level * 0.3  # single-step dips the trainer does not mark
     b.steps(tok_s)
-    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_noisy_healthy(kind, seed, rng, level):
     """Known warnings and a handled (logged) traceback in a healthy run: neither is a crash."""
     b = Builder(rng)
-    tok_s, end = series(rng, shape_exponential, level, 600)
+    tok_s, (end, settled) = series(rng, shape_exponential, level, 600)
     b.text(HEALTHY_NOISE[:2])
     b.steps(tok_s[:60])
     b.text(HEALTHY_NOISE[2:] + HANDLED_TRACEBACK)
     b.steps(tok_s[60:])
-    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_slow(kind, seed, rng, level):
-    b, end = _healthy(kind, seed, rng, level, shape_name="exp")
+    b, (end, settled) = _healthy(kind, seed, rng, level, shape_name="exp")
     baseline = level / float(rng.uniform(0.6, 0.8))
-    return Trace(kind, seed, b.lines, "too_slow", "fallback", None, end, level, baseline, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "too_slow", "fallback", None, end, level, baseline, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_near_baseline(kind, seed, rng, level):
     """Within the tolerance of the baseline (93-105%): not too slow."""
-    b, end = _healthy(kind, seed, rng, level, shape_name="ramp")
+    b, (end, settled) = _healthy(kind, seed, rng, level, shape_name="ramp")
     baseline = level / float(rng.uniform(0.93, 1.05))
-    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, baseline, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, baseline, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_exited(kind, seed, rng, level):
-    b, end = _healthy(kind, seed, rng, level, shape_name="step")
+    b, (end, settled) = _healthy(kind, seed, rng, level, shape_name="step")
     b.text([f"ts={format_ts(b.ts + 1)} event=done steps={b.step}"])
-    return Trace(kind, seed, b.lines, "exited", "keep", None, end, level, exit_code=0, step_ts=b.step_ts)
+    # steady before the exit: the verdict stays steady (`ended: exited` says how the run ended)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, exit_code=0, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_stall(kind, seed, rng, level):
     b = Builder(rng)
-    tok_s, end = series(rng, shape_exponential, level, 700)
+    tok_s, (end, settled) = series(rng, shape_exponential, level, 700)
     b.steps(tok_s[: int(rng.integers(30, 600))])
-    return Trace(kind, seed, b.lines, "stall", "fallback", None, end, level, end_ts=b.ts + 400, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "stall", "fallback", None, end, level, end_ts=b.ts + 400, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_no_first_step(kind, seed, rng, level):
@@ -338,16 +355,18 @@ def kind_slow_compile(kind, seed, rng, level):
     """First step after 10 minutes of compilation (inside the 15-minute grace): steady, not stalled."""
     b = Builder(rng)
     b.ts += 600
-    tok_s, end = series(rng, shape_exponential, level, 600)
+    tok_s, (end, settled) = series(rng, shape_exponential, level, 600)
     b.steps(tok_s)
-    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_drift(kind, seed, rng, level):
     b = Builder(rng)
     tok_s, _ = series(rng, shape_drift, level, 600)
     b.steps(tok_s)
-    return Trace(kind, seed, b.lines, "undecided", "none", None, None, None, step_ts=b.step_ts)
+    # never steady; once max_undecided_s of steps have passed, the final answer is `drifting`
+    timed_out = b.step_ts[b.step] - b.step_ts[1] >= DEFAULTS.max_undecided_s
+    return Trace(kind, seed, b.lines, "drifting" if timed_out else "undecided", "none", None, None, None, step_ts=b.step_ts)
 
 
 def kind_short(kind, seed, rng, level):
@@ -359,15 +378,15 @@ def kind_short(kind, seed, rng, level):
 
 def kind_user_regex(kind, seed, rng, level):
     b = Builder(rng, user_format=True)
-    tok_s, end = series(rng, shape_exponential, level, 600)
+    tok_s, (end, settled) = series(rng, shape_exponential, level, 600)
     b.steps(tok_s)
-    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, regex=USER_REGEX, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, regex=USER_REGEX, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_crash(signature: str):
     def make(kind, seed, rng, level):
         b = Builder(rng)
-        tok_s, end = series(rng, shape_exponential, level, 700)
+        tok_s, (end, settled) = series(rng, shape_exponential, level, 700)
         at = int(rng.integers(5, 500))
         b.steps(tok_s[:at])
         frames, exception = CRASH_TEXTS[signature]
@@ -380,37 +399,37 @@ def kind_crash(signature: str):
             b.text([f'ts={format_ts(b.ts + 0.1)} event=error reason="{exception.splitlines()[0][:80]}"'])
             exit_code = 1
         return Trace(kind, seed, b.lines, "crash", EXPECTED_ACTION[signature], signature, end, level,
-                     exit_code=exit_code, step_ts=b.step_ts)
+                     exit_code=exit_code, settled_step=settled, step_ts=b.step_ts)
 
     return make
 
 
 def kind_exit_nonzero(kind, seed, rng, level):
     b = Builder(rng)
-    tok_s, end = series(rng, shape_ramp, level, 700)
+    tok_s, (end, settled) = series(rng, shape_ramp, level, 700)
     b.steps(tok_s[: int(rng.integers(5, 500))])
-    return Trace(kind, seed, b.lines, "crash", "fallback", "exit_nonzero", end, level, exit_code=139, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "crash", "fallback", "exit_nonzero", end, level, exit_code=139, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_nan_loss(kind, seed, rng, level):
     b = Builder(rng)
-    tok_s, end = series(rng, shape_exponential, level, 700)
+    tok_s, (end, settled) = series(rng, shape_exponential, level, 700)
     at = int(rng.integers(5, 500))
     b.steps(tok_s[:at])
     b.lines[-1] = b.lines[-1].replace(" loss=", " loss=nan old_loss=")
     b.steps(tok_s[at : at + 50])
-    return Trace(kind, seed, b.lines, "crash", "fallback", "nan_loss", end, level, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "crash", "fallback", "nan_loss", end, level, settled_step=settled, step_ts=b.step_ts)
 
 
 def kind_worker_exception(kind, seed, rng, level):
     """A generic exception in a worker thread: a crash although the process and other threads live on."""
     b = Builder(rng)
-    tok_s, end = series(rng, shape_exponential, level, 700)
+    tok_s, (end, settled) = series(rng, shape_exponential, level, 700)
     at = int(rng.integers(5, 500))
     b.steps(tok_s[:at])
     b.text(thread_traceback(TRAINER_FRAMES, "ValueError: expected a batch of 8 sequences, got 7", "Thread-5 (drafter)"))
     b.steps(tok_s[at : at + 100] * 7 / 8)
-    return Trace(kind, seed, b.lines, "crash", "stop", "python_exception", end, level, step_ts=b.step_ts)
+    return Trace(kind, seed, b.lines, "crash", "stop", "python_exception", end, level, settled_step=settled, step_ts=b.step_ts)
 
 
 KINDS = {
@@ -456,11 +475,12 @@ def score(trace: Trace, decision) -> dict:
     level_error = None
     if decision.steady_tok_s is not None and trace.level:
         level_error = decision.steady_tok_s / trace.level - 1
-    premature = declared is not None and (trace.warmup_end_step is None or declared < trace.warmup_end_step)
+    first = decision.evidence.get("first_steady_declared_step", declared)  # a later re-open does not undo it
+    premature = first is not None and (trace.settled_step is None or first < trace.settled_step)
     delay_steps = delay_s = truncation_error = None
     if declared is not None and trace.warmup_end_step is not None and not premature:
-        delay_steps = declared - trace.warmup_end_step
-        delay_s = trace.step_ts[declared] - trace.step_ts[trace.warmup_end_step]
+        delay_steps = declared - trace.warmup_end_step  # negative: declared between the precision and 2% points
+        delay_s = trace.step_ts.get(declared, 0.0) - trace.step_ts.get(trace.warmup_end_step, 0.0)
         truncation_error = decision.warmup_end_step - trace.warmup_end_step
     return {
         "kind": trace.kind,
@@ -471,6 +491,7 @@ def score(trace: Trace, decision) -> dict:
         "got": (decision.decision, decision.signature, decision.action),
         "want": (trace.expect, trace.signature, trace.expect_action),
         "premature": premature,
+        "before_2pct": declared is not None and trace.warmup_end_step is not None and declared < trace.warmup_end_step,
         "false_fallback": decision.action == "fallback" and trace.expect_action != "fallback",
         "steady_declared_step": declared,
         "delay_steps": delay_steps,

@@ -1,0 +1,86 @@
+"""The labelled real trainer logs of tests/data/real/: loading, replaying and scoring them.
+
+labels.csv (written before the detector saw the logs, from plots) gives per log the verdict a person reads,
+the level, and the step from which it holds. Tests and bench/decide_traces.py import this file.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.decide import Decision, replay
+from orchestrator.logfmt import StepRecord, parse_logfmt, parse_ts
+
+REAL_DIR = Path(__file__).resolve().parents[1] / "data" / "real"
+LEVEL_TOLERANCE = 0.05  # the figure within 5% of the level a person reads
+
+
+@dataclass(frozen=True)
+class RealLog:
+    name: str
+    path: Path
+    verdict: str
+    level: float
+    holds_from_step: int
+    noisy: bool
+    note: str
+
+    def lines(self) -> list[str]:
+        return self.path.read_text(encoding="utf-8", errors="replace").splitlines()
+
+
+def labelled() -> list[RealLog]:
+    with (REAL_DIR / "labels.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return [
+        RealLog(row["file"].removesuffix(".log"), REAL_DIR / row["file"], row["verdict"], float(row["level_tok_s"]),
+                int(row["holds_from_step"]), row["noisy"] == "yes", row["what the plot shows"])
+        for row in rows
+    ]
+
+
+def first_step_ts(lines: list[str]) -> float | None:
+    for line in lines:
+        record = parse_logfmt(line)
+        if isinstance(record, StepRecord) and record.ts is not None:
+            return record.ts
+    return None
+
+
+def judge(log: RealLog, **kwargs) -> Decision:
+    return replay(log.lines(), run=log.name, **kwargs)
+
+
+def _ts(text: str | None) -> float | None:
+    return parse_ts(text) if text else None
+
+
+def score(log: RealLog, decision: Decision) -> dict:
+    """Verdict right, level error, and seconds from the first step line to the first steady declaration
+    (`first_declared_s`) and to the declaration of the level held at the end (`declared_s`)."""
+    lines = log.lines()
+    t0 = first_step_ts(lines)
+    level_error = decision.steady_tok_s / log.level - 1 if decision.steady_tok_s is not None else None
+    steady = decision.evidence.get("steady") or {}
+    shifts = steady.get("level_shifts") or []
+    declared_ts = _ts(decision.evidence.get("steady_declared_at"))
+    first_ts = _ts(decision.evidence.get("first_steady_declared_at")) or declared_ts
+    return {
+        "name": log.name,
+        "want": log.verdict,
+        "got": decision.decision,
+        "verdict_ok": decision.decision == log.verdict,
+        "level": decision.steady_tok_s,
+        "label_level": log.level,
+        "level_error": level_error,
+        "level_ok": level_error is not None and abs(level_error) <= LEVEL_TOLERANCE,
+        "noise_rel": decision.noise_rel,
+        "noisy": decision.noisy,
+        "interval": decision.interval,
+        "first_declared_s": first_ts - t0 if first_ts is not None and t0 is not None else None,
+        "declared_s": declared_ts - t0 if declared_ts is not None and t0 is not None else None,
+        "shifts": len(shifts),
+        "reason": decision.reason,
+    }
