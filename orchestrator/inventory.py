@@ -72,6 +72,13 @@ def _metrics_regex(pattern: Any) -> Any:
     return pattern
 
 
+def _wandb_tag(value: Any) -> Any:
+    if isinstance(value, str) and 0 < len(value) <= 64 and "," not in value and value.strip() == value:
+        return value
+    raise ValueError(f"expected a W&B tag (1-64 characters, no comma, no surrounding spaces), got {value!r}")
+
+
+WandbTag = Annotated[str, BeforeValidator(_wandb_tag)]
 Ctid = Annotated[Optional[int], BeforeValidator(_ctid)]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
@@ -139,6 +146,7 @@ class Variant(_Strict):
     metrics: Optional[Annotated[str, AfterValidator(_metrics_regex)]] = None
     baseline_tok_s: Optional[float] = Field(None, gt=0)
     notify: Optional[Notify] = None  # replaces the inventory's notify: for this variant's runs
+    tags: list[WandbTag] = []  # W&B tags of its built-in trainer runs (with the batch as group, the variant as job type)
 
     @model_validator(mode="after")
     def _command_or_builtin(self) -> "Variant":

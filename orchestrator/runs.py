@@ -68,6 +68,7 @@ class RunSpec:
     parent: str | None = None
     chain: tuple[str, ...] | None = None  # the fallback chain ahead; () = no more variants, None = none given
     sets: Mapping[str, str] = field(default_factory=dict)  # the user's --set overrides (in `args` too), for fallbacks
+    tags: tuple[str, ...] = ()  # W&B tags (the variant's)
 
     @property
     def builtin(self) -> bool:
@@ -116,6 +117,7 @@ def spec_for(inventory, target_name: str, variant_name: str, *, sets: Mapping[st
         topology=variant.topology,
         args={**variant.args, **(sets or {})},
         env=dict(variant.env),
+        tags=tuple(variant.tags),
         secrets=tuple(inventory.secrets),
         sets=dict(sets or {}),
         **extra,
@@ -157,7 +159,21 @@ def trainer_command(spec: RunSpec, name: str, pkg_dir: str) -> str:
         key = str(key)
         argv += ["--set", f"{key}={_arg(value)}"] if "." in key else [f"--{key.replace('_', '-')}", _arg(value)]
     argv += ["--wandb", spec.wandb]
-    return f"PYTHONPATH={shlex.quote(pkg_dir)}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.join(argv)}"
+    wandb = "".join(f"{key}={shlex.quote(value)} " for key, value in wandb_env(spec).items())
+    return f"{wandb}PYTHONPATH={shlex.quote(pkg_dir)}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.join(argv)}"
+
+
+def wandb_env(spec: RunSpec) -> dict[str, str]:
+    """W&B's own variables for a run that logs to W&B: its batch as the group, its variant as the job type, the
+    variant's tags. Set on the command line, not in `env`, so a fallback run gets its own variant's."""
+    if spec.wandb == "off":
+        return {}
+    env = {"WANDB_JOB_TYPE": spec.variant}
+    if spec.batch:
+        env["WANDB_RUN_GROUP"] = spec.batch
+    if spec.tags:
+        env["WANDB_TAGS"] = ",".join(spec.tags)
+    return env
 
 
 def trainer_topology(topology: str) -> str:

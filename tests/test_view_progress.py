@@ -44,15 +44,20 @@ def test_eta_comes_from_the_recent_step_rate():
     assert (duration(42), duration(185), duration(7620)) == ("42s", "3m05s", "2h07m")
 
 
-def test_watch_panel_and_batch_view_show_elapsed_step_of_total_eta_and_tok_s(tmp_path, monkeypatch):
-    (tmp_path / "trainer.py").write_text(TRAINER)
+def script_inventory(tmp_path, monkeypatch, variant: str, script: str, args: str = ""):
+    """The local target `here` with one `command:` variant running `script` (Python), and a fresh registry."""
+    (tmp_path / "trainer.py").write_text(script)
     path = write_inventory(tmp_path, {
         "defaults": {"workspace": str(tmp_path / "ws")},
         "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
-        "variants": {"counted": {"command": f"{sys.executable} {tmp_path}/trainer.py 400"}},
+        "variants": {variant: {"command": f"{sys.executable} {tmp_path}/trainer.py {args}".rstrip()}},
     })
     monkeypatch.setenv("DFO_HOME", str(tmp_path / "state"))
-    inventory = load_inventory(path)
+    return load_inventory(path)
+
+
+def test_watch_panel_and_batch_view_show_elapsed_step_of_total_eta_and_tok_s(tmp_path, monkeypatch):
+    inventory = script_inventory(tmp_path, monkeypatch, "counted", TRAINER, "400")
     with Connections(inventory) as connections, Store(tmp_path / "state" / "dfo.db") as store:
         launch(connections.container("here"), spec_for(inventory, "here", "counted"), store, name="p1")
         watcher = Watcher(inventory, connections, store)

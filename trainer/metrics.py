@@ -8,10 +8,13 @@ lazily and only when asked for. This module computes nothing about training; it 
 from __future__ import annotations
 
 import datetime as dt
+import netrc
 import os
 import sys
 import threading
-from typing import Any, TextIO
+from pathlib import Path
+from typing import Any, Mapping, TextIO
+from urllib.parse import urlsplit
 
 from trainer.config import ConfigError
 
@@ -47,8 +50,21 @@ class MetricLog:
 
     def __init__(self, stream: TextIO | None = None, sink: WandbSink | None = None) -> None:
         self.stream = stream or sys.stdout
-        self.sink = sink
         self.lock = threading.Lock()
+        self._sink = None
+        self.sink = sink
+
+    @property
+    def sink(self) -> WandbSink | None:
+        return self._sink
+
+    @sink.setter
+    def sink(self, sink: WandbSink | None) -> None:
+        """Attach a sink; a W&B one is announced on its own line (`event=wandb mode=... url=...|dir=...`), so
+        the watcher can keep where the run's W&B record is."""
+        self._sink = sink
+        if sink is not None:
+            self.emit("wandb", **sink.where())
 
     def emit(self, event: str, **fields: Any) -> None:
         line = format_line(event, fields)
@@ -64,16 +80,47 @@ class MetricLog:
             self.sink.close()
 
 
+def wandb_login_present(environ: Mapping[str, str] | None = None) -> bool:
+    """True when W&B's own client would find a key: WANDB_API_KEY, or a `wandb login` entry in the netrc file
+    ($NETRC, else ~/.netrc) for the W&B host (WANDB_BASE_URL, default api.wandb.ai)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("WANDB_API_KEY"):
+        return True
+    host = urlsplit(environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    path = Path(environ["NETRC"]) if environ.get("NETRC") else Path(environ.get("HOME") or Path.home()) / ".netrc"
+    try:
+        entry = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
+
+
+def resolve_mode(mode: str, environ: Mapping[str, str] | None = None) -> str:
+    """`auto` -> online with a W&B key at hand, else offline; other modes as given."""
+    if mode != "auto":
+        return mode
+    return "online" if wandb_login_present(environ) else "offline"
+
+
 class WandbSink:
-    """Weights & Biases run named after --run-name; offline unless WANDB_API_KEY is set (mode auto)."""
+    """Weights & Biases run named after --run-name; `auto` is online when a key is there (WANDB_API_KEY or a
+    `wandb login` netrc entry), else offline. Group, job type and tags come from W&B's own variables
+    (WANDB_RUN_GROUP, WANDB_JOB_TYPE, WANDB_TAGS), which dfo sets: the batch, the variant, the inventory's tags."""
 
     def __init__(self, mode: str, run_name: str, config: dict[str, Any], out_dir: str) -> None:
         import wandb  # lazy: optional dependency
 
-        if mode == "auto":
-            mode = "online" if os.environ.get("WANDB_API_KEY") else "offline"
+        mode = resolve_mode(mode)
+        self.mode = mode
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "dfo-trainer"), name=run_name,
                               config=config, mode=mode, dir=out_dir)
+
+    def where(self) -> dict[str, Any]:
+        """The run's W&B URL (online) or its offline directory (`wandb sync DIR` uploads it later)."""
+        url = getattr(self.run, "url", None)
+        if url:
+            return {"mode": self.mode, "url": url}
+        return {"mode": self.mode, "dir": str(self.run.settings.sync_dir)}
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
         self.run.log(metrics, step=step)

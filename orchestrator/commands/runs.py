@@ -33,7 +33,7 @@ from .common import (InventoryOpt, JsonOpt, complete_runs, complete_targets, com
 EXAMPLES = {
     "push": "Example: dfo push --host ct200 -i inventory/lab.yaml",
     "launch": "Example: dfo launch --host ct200 --variant nographs --set steps=2000   (then: dfo watch NAME)",
-    "runs": "Example: dfo runs --active   |   dfo runs --batch sweep1 --json",
+    "runs": "Example: dfo runs --active   |   dfo runs --batch sweep1 --json   |   dfo runs train_trees_20261129-1140",
     "logs": "Example: dfo logs train_nographs_20261129-1140 -n 200 -f",
     "stop": "Example: dfo stop train_nographs_20261129-1140 --grace 60",
 }
@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         help="Preflight a target, push the trainer if needed, start a run detached with a named log, record it.",
         epilog=EXAMPLES["launch"],
     )(launch_command)
-    app.command("runs", help="List the runs in the registry (name, target, variant, state, PID, decision).", epilog=EXAMPLES["runs"])(
+    app.command("runs", help="List the runs in the registry (name, target, variant, state, PID, decision); NAME: one run in full.", epilog=EXAMPLES["runs"])(
         runs_command
     )
     app.command("logs", help="Show the tail of a run's log; -f follows it until Ctrl-C (the run goes on).", epilog=EXAMPLES["logs"])(
@@ -145,10 +145,15 @@ def _warn_tolerated(report: TargetReport | None, spec: TargetSpec) -> None:
 
 
 def runs_command(
+    name: Optional[str] = typer.Argument(None, help="One run: everything the registry holds about it (W&B record included).",
+                                         metavar="NAME", autocompletion=complete_runs),
     batch: Optional[str] = typer.Option(None, "--batch", help="Only runs of this batch."),
     active: bool = typer.Option(False, "--active", help="Only launching/running runs."),
     as_json: bool = JsonOpt,
 ) -> None:
+    if name is not None:
+        show_run(name, as_json)
+        return
     with Store() as store:
         runs = store.list_runs(batch=batch, active=True if active else None)
     if as_json:
@@ -159,6 +164,31 @@ def runs_command(
         console.print(f"no {what} (registry: {store.path})", highlight=False, markup=False)
         return
     console.print(runs_table(runs, console.width))
+
+
+def show_run(name: str, as_json: bool) -> None:
+    """`dfo runs NAME`: one run's record, its verdict and where its W&B run is (URL, or offline directory)."""
+    with Store() as store:
+        run = store.get_run(name)
+        wandb = store.events(name, kind="wandb")
+    where = (wandb[-1]["data"] or {}) if wandb else {}
+    if as_json:
+        print_json({**run.as_dict(), "wandb": where or None})
+        return
+    decision = run.decision or {}
+    verdict = decision.get("decision", "")
+    if decision.get("steady_tok_s") is not None:
+        verdict += f", {decision['steady_tok_s']:,.0f} tok/s"
+    rows = [("run", run.name), ("target", run.target), ("variant", run.variant or ""),
+            ("state", run.state + (f" (exit code {run.exit_code})" if run.exit_code is not None else "")),
+            ("started", run.started_at or ""), ("ended", run.ended_at or ""), ("PID", _text(run.pid)),
+            ("log", run.log_path or ""), ("batch", run.batch or ""), ("after", run.parent or ""),
+            ("decision", verdict), ("why", decision.get("reason") or ""),
+            ("W&B", where.get("url") or (f"offline: {where['dir']} (upload: wandb sync {where['dir']})" if where.get("dir")
+                                          else ""))]
+    for key, value in rows:
+        if value:
+            console.print(f"{key + ':':10}{value}", highlight=False, markup=False, soft_wrap=True)
 
 
 RUN_COLUMNS = ("name", "target", "variant", "state", "started", "PID", "decision")
