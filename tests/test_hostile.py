@@ -206,13 +206,15 @@ def test_json_output_has_no_nan_or_infinity_and_keeps_what_they_were(capsys):
 # ------------------------------------------------------------------ launch
 
 
-def test_launch_into_a_workspace_with_markup_in_its_path_prints_it_plainly(lab, tmp_path):
+def test_push_and_launch_into_a_workspace_with_markup_in_its_path_print_it_plainly(lab, tmp_path):
     workspace = tmp_path / "ws[/x]"
     path = write_inventory(tmp_path, {
         "defaults": {"workspace": str(workspace)},
         "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
         "variants": {"quick": {"command": "echo hi"}},
     }, name="markup.yaml")
+    pushed = CliRunner().invoke(app, ["push", "--host", "here", "-i", str(path)])
+    assert pushed.exit_code == 0 and f"to {workspace}/.dfo/pkg/" in pushed.output, pushed.output
     result = CliRunner().invoke(app, ["launch", "--host", "here", "--variant", "quick", "--name", "m1",
                                       "--no-preflight", "-i", str(path)])
     assert result.exit_code == 0, result.output

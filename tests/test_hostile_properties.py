@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
@@ -69,7 +69,7 @@ HOSTILE_LINE = st.one_of(
 
 
 def step_line(step: int, ts: float, tok_s: float) -> str:
-    return f"ts={format_ts(ts)} event=step step={step} tok_s={tok_s:.1f} loss=nan phase=train"
+    return f"ts={format_ts(ts)} event=step step={step} tok_s={tok_s:.1f} loss=2.0 phase=train"
 
 
 def assert_visible(text: str) -> None:
@@ -82,6 +82,8 @@ def assert_visible(text: str) -> None:
 
 @FAST
 @given(line=HOSTILE_LINE, received=st.one_of(st.none(), st.floats(min_value=0, max_value=4e9)))
+@example(line="ts=1e20 event=step step=5 tok_s=100.0", received=None)
+@example(line="ts=1e20 event=eval acc=0.5", received=1.8e9)
 def test_the_parser_never_raises_and_lets_no_out_of_range_field_through(line, received):
     for parse in (parse_logfmt, make_parser(r"step (?P<step>\S+) .*?(?P<tok_s>\S+) tok/s(?: at (?P<ts>\S+))?")):
         record = parse(line, received)
@@ -200,8 +202,16 @@ def test_binary_and_large_files_arrive_whole_through_follower_and_tracker(seed, 
 # ------------------------------------------------------------------ dfo replay
 
 
+KNOWN_ATTACKS = [  # issue 13's findings, always tried besides the generated ones
+    "ts=1e20 event=step step=5 tok_s=100.0",
+    "ts=2026-11-29T11:40:03Z event=step step=99999999999999999999999 tok_s=100.0",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB [/x] \x1b]52;c;aGk=\x07 \x1b[2J [bold red]X[/]",
+]
+
+
 @FAST
 @given(hostile=st.lists(HOSTILE_LINE, max_size=12), good=st.integers(min_value=0, max_value=30), seed=st.integers(0, 9))
+@example(hostile=KNOWN_ATTACKS, good=20, seed=3)
 def test_replay_of_any_log_ends_with_a_verdict_and_shows_no_raw_control(hostile, good, seed, tmp_path_factory):
     rng = random.Random(seed)
     lines = [step_line(step, 1.8e9 + step, 1000.0) for step in range(1, good + 1)]
@@ -239,6 +249,7 @@ def store_path(tmp_path_factory):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(hostile=st.lists(HOSTILE_LINE, max_size=15), steps=st.lists(st.integers(1, 10**6), max_size=40, unique=True),
        repeats=st.integers(0, 3), cuts=st.lists(st.integers(0, 80), max_size=5), seed=st.integers(0, 99))
+@example(hostile=KNOWN_ATTACKS, steps=list(range(1, 30)), repeats=2, cuts=[5, 17], seed=1)
 def test_the_watcher_stores_every_well_formed_step_once_whatever_surrounds_it(store_path, hostile, steps, repeats,
                                                                               cuts, seed):
     watcher, store, base = store_path

@@ -145,7 +145,7 @@ def report_command(
         Path(csv_path).write_text(report_lib.to_csv(rows))
     show_report(batch, rows, as_json)
     if plot is not None and not as_json:
-        console.print(f"plot: {plot}", highlight=False)
+        console.print(f"plot: {plot}", highlight=False, markup=False)
 
 
 REPORT_DROPPED_FIRST = ("fallbacks", "warm-up s", "peak MiB", "state", "±95%")

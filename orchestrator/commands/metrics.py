@@ -54,7 +54,7 @@ def metrics_command(
         return
     show_metrics(metrics)
     if plot is not None:
-        console.print(f"plot: {plot}", highlight=False)
+        console.print(f"plot: {plot}", highlight=False, markup=False)
 
 
 def show_metrics(metrics: metrics_lib.RunMetrics) -> None:
@@ -121,7 +121,7 @@ def compare_command(
         return
     show_compare(runs, console.width)
     if plot is not None:
-        console.print(f"plot: {plot}", highlight=False)
+        console.print(f"plot: {plot}", highlight=False, markup=False)
 
 
 def compare_row(m: metrics_lib.RunMetrics) -> dict:

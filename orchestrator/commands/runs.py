@@ -71,7 +71,8 @@ def push_command(host: str = HostOpt, inventory: Optional[Path] = InventoryOpt, 
         print_json({"target": host, "hash": result.sha256, "transferred": result.transferred, "bytes": result.bytes_sent,
                     "python_found": result.python_found, "torch_found": result.torch_found})
     elif result.transferred:
-        console.print(f"{host}: pushed trainer {result.sha256[:12]} ({result.bytes_sent} bytes) to {result.pkg_dir}")
+        console.print(f"{host}: pushed trainer {result.sha256[:12]} ({result.bytes_sent} bytes) to {markup(result.pkg_dir)}",
+                      highlight=False, soft_wrap=True)
     else:
         console.print(f"{host}: already has trainer {result.sha256[:12]}; nothing transferred")
     _warn_python(spec, result.python_found, result.torch_found)
