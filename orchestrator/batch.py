@@ -8,7 +8,7 @@ A cell is one (target, variant, settings, GPU count, repeat). Its first run is n
 Watcher (built with fallback=False) judges runs; on a verdict chains.BATCH_POLICY falls back on (crash,
 stall) the scheduler stops the run and starts the next variant of the chain (chains.next_variant_after) under
 chains' one naming rule (`BATCH.CELL.<n>-<variant>`) with `parent` set, on the same GPUs with the same
-settings once those GPUs are released (chains.Supervisor.gpus_still_busy), so a fallback never lands on
+settings once those GPUs are released (chains.Supervisor.launch_when_released), so a fallback never lands on
 another cell's GPUs. A too-slow verdict (against a configured baseline only) ends the cell as
 `done`: its steady figure is the result, and a sweep is there to measure the slow configurations too. Two cells never hold one GPU at once: a cell without `gpus:` takes the whole
 target; one with `gpus: N` takes N of the target's listed GPUs and runs with CUDA_VISIBLE_DEVICES set to
@@ -725,7 +725,7 @@ def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *
 
     A target's first launch carries its preflight (one remote call for both: runs.launch with a Gate); its
     other cells wait for that verdict and share it. Busy GPUs pass on targets in `ours` (running cells of
-    this batch); fallbacks (a `parent`) start without a preflight, as the chain's GPUs are the cell's own."""
+    this batch); a fallback (a `parent`) checks only that the cell's GPUs went idle, in its launch command."""
     supervisor = Supervisor(inventory, connections, store)
     verdicts: dict[str, Optional[str]] = {}  # target -> None (passed) or why its preflight refused
     locks: dict[str, threading.Lock] = {target: threading.Lock() for target in plan.target_gpus}
@@ -735,12 +735,8 @@ def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *
             return name
         spec = run_spec(plan, inventory, cell, gpu_ids, variant, parent=parent, wandb=wandb)
         target = connections.container(cell.target)
-        if parent is not None:  # a fallback: only once the cell's GPUs are released (as `dfo watch` waits)
-            busy = supervisor.gpus_still_busy(target, spec)
-            if busy:
-                raise RefusedError(f"not launching {variant}: the GPUs of cell {cell.id} are still busy "
-                                   f"{supervisor.gpu_release_s:g} s after {parent} ended ({busy})")
-            runs.launch(target, spec, store, name=name)
+        if parent is not None:  # a fallback: once the cell's GPUs are released (as `dfo watch` waits), checked in its launch
+            supervisor.launch_when_released(target, spec, name, after=parent)
             return name
         with locks[cell.target]:
             if cell.target not in verdicts:

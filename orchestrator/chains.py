@@ -13,7 +13,8 @@ A Policy says what differs between the two callers: `dfo watch` falls back on cr
 `dfo batch` falls back on crash and stall (too slow is a measurement there) and stops at its stop_when.
 
 This module must not judge runs (decide/ does), render, or parse options. It reaches machines only
-through runs.py (launch/stop) and gpu.py (the GPU release check).
+through runs.py (launch/stop; the GPU release check goes in the successor's launch command, preflight's
+`gpus_idle` judged by a launchplan.Gate).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .decide import Catalogue, next_variant
 from .errors import DfoError, RefusedError
-from .gpu import NvidiaSmiError, query_gpus
 from .inventory import Inventory, TargetSpec
-from .preflight import gpus_idle_check
+from .launchplan import Gate
+from .preflight import PreflightFailed
 from .runs import RunSpec, spec_for
 from .runs import launch as launch_run
 from .runs import stop as stop_run
@@ -38,7 +39,8 @@ from .store import Claim, Intent, Run, Store
 
 GPU_RELEASE_S = 30.0  # after a stop, how long the run's GPUs get to go idle before the next run starts
 GPU_POLL_S = 1.0
-GPU_QUERY_TIMEOUT_S = 15.0
+RELEASE_CHECKS = ("nvidia_smi", "gpus_idle")
+"""What a successor's launch checks on a target that was in use a moment ago (SSH and container always count)."""
 MAX_NAME_TRIES = 5
 LEASE_S = 15.0  # a claim not renewed for this long is free: its owner died (kill -9) or hangs
 FALLBACK = "fallback"
@@ -180,6 +182,10 @@ def chain_key(root: str) -> str:
 
 # ---------------------------------------------------------------------------------------------- acting
 
+class GpusStillBusy(RefusedError):
+    """A successor not started: the GPUs of the run it follows did not go idle within gpu_release_s."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What an action did: the stop (signal sent, or why none), the next run launched, or the error."""
@@ -243,34 +249,32 @@ class Supervisor:
             try:
                 spec = next_spec(self.inventory, self.store, self.store.get_run(run.name), data["variant"], data["chain"])
                 target = self.connections.container(run.target)
-                busy = self.gpus_still_busy(target, spec)
-                if busy:
-                    error = (f"not launching {data['variant']}: the GPUs of {run.target} are still busy "
-                             f"{self.gpu_release_s:g} s after {run.name} ended ({busy})")
-                else:
-                    self.on_step("launching", data)
-                    launched = launch_run(target, spec, self.store, name=data["name"]).run
+                self.on_step("launching", data)
+                launched = self.launch_when_released(target, spec, data["name"], after=run.name)
+            except GpusStillBusy as exc:
+                error = str(exc)
             except DfoError as exc:
                 error = f"launching {data['variant']} failed: {exc}"
         self.store.update_intent(intent.id, {**data, "error": error}, done=True)
         return replace(stop, launched=launched, error=error)
 
-    def gpus_still_busy(self, target, spec: RunSpec) -> str | None:
-        """The preflight's GPU check on the run's GPUs before its successor starts: None once they are idle,
-        else why not after gpu_release_s. A target that lists no `gpus:` is not checked: dfo cannot tell its
+    def launch_when_released(self, target, spec: RunSpec, name: str, *, after: str) -> Run:
+        """Launch the successor of run `after` with the preflight's GPU checks on its GPUs in the same remote
+        command (runs.launch with a Gate); while they still read busy, again every GPU_POLL_S for up to
+        gpu_release_s, then GpusStillBusy. A target that lists no `gpus:` is not checked: dfo cannot tell its
         own GPUs from another tenant's."""
         target_spec = self.inventory.target(spec.target)
         gpus = visible_gpus(spec, target_spec)
-        if not gpus:
-            return None
-        target_spec = replace(target_spec, gpus=gpus)
+        gate = Gate(replace(target_spec, gpus=gpus), judged=RELEASE_CHECKS) if gpus else None
         deadline = time.monotonic() + self.gpu_release_s
         while True:
             try:
-                check = gpus_idle_check(query_gpus(target, timeout=GPU_QUERY_TIMEOUT_S), target_spec)
-                why = None if check.ok else check.detail
-            except NvidiaSmiError as exc:
-                why = str(exc)
-            if why is None or time.monotonic() >= deadline:
-                return why
+                return launch_run(target, spec, self.store, name=name, gate=gate).run
+            except PreflightFailed as exc:
+                if any(check.name not in RELEASE_CHECKS for check in exc.failed):
+                    raise  # ssh or container: not something waiting mends
+                if time.monotonic() >= deadline:
+                    raise GpusStillBusy(f"not launching {spec.variant}: the GPUs of {spec.target} are still busy "
+                                        f"{self.gpu_release_s:g} s after {after} ended "
+                                        f"({'; '.join(check.detail for check in exc.failed)})") from None
             time.sleep(GPU_POLL_S)

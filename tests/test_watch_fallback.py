@@ -18,6 +18,8 @@ from rich.console import Console
 from orchestrator.connections import Connections
 from orchestrator.decide import DecideConfig
 from orchestrator.inventory import load_inventory
+from orchestrator.remote.base import render as shell_form
+from orchestrator.remote.local import LocalTarget
 from orchestrator.runs import launch, spec_for, stop
 from orchestrator.store import Store
 from orchestrator.view import render
@@ -62,6 +64,24 @@ def make_lab(tmp_path: Path, monkeypatch, *, gpus: list[int] | None = None, gpu_
     })
     monkeypatch.setenv("DFO_HOME", str(tmp_path / "state"))
     return load_inventory(path), state
+
+
+def record_commands(monkeypatch) -> list[str]:
+    """Every command the local target runs or streams from now on, rendered as a shell would get it."""
+    sent: list[str] = []
+    run, stream = LocalTarget.run, LocalTarget.stream
+
+    def recording_run(self, cmd, **kwargs):
+        sent.append(shell_form(cmd))
+        return run(self, cmd, **kwargs)
+
+    def recording_stream(self, cmd):
+        sent.append(shell_form(cmd))
+        return stream(self, cmd)
+
+    monkeypatch.setattr(LocalTarget, "run", recording_run)
+    monkeypatch.setattr(LocalTarget, "stream", recording_stream)
+    return sent
 
 
 class Session:
@@ -113,6 +133,7 @@ def test_set_overrides_of_the_first_launch_go_to_the_fallback_run(tmp_path, monk
 @pytest.mark.slow
 def test_a_fallback_waits_for_the_gpus_to_go_idle_and_starts_once_they_do(tmp_path, monkeypatch, pct_env) -> None:
     inventory, gpu_state = make_lab(tmp_path, monkeypatch, gpus=[0], gpu_busy=True)
+    sent = record_commands(monkeypatch)
     lab = session(tmp_path, inventory)
     try:
         lab.launch("trees", "g1")
@@ -121,10 +142,15 @@ def test_a_fallback_waits_for_the_gpus_to_go_idle_and_starts_once_they_do(tmp_pa
         run_until(watcher, lambda w: lab.store.get_run("g1").state == "stopped", timeout=30)
         time.sleep(2)
         assert len(watcher.chains()[0]["runs"]) == 1  # the GPU still reads busy: nothing started yet
+        sent.clear()
         gpu_state.set_load(0, memory_used_mib=0, utilization_pct=0)
         run_until(watcher, lambda w: len(w.chains()[0]["runs"]) == 2, timeout=20)
     finally:
         lab.close()
+    # the GPU check, the launch probe and the start went in one remote command (was three: an nvidia-smi
+    # query, the probe, the start script)
+    launch_calls = [cmd for cmd in sent if "log=free" in cmd or "setsid nohup" in cmd or "--query-gpu" in cmd]
+    assert len(launch_calls) == 1 and all(word in launch_calls[0] for word in ("--query-gpu", "log=free", "setsid nohup"))
 
 
 def test_a_fallback_onto_gpus_that_stay_busy_is_not_launched_and_says_why(tmp_path, monkeypatch, pct_env) -> None:
