@@ -34,14 +34,16 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def fleet(workdir: Path, count: int, *, netns: bool = False, python: str = "python3") -> Iterator[Fleet]:
-    """Start `count` hosts; the caller points $HOME at `fleet.home.home` before connecting."""
+def fleet(workdir: Path, count: int, *, netns: bool = False, python: str = "python3",
+          env: dict[str, str] | None = None) -> Iterator[Fleet]:
+    """Start `count` hosts; the caller points $HOME at `fleet.home.home` before connecting. `env` reaches every
+    SSH session (e.g. PCT_STANDIN_START_S for the pct stand-in)."""
     home = SshHome(workdir / "home")
     with contextlib.ExitStack() as teardown:
         if netns:
-            servers, containers = _netns_hosts(workdir, count, teardown)
+            servers, containers = _netns_hosts(workdir, count, teardown, env or {})
         else:
-            servers, containers = _loopback_hosts(workdir, count, teardown)
+            servers, containers = _loopback_hosts(workdir, count, teardown, env or {})
         hosts = {}
         for k, (server, container) in enumerate(zip(servers, containers), start=1):
             home.add_host(f"host{k}", server)
@@ -50,17 +52,17 @@ def fleet(workdir: Path, count: int, *, netns: bool = False, python: str = "pyth
         yield Fleet(write_inventory(workdir, data), home, servers, containers, "netns" if netns else "loopback")
 
 
-def _netns_hosts(workdir: Path, count: int, teardown: contextlib.ExitStack):
+def _netns_hosts(workdir: Path, count: int, teardown: contextlib.ExitStack, env: dict[str, str]):
     remove_stale_namespaces()
-    factory = NetnsHosts(workdir / "netns")
+    factory = NetnsHosts(workdir / "netns", env=env)
     teardown.callback(factory.destroy_all)
     hosts = factory(count)
     return [host.server for host in hosts], [host.containers(200) for host in hosts]
 
 
-def _loopback_hosts(workdir: Path, count: int, teardown: contextlib.ExitStack):
+def _loopback_hosts(workdir: Path, count: int, teardown: contextlib.ExitStack, env: dict[str, str]):
     lxc_path = workdir / "lxc"
-    pct_env = {"PCT_STANDIN_LXCPATH": str(lxc_path), "PCT_STANDIN_NODE": "fleet"}
+    pct_env = {**env, "PCT_STANDIN_LXCPATH": str(lxc_path), "PCT_STANDIN_NODE": "fleet"}
     factory = ContainerFactory(lxc_path)
     teardown.callback(factory.destroy_all)
     containers = [factory() for _ in range(count)]
