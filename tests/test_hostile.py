@@ -270,6 +270,25 @@ def test_a_log_rotated_between_two_watches_is_followed_from_0_by_the_next_agent(
     assert data == step_lines(111, 600)
 
 
+def test_a_log_renamed_away_is_read_to_its_end_while_the_trainer_writes_on_then_the_new_one_from_0(tmp_path):
+    log = tmp_path / "run.log"
+    log.write_bytes(step_lines(1, 10))
+    follow = Follow({"run": "r", "log": str(log), "offset": 0})
+    read_all(follow)
+    with open(log, "ab") as trainer:  # the trainer's own descriptor: it keeps writing to the renamed file
+        log.rename(tmp_path / "run.log.1")
+        log.write_bytes(b"")  # logrotate's `create`
+        trainer.write(step_lines(11, 20))
+        trainer.flush()
+        assert read_all(follow) == ([], step_lines(11, 20))  # lines 11..20 are not lost
+        log.write_bytes(step_lines(21, 30))  # a trainer that reopens its log writes here
+        trainer.write(step_lines(31, 31))  # ... after one last line to the old file
+        trainer.flush()
+        assert read_all(follow) == ([], step_lines(31, 31))
+        truncated, data = read_all(follow)
+    assert [t["why"] for t in truncated] == ["replaced"] and data == step_lines(21, 30)
+
+
 def test_a_watch_after_a_copytruncate_stores_every_step_of_the_new_log_once(lab):
     lab.launch("nographs", "ct1")
     first = lab.watcher(fallback=False)

@@ -99,27 +99,34 @@ def read_exit_code(path: str | None) -> int | None:
 # ---------------------------------------------------------------- following one run
 
 
-def head_digest(path: str, size: int) -> str | None:
-    """sha256 (hex) of the first `size` bytes of the file, or None if it has fewer or cannot be read."""
+def head_digest(fd: int, size: int) -> str | None:
+    """sha256 (hex) of the first `size` bytes of the open file, or None if it has fewer or cannot be read."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(size)
+        data = os.pread(fd, size, 0)
     except OSError:
         return None
     return hashlib.sha256(data).hexdigest() if len(data) == size else None
 
 
-def log_ident(st: os.stat_result, path: str, offset: int) -> dict:
-    """What identifies the file read up to `offset`: device, inode, and the hash of its first bytes (up to
-    HEAD_BYTES, never past what was read), so a copytruncate, a rotation or a truncate-and-regrow is told
+def log_ident(fd: int, offset: int) -> dict:
+    """What identifies the open file read up to `offset`: device, inode, and the hash of its first bytes (up
+    to HEAD_BYTES, never past what was read), so a copytruncate, a rotation or a truncate-and-regrow is told
     from the same file having grown."""
+    st = os.fstat(fd)
     head = min(offset, HEAD_BYTES)
-    return {"dev": st.st_dev, "ino": st.st_ino, "head": head, "sha": head_digest(path, head) if head else None}
+    return {"dev": st.st_dev, "ino": st.st_ino, "head": head, "sha": head_digest(fd, head) if head else None}
+
+
+def same_file(fd: int, st: os.stat_result | None) -> bool:
+    if st is None:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (st.st_dev, st.st_ino)
 
 
 class Follow:
-    """One watched run: where its log has been read to, which file that was, and the process state last
-    reported."""
+    """One watched run: where its log has been read to, which file that was (held open, as `tail -F` does),
+    and the process state last reported."""
 
     def __init__(self, cmd: dict) -> None:
         self.run = str(cmd["run"])
@@ -130,28 +137,50 @@ class Follow:
         self.offset = int(cmd.get("offset") or 0)
         ident = cmd.get("ident")
         self.ident: dict | None = ident if isinstance(ident, dict) else None  # of the file read up to offset
+        self.fd: int | None = None  # that file, open
         self.reported: tuple | None = None
 
+    def __del__(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        fd, self.fd = getattr(self, "fd", None), None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except (OSError, TypeError):  # TypeError: os is gone at interpreter exit
+                pass
+
     def changed(self, st: os.stat_result) -> str | None:
-        """Why the file at the log's path is no longer the one read up to the offset (None: it is)."""
+        """Why the file at the log's path is no longer the one read up to the offset (None: it is). Called
+        with that file open when it has the identity's device and inode."""
+        ident = self.ident
+        if ident is not None and (ident.get("dev"), ident.get("ino")) != (st.st_dev, st.st_ino):
+            return "replaced"
         if st.st_size < self.offset:
             return "truncated"
-        ident = self.ident
         if ident is None:
             return None
-        if (ident.get("dev"), ident.get("ino")) != (st.st_dev, st.st_ino):
-            return "replaced"
         head = ident.get("head") or 0
-        if head and head_digest(self.log, head) != ident.get("sha"):
+        if head and (self.fd is None or head_digest(self.fd, head) != ident.get("sha")):
             return "rewritten"
         return None
 
     def log_records(self, budget: int) -> list[bytes]:
-        """Records for what the log gained since the offset (at most `budget` bytes), after a `truncated`
-        record when the file was truncated, replaced or rewritten (read again from 0)."""
+        """Records for what the log gained since the offset (at most `budget` bytes). When the path names
+        another file now (rotated), the old one is read to its end first, for as long as the new one is
+        empty (a trainer that never reopens its log goes on writing there); then, as when the file was
+        truncated or rewritten, a `truncated` record and the new file from 0."""
         try:
-            st = os.stat(self.log)
+            st: os.stat_result | None = os.stat(self.log)
         except OSError:
+            st = None
+        if self.fd is not None and not same_file(self.fd, st):
+            records = self.read_chunks(budget)
+            if records or st is None or st.st_size == 0:
+                return records
+            self.close()
+        if st is None or not self.open(st):
             return []
         records = []
         why = self.changed(st)
@@ -160,28 +189,40 @@ class Follow:
                                           "was": self.offset}))
             self.offset, self.ident = 0, None
         if self.ident is None or self.ident["head"] < min(self.offset, HEAD_BYTES):
-            self.ident = log_ident(st, self.log, self.offset)
+            self.ident = log_ident(self.fd, self.offset)
         if st.st_size > self.offset:
-            records.extend(self.read_chunks(min(st.st_size - self.offset, budget), st))
+            records.extend(self.read_chunks(min(st.st_size - self.offset, budget)))
         return records
 
-    def read_chunks(self, want: int, st: os.stat_result) -> list[bytes]:
+    def open(self, st: os.stat_result) -> bool:
+        """Hold the file the path names (the one `st` describes); False if it cannot be opened as that file."""
+        if self.fd is not None:
+            return True
+        try:
+            fd = os.open(self.log, os.O_RDONLY)
+        except OSError:
+            return False  # unreadable for now (permissions, removed meanwhile): the next tick retries
+        if not same_file(fd, st):
+            os.close(fd)  # replaced between stat and open: the next tick sees the new one
+            return False
+        self.fd = fd
+        return True
+
+    def read_chunks(self, want: int) -> list[bytes]:
         records = []
         try:
-            with open(self.log, "rb") as f:
-                f.seek(self.offset)
-                while want > 0:
-                    data = f.read(min(want, MAX_LOG_CHUNK))
-                    if not data:
-                        break
-                    self.offset += len(data)
-                    want -= len(data)
-                    if self.ident["head"] < HEAD_BYTES:
-                        self.ident = log_ident(st, self.log, self.offset)
-                    records.append(encode_record({"t": "log", "run": self.run, "off": self.offset - len(data),
-                                                  "ident": self.ident}, data))
+            while want > 0:
+                data = os.pread(self.fd, min(want, MAX_LOG_CHUNK), self.offset)
+                if not data:
+                    break
+                self.offset += len(data)
+                want -= len(data)
+                if self.ident is None or self.ident["head"] < HEAD_BYTES:
+                    self.ident = log_ident(self.fd, self.offset)
+                records.append(encode_record({"t": "log", "run": self.run, "off": self.offset - len(data),
+                                              "ident": self.ident}, data))
         except OSError:
-            pass  # unreadable for now (permissions, removed between stat and open): the next tick retries
+            pass  # an I/O error: the next tick retries
         return records
 
     def proc_record(self, always: bool = False) -> bytes | None:
