@@ -15,6 +15,7 @@ from harness import write_inventory
 from harness.nvidia_smi import Gpu
 from orchestrator.connections import Connections
 from orchestrator.inventory import load_inventory
+from orchestrator import launchplan
 from orchestrator.launchplan import Gate, PlanCall, open_plan, plan_script
 from orchestrator.package import build_package, package_files
 from orchestrator.preflight import CHECKS, PreflightFailed, preflight
@@ -50,6 +51,16 @@ def test_only_the_exact_start_word_starts_anything(tmp_path: Path, answer: bytes
     call._close()  # dfo goes away: stdin closes, the script reads EOF
     time.sleep(0.3)
     assert not marker.exists()
+
+
+def test_no_answer_within_the_reply_timeout_starts_nothing(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(launchplan, "REPLY_TIMEOUT_S", 1)  # a dfo that hangs with the channel still open
+    marker = tmp_path / "started"
+    call = PlanCall(LocalTarget("here"), started_file_script(marker), timeout=10)
+    started = time.monotonic()
+    assert call._read(until=None, timeout=10).strip() == "started=no"  # the script gave up on its own
+    assert time.monotonic() - started < 5 and not marker.exists()
+    call._close()
 
 
 def test_start_passes_the_secrets_on_stdin_and_returns_the_output(tmp_path: Path) -> None:
