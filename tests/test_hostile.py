@@ -465,3 +465,41 @@ def test_gpu_and_process_names_from_a_remote_nvidia_smi_are_shown_escaped_in_the
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert_no_raw_controls(result.output)
     assert "\\x1b[2J[/x]" in result.output and "\\x1b]52;c;aGFja2Vk" in result.output
+
+
+def test_dfo_logs_on_a_terminal_shows_controls_escaped_and_a_pipe_gets_the_bytes(tmp_path):
+    import pty
+
+    script = tmp_path / "noisy.py"
+    script.write_text(f"print({HOSTILE_TEXT!r}, flush=True)\n")
+    inventory = local_inventory(tmp_path, str(tmp_path / "ws"), noisy={"command": f"{PY} {script}"})
+    home = tmp_path / "state"
+    assert dfo("launch", "--host", "here", "--variant", "noisy", "--name", "n1", "--no-preflight", "-i", str(inventory),
+               home=home).returncode == 0
+    log = tmp_path / "ws" / "logs" / "n1.log"
+    deadline = time.monotonic() + 20
+    while not log.exists() or CLEAR not in log.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    piped = dfo("logs", "n1", "-i", str(inventory), home=home)
+    assert CLIPBOARD in piped.stdout  # a file or pipe gets the log as written
+    primary, secondary = pty.openpty()
+    env = {**os.environ, "DFO_HOME": str(home)}
+    env.pop("DFO_INVENTORY", None)
+    done = subprocess.run([str(Path(sys.executable).parent / "dfo"), "logs", "n1", "-i", str(inventory)],
+                          stdout=secondary, stderr=subprocess.PIPE, timeout=60, env=env)
+    os.close(secondary)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(primary)
+    assert done.returncode == 0, done.stderr
+    text = shown.decode()
+    assert_no_raw_controls(text)
+    assert "\\x1b]52;c;aGFja2Vk\\x07" in text
