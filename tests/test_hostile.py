@@ -26,9 +26,8 @@ from orchestrator.remote.base import Result
 from orchestrator.sanitize import SafeConsole, finite_json, visible
 from orchestrator.store import Run, Store
 from orchestrator.view import render
-from orchestrator.watch import Watcher
 
-from test_watch import FAST_WATCH, Lab, lab, run_until  # noqa: F401  (the local lab fixture)
+from test_watch import lab, run_until  # noqa: F401  (the local lab fixture)
 
 PY = sys.executable
 CLIPBOARD = "\x1b]52;c;aGFja2Vk\x07"  # OSC 52: write "hacked" to the operator's clipboard

@@ -11,8 +11,6 @@ import io
 import os
 import random
 import re
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -28,7 +26,6 @@ from orchestrator.connections import Connections
 from orchestrator.inventory import load_inventory
 from orchestrator.logfmt import MAX_STEP, EventRecord, MalformedLine, StepRecord, format_ts, make_parser, parse_logfmt
 from orchestrator.observe import Observation, RunTracker, FollowSpec
-from orchestrator.sanitize import is_visible
 from orchestrator.store import Run, Store
 from orchestrator.view import render
 from orchestrator.watch import Watcher
