@@ -19,22 +19,27 @@ through runs.py (launch/stop; the GPU release check goes in the successor's laun
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shlex
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .decide import Catalogue, next_variant
-from .errors import DfoError, RefusedError
-from .inventory import Inventory, TargetSpec
+from .errors import DfoError, RefusedError, UsageError
+from .inventory import Inventory, TargetSpec, load_inventory
 from .launchplan import Gate
+from .package import build_package
 from .preflight import PreflightFailed
-from .runs import RunSpec, spec_for
+from .runs import LOOK_TIMEOUT, Launched, RunSpec, look, out_dir, spec_for
 from .runs import launch as launch_run
 from .runs import stop as stop_run
-from .states import Verdict
+from .states import RunState, Verdict
 from .store import Claim, Intent, Run, Store
 
 GPU_RELEASE_S = 30.0  # after a stop, how long the run's GPUs get to go idle before the next run starts
@@ -278,3 +283,98 @@ class Supervisor:
                                         f"{self.gpu_release_s:g} s after {after} ended "
                                         f"({'; '.join(check.detail for check in exc.failed)})") from None
             time.sleep(GPU_POLL_S)
+
+
+# ---------------------------------------------------------------------------------------------- where runs came from
+
+def inventory_for(run: Run, given: Path | None) -> tuple[Inventory, str | None]:
+    """The inventory to reach `run` with: `-i`/$DFO_INVENTORY when given, else the file it was launched from
+    (the registry keeps its path and hash), else the built-in one. The note says when that file changed since."""
+    if given is not None or os.environ.get("DFO_INVENTORY") or not run.inventory_path:
+        return load_inventory(given), None
+    path = Path(run.inventory_path)
+    if not path.is_file():
+        raise UsageError(f"run {run.name} was launched with inventory {path}, which is gone",
+                         hint=f"pass the inventory with -i (e.g. dfo ... {run.name} -i lab.yaml)")
+    note = None
+    if run.inventory_hash and hashlib.sha256(path.read_bytes()).hexdigest() != run.inventory_hash:
+        note = f"note: {path} changed since {run.name} was launched; using it as it is now"
+    return load_inventory(path), note
+
+
+# ---------------------------------------------------------------------------------------------- fresh status
+
+def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], Any], *,
+            timeout: float = LOOK_TIMEOUT) -> dict[str, str]:
+    """Look at every target holding an active run of `runs` at once (one remote call each, see runs.look) and
+    record what changed; returns {target: why it could not be looked at}. Bounded: a target that has not
+    answered within `timeout` (plus a little) is left as it was."""
+    groups: dict[str, tuple[Any, list[Run]]] = {}
+    problems: dict[str, str] = {}
+    for run in runs:
+        if not run.active:
+            continue
+        try:
+            connections = groups[run.target][0] if run.target in groups else connections_for(run)
+        except DfoError as exc:
+            problems[run.target] = str(exc)
+            continue
+        groups.setdefault(run.target, (connections, []))[1].append(run)
+
+    def one(target: str, connections: Any, group: list[Run]) -> None:
+        try:
+            look(connections.container(target), store, group, timeout=timeout)
+        except DfoError as exc:
+            problems[target] = str(exc)
+
+    threads = {target: threading.Thread(target=one, args=(target, *group), daemon=True) for target, group in groups.items()}
+    for thread in threads.values():
+        thread.start()
+    deadline = time.monotonic() + timeout + 5
+    for target, thread in threads.items():
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            problems[target] = f"no answer within {timeout:g} s"
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------- resume
+
+RESUMABLE = (RunState.STOPPED, RunState.CRASHED, RunState.LOST)
+CHECKPOINT = "checkpoint.pt"
+
+
+def resume(inventory: Inventory, connections: Any, store: Store, name: str, *, force: bool = False) -> Launched:
+    """Relaunch the stopped or crashed built-in-trainer run `name` from its checkpoint as the next run of its
+    chain (same target, variant, first launch's settings; `parent` = name): its checkpoint is copied into the
+    new run's directory and the trainer starts with --resume. Refuses a run still going, one that finished,
+    one without a checkpoint, and (unless `force`) one whose trainer package has changed since."""
+    run = store.get_run(name)
+    if run.active:
+        raise RefusedError(f"run {name} is still {run.state}; dfo resume continues a stopped or crashed run",
+                           hint=f"dfo stop {name} first (the trainer writes a checkpoint on SIGTERM)")
+    if run.state not in RESUMABLE:
+        raise RefusedError(f"run {name} {run.state} (exit code {run.exit_code}); there is nothing to resume",
+                           hint="dfo resume continues a stopped or crashed run")
+    if inventory.variant(run.variant).command is not None:
+        raise RefusedError(f"run {name} ran its own command (variant {run.variant}); dfo resume needs the built-in trainer")
+    package = build_package()
+    if run.trainer_hash and run.trainer_hash != package.sha256 and not force:
+        raise RefusedError(f"the trainer package changed since {name} ran ({run.trainer_hash[:12]} then, "
+                           f"{package.sha256[:12]} now); its checkpoint may not load",
+                           hint=f"dfo resume {name} --force to try anyway")
+    root = store.lineage(name)[0]
+    spec = replace(next_spec(inventory, store, run, run.variant, chain_variants(store, root, inventory)), resume=True)
+    new_name = next(iter(next_run_names(store, root, run.variant)), None)
+    if new_name is None:
+        raise RefusedError(f"no free run name to resume {name} under", hint="remove old runs of this chain")
+    target = connections.container(run.target)
+    old, new = f"{out_dir(spec, name)}/{CHECKPOINT}", out_dir(spec, new_name)
+    copied = target.run(f"if [ -f {shlex.quote(old)} ]; then mkdir -p {shlex.quote(new)} && cp -p {shlex.quote(old)} {shlex.quote(new)}/ && echo copied; "
+                        f"else echo missing; fi", timeout=60, check=True).stdout.strip()
+    if copied != "copied":
+        raise RefusedError(f"run {name} left no checkpoint ({old} is not on {run.target})",
+                           hint="the built-in trainer writes one when stopped (exit 75) or every run.checkpoint_every steps")
+    launched = launch_run(target, spec, store, name=new_name, package=package)
+    store.add_event(new_name, "resumed", {"from": name, "checkpoint": old})
+    return launched

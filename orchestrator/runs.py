@@ -14,9 +14,11 @@ the log is created with noclobber, so two launches of one name cannot both start
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
+import socket
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterator, Mapping, Sequence
@@ -27,11 +29,14 @@ from .names import check_name
 from .package import Package, PushResult, build_package, parse_probe, pkg_dir, probe_script, push
 from .preflight import TargetReport
 from .remote.base import Target
+from .states import RunState
 from .store import Run, Store, utc_now
 
 DEFAULT_GRACE_S = 30.0
 START_TIMEOUT = 30.0
 LOG_TIMEOUT = 30.0
+FOLLOW_POLL_S = 0.5  # how often `dfo logs -f` looks for the run's end
+FOLLOW_DRAIN_S = 1.5  # then how long tail gets to print the last lines (it polls the file each second)
 LOG_EXISTS_EXIT = 17
 KILL_SETTLE_S = 10.0
 STOP_PROBE_TIMEOUT = 20.0
@@ -69,6 +74,9 @@ class RunSpec:
     chain: tuple[str, ...] | None = None  # the fallback chain ahead; () = no more variants, None = none given
     sets: Mapping[str, str] = field(default_factory=dict)  # the user's --set overrides (in `args` too), for fallbacks
     tags: tuple[str, ...] = ()  # W&B tags (the variant's)
+    inventory_path: str | None = None  # the inventory file it comes from (None: the built-in one), kept in the registry
+    resume: bool = False  # built-in trainer: --resume from OUT/<this run>/checkpoint.pt (dfo resume puts it there)
+    inventory_hash: str | None = None
 
     @property
     def builtin(self) -> bool:
@@ -103,6 +111,7 @@ def spec_for(inventory, target_name: str, variant_name: str, *, sets: Mapping[st
     `sets` override the variant's args (built-in trainer only); `extra` sets wandb/batch/parent/chain."""
     target = inventory.target(target_name)
     variant = inventory.variant(variant_name)
+    extra = {**inventory_file(inventory), **extra}
     if sets and variant.command is not None:
         raise UsageError(f"--set applies to built-in trainer variants; variant {variant_name!r} runs its own command")
     return RunSpec(
@@ -124,7 +133,45 @@ def spec_for(inventory, target_name: str, variant_name: str, *, sets: Mapping[st
     )
 
 
+def inventory_file(inventory) -> dict[str, str | None]:
+    """{inventory_path, inventory_hash} of the file `inventory` was loaded from (both None for the built-in one)."""
+    source = inventory.source
+    if source.startswith("<"):
+        return {"inventory_path": None, "inventory_hash": None}
+    path = os.path.abspath(source)
+    try:
+        digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    except OSError:
+        digest = None
+    return {"inventory_path": path, "inventory_hash": digest}
+
+
+def launcher_id() -> str:
+    """`host:pid` of this dfo: a `launching` row whose launcher is gone was left by a dfo that died."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def launcher_alive(run: Run) -> bool:
+    """Whether the dfo that is launching `run` still lives (one on another workstation: assumed alive)."""
+    host, _, pid = (run.owner or "").rpartition(":")
+    if not pid.isdigit() or host != socket.gethostname():
+        return bool(run.owner) and host != socket.gethostname()
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 # ---------------------------------------------------------------------------------------------- paths
+
+def out_dir(spec: RunSpec, name: str) -> str:
+    """Where the built-in trainer keeps run `name`'s checkpoint: WORKSPACE/<args.out, default runs>/<name>."""
+    out = str(spec.args.get("out") or "runs")
+    return f"{out if out.startswith('/') else spec.workspace + '/' + out}/{name}"
+
 
 def log_path(workspace: str, name: str) -> str:
     return f"{workspace}/logs/{name}.log"
@@ -159,6 +206,8 @@ def trainer_command(spec: RunSpec, name: str, pkg_dir: str) -> str:
         key = str(key)
         argv += ["--set", f"{key}={_arg(value)}"] if "." in key else [f"--{key.replace('_', '-')}", _arg(value)]
     argv += ["--wandb", spec.wandb]
+    if spec.resume:
+        argv.append("--resume")
     wandb = "".join(f"{key}={shlex.quote(value)} " for key, value in wandb_env(spec).items())
     return f"{wandb}PYTHONPATH={shlex.quote(pkg_dir)}${{PYTHONPATH:+:$PYTHONPATH}} {shlex.join(argv)}"
 
@@ -267,6 +316,7 @@ def launch(
     missing = tuple(key for key in spec.secrets if key not in environ)
     package = (package or build_package()) if spec.builtin else None
     name, opened = _reserve_name(target, spec, store, name, package, now, gate, bool(secrets))
+    _test_hook("reserved")
     starting = False
     try:
         pushed = push(target, spec.workspace, package=package, store=store, target_name=spec.target, probe=opened.probe) if package else None
@@ -276,13 +326,22 @@ def launch(
         opened.call.cancel()
         _abandon(target, spec, name, store, exc, maybe_started=starting and isinstance(exc, (CommandTimeout, KeyboardInterrupt)))
         raise
+    _test_hook("started")
     command = _command(spec, name, package)
     run = store.update_run(
-        name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command
+        name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command, owner=None
     )
+    _test_hook("recorded")
     store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets),
                                        "env": dict(spec.env), "wandb": spec.wandb})
     return Launched(run, pushed, missing, opened.report)
+
+
+def _test_hook(point: str) -> None:
+    """Tests kill dfo at a named point of a launch (DFO_TEST_LAUNCH_EXIT_AT=reserved|started|recorded) to show
+    that the next `dfo runs` or `dfo watch` resolves what it left. Nothing else sets it."""
+    if os.environ.get("DFO_TEST_LAUNCH_EXIT_AT") == point:
+        os._exit(137)
 
 
 def _command(spec: RunSpec, name: str, package: Package | None) -> str:
@@ -385,6 +444,9 @@ def _launching_run(spec: RunSpec, name: str, package: Package | None) -> Run:
         chain=list(spec.chain) if spec.chain is not None else None,
         batch=spec.batch,
         state="launching",
+        inventory_path=spec.inventory_path,
+        inventory_hash=spec.inventory_hash,
+        owner=launcher_id(),
     )
 
 
@@ -518,6 +580,80 @@ def _record_end(store: Store, run: Run, exit_text: str, why: str, *, state: str 
     return store.update_run(run.name, state=state, exit_code=code, ended_at=utc_now())
 
 
+def follow_script(run: Run, lines: int) -> str:
+    """`tail -F` the log until the run ends; then give tail a moment (it polls each second) for the last lines.
+    `tail -F` ignores its stdin, so a background `cat` ends everything when stdin closes (dfo went away)."""
+    q = shlex.quote
+    tail = shlex.join(["tail", "-n", str(int(lines)), "-F", run.log_path])
+    alive = f" && kill -0 {int(run.pid)} 2>/dev/null" if run.pid is not None else ""
+    return (f"{tail} & t=$!\n"
+            f"exec 3<&0; ( cat <&3 >/dev/null; kill $t $$ 2>/dev/null ) & c=$!\n"  # (& alone gives it /dev/null)
+            f"while [ ! -s {q(run.exit_path)} ]{alive}; do sleep {FOLLOW_POLL_S}; done\n"
+            f"sleep {FOLLOW_DRAIN_S}; kill $t $c 2>/dev/null; exit 0\n")
+
+
+# ---------------------------------------------------------------------------------------------- looking
+
+LOOK_TIMEOUT = 15.0
+
+
+def look_script(runs: Sequence[Run]) -> str:
+    """One cheap look at runs on one target: for each, its exit file, and its process: the recorded PID's stat,
+    or (a launch dfo did not finish recording) the session leader whose command line names its exit file."""
+    lines = []
+    for index, run in enumerate(runs):
+        exit_file = shlex.quote(run.exit_path)
+        lines.append(f'echo "@{index} exit=$(cat {exit_file} 2>/dev/null)"')
+        if run.pid is not None:
+            lines.append(f'echo "@{index} stat=$(cat /proc/{int(run.pid)}/stat 2>/dev/null)"')
+            continue
+        needle = shlex.quote(run.exit_path)
+        lines.append(
+            f"for d in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in *{needle}*) "
+            f'read -r st < $d/stat 2>/dev/null || continue; set -- ${{st##*) }}; '
+            f'[ "$4" = "${{d#/proc/}}" ] && [ "$4" != "$$" ] && echo "@{index} found=${{d#/proc/}} $st";; esac; done'
+        )
+    return "\n".join(lines) + "\ntrue\n"
+
+
+def look(target: Target, store: Store, runs: Sequence[Run], *, timeout: float = LOOK_TIMEOUT) -> list[Run]:
+    """Bring the registry up to date with what `target` shows of `runs` (active rows; a `launching` row only
+    once its launcher is gone) in one remote call. Returns the runs as now recorded."""
+    runs = [run for run in runs if run.state == RunState.RUNNING or not launcher_alive(run)]
+    if not runs:
+        return []
+    output = target.run(look_script(runs), timeout=timeout, check=True).stdout
+    seen: dict[int, dict[str, str]] = {}
+    for line in output.splitlines():
+        head, _, rest = line.partition(" ")
+        if head.startswith("@") and head[1:].isdigit():
+            key, _, value = rest.partition("=")
+            seen.setdefault(int(head[1:]), {})[key] = value
+    return [_settle(store, run, seen.get(index, {})) for index, run in enumerate(runs)]
+
+
+def _settle(store: Store, run: Run, seen: Mapping[str, str]) -> Run:
+    exit_text = seen.get("exit", "")
+    if run.pid is None:  # a launch dfo died in: adopt the process it started, or call the launch failed
+        if seen.get("found"):
+            pid, _, stat = seen["found"].partition(" ")
+            store.add_event(run.name, "launch_resolved", {"pid": int(pid), "how": "found by its exit file path"})
+            run = store.update_run(run.name, state=RunState.RUNNING, pid=int(pid), proc_starttime=proc_starttime(stat),
+                                   started_at=run.started_at or utc_now(), owner=None)
+            return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked")
+        if exit_text.strip():
+            return _record_end(store, run, exit_text, "ended before dfo looked (its launch was not recorded to the end)")
+        store.add_event(run.name, "launch_failed", {"error": "the dfo launching it went away before the start; no process found"})
+        return store.update_run(run.name, state=RunState.FAILED, ended_at=utc_now(), owner=None)
+    stat = seen.get("stat", "")
+    alive = bool(stat) and proc_state(stat) != "Z" and (run.proc_starttime is None or proc_starttime(stat) == run.proc_starttime)
+    if alive:
+        return run
+    if run.stop_requested_at and exit_text.strip():
+        return _record_end(store, run, exit_text, "stopped on request", state=RunState.STOPPED)
+    return _record_end(store, run, exit_text, "ended while nobody watched")
+
+
 # ---------------------------------------------------------------------------------------------- logs
 
 def log_tail(target: Target, run: Run, lines: int = 80) -> str:
@@ -529,11 +665,10 @@ def log_tail(target: Target, run: Run, lines: int = 80) -> str:
 
 
 def follow_log(target: Target, run: Run, lines: int = 80, *, poll_s: float = 1.0) -> Iterator[bytes]:
-    """Yield the log's tail, then new bytes as they come, over one kept-open channel, until the caller stops
-    (closing the channel ends only the remote `tail`, never the run)."""
-    # `tail -F` ignores its stdin, so the script ends it when stdin closes (dfo went away or stopped following).
-    tail = shlex.join(["tail", "-n", str(int(lines)), "-F", run.log_path])
-    stream = target.stream(f"{tail} & t=$!; cat >/dev/null; kill $t 2>/dev/null")
+    """Yield the log's tail, then new bytes as they come, over one kept-open channel, until the run ends (its
+    exit file appears, or its process is gone) or the caller stops (closing the channel ends only the remote
+    `tail`, never the run). The stream ending early (a dropped connection) is told apart by a look at the run."""
+    stream = target.stream(follow_script(run, lines))
     try:
         while True:
             try:

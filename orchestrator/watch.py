@@ -40,6 +40,7 @@ from .logfmt import EventRecord, MalformedLine, StepRecord, make_parser, parse_t
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
+from .runs import look
 from .states import RunState, Verdict
 from .store import Run, Store, utc_now
 
@@ -186,6 +187,9 @@ class Watcher:
                 return self.watched[name]
             run = self.store.get_run(name)
             observer = self._observer_for(run.target)  # first: a target out of reach registers nothing
+            if run.state == RunState.LAUNCHING:  # a launch a dfo did not finish recording: find its process
+                look(self.connections.container(run.target), self.store, [run])
+                run = self.store.get_run(name)
             chain_runs = self.store.lineage(run.name)
             root = chain_runs[0]
             state = self._chains.get(root)

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from .. import runs as runs_lib
 from ..connections import Connections
-from ..errors import RemoteError
+from ..errors import DfoError, RemoteError
 from ..inventory import TargetSpec, load_inventory
 from ..launchplan import Gate
 from ..names import check_name
@@ -35,6 +35,7 @@ EXAMPLES = {
     "launch": "Example: dfo launch --host ct200 --variant nographs --set steps=2000   (then: dfo watch NAME)",
     "runs": "Example: dfo runs --active   |   dfo runs --batch sweep1 --json   |   dfo runs train_trees_20261129-1140",
     "logs": "Example: dfo logs train_nographs_20261129-1140 -n 200 -f",
+    "resume": "Example: dfo resume train_nographs_20261129-1140 --watch",
     "stop": "Example: dfo stop train_nographs_20261129-1140 --grace 60",
 }
 
@@ -55,6 +56,11 @@ def register(app: typer.Typer) -> None:
     app.command("logs", help="Show the tail of a run's log; -f follows it until Ctrl-C (the run goes on).", epilog=EXAMPLES["logs"])(
         logs_command
     )
+    app.command(
+        "resume",
+        help="Relaunch a stopped or crashed run from its checkpoint (the trainer's --resume) as the next run of its chain.",
+        epilog=EXAMPLES["resume"],
+    )(resume_command)
     app.command(
         "stop",
         help="SIGTERM a run's process group, SIGKILL after the grace period, record how it ended (checks the PID is still the run's).",
@@ -150,12 +156,17 @@ def runs_command(
                                          metavar="NAME", autocompletion=complete_runs),
     batch: Optional[str] = typer.Option(None, "--batch", help="Only runs of this batch."),
     active: bool = typer.Option(False, "--active", help="Only launching/running runs."),
+    no_refresh: bool = typer.Option(False, "--no-refresh", help="Show the registry as it is: no look at the targets of active runs."),
+    inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    if name is not None:
-        show_run(name, as_json)
-        return
     with Store() as store:
+        runs = [store.get_run(name)] if name is not None else store.list_runs(batch=batch, active=True if active else None)
+        if not no_refresh and any(run.active for run in runs):
+            _refresh(store, runs, inventory)
+        if name is not None:
+            show_run(name, as_json)
+            return
         runs = store.list_runs(batch=batch, active=True if active else None)
     if as_json:
         print_json([run.as_dict() for run in runs])
@@ -190,6 +201,26 @@ def show_run(name: str, as_json: bool) -> None:
     for key, value in rows:
         if value:
             console.print(f"{key + ':':10}{value}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _refresh(store: Store, runs: list[Run], given: Optional[Path]) -> None:
+    """One look at each target holding an active run, all at once (chains.refresh), with the inventory each
+    run came from; a target that cannot be looked at is named, its runs shown as last recorded."""
+    from contextlib import ExitStack
+
+    from ..chains import inventory_for, refresh
+
+    opened: dict[str, Connections] = {}
+    with ExitStack() as stack:
+        def connections_for(run: Run) -> Connections:
+            inv, _ = inventory_for(run, given)
+            if inv.source not in opened:
+                opened[inv.source] = stack.enter_context(Connections(inv))
+            return opened[inv.source]
+
+        problems = refresh(store, runs, connections_for)
+    for target, why in problems.items():
+        _warn(f"note: could not look at {target} ({why}); its runs show their last recorded state")
 
 
 RUN_COLUMNS = ("name", "target", "variant", "state", "started", "PID", "decision")
@@ -240,17 +271,31 @@ def _text(value: object) -> str:
 def logs_command(
     name: str = typer.Argument(..., help="Run name (see `dfo runs`).", metavar="NAME", autocompletion=complete_runs),
     lines: int = typer.Option(80, "-n", "--lines", help="How many lines of the tail to show.", min=0),
-    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until Ctrl-C (the run goes on)."),
+    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until the run ends or Ctrl-C (the run goes on)."),
+    exit_status: bool = typer.Option(False, "--exit-status", help="With -f: exit with the run's own exit status once it ends."),
     inventory: Optional[Path] = InventoryOpt,
 ) -> None:
     with Store() as store:
         run = store.get_run(name)
-    with Connections(load_inventory(inventory)) as connections:
-        target = connections.container(run.target)
-        if not follow:
-            sys.stdout.write(_for_stdout(runs_lib.log_tail(target, run, lines)))
-            return
-        _follow(target, run, lines)
+        inv = _inventory_of(run, inventory)
+        with Connections(inv) as connections:
+            target = connections.container(run.target)
+            if not follow:
+                sys.stdout.write(_for_stdout(runs_lib.log_tail(target, run, lines)))
+                return
+            ended = _follow(target, store, run, lines)
+    if exit_status and ended is not None:
+        raise typer.Exit(ended.exit_code if ended.exit_code is not None else 1)
+
+
+def _inventory_of(run: Run, given: Optional[Path]):
+    """The inventory `run` was launched from (unless -i says otherwise), saying so when that file changed."""
+    from ..chains import inventory_for
+
+    inv, note = inventory_for(run, given)
+    if note:
+        _warn(note)
+    return inv
 
 
 def _for_stdout(text: str) -> str:
@@ -259,7 +304,8 @@ def _for_stdout(text: str) -> str:
     return visible(text, keep_newlines=True) if sys.stdout.isatty() else text
 
 
-def _follow(target, run: Run, lines: int) -> None:
+def _follow(target, store: Store, run: Run, lines: int) -> Run | None:
+    """Print the log as it grows until the run ends; returns the run as recorded then (None: Ctrl-C)."""
     chunks = runs_lib.follow_log(target, run, lines)
     decode = codecs.getincrementaldecoder("utf-8")("replace")  # a chunk may end inside a character
     try:
@@ -272,9 +318,15 @@ def _follow(target, run: Run, lines: int) -> None:
                 sys.stdout.buffer.flush()
     except KeyboardInterrupt:
         _warn(f"stopped following; {run.name} goes on")
-        return
+        return None
     finally:
         chunks.close()
+    try:
+        [looked] = runs_lib.look(target, store, [run]) or [run]
+    except DfoError:
+        looked = run
+    if not looked.active:
+        return looked
     # the remote `tail -F` never ends by itself: the connection dropped or someone ended the tail
     raise RemoteError(f"following {run.log_path} ended unexpectedly; {run.name} is not affected", where=run.target,
                       hint=f"run `dfo logs {run.name} -f` again")
@@ -288,8 +340,11 @@ def stop_command(
 ) -> None:
     with Store() as store:
         run = store.get_run(name)
-        with Connections(load_inventory(inventory)) as connections:
-            stopped = runs_lib.stop(connections.container(run.target), store, name, grace_s=grace)
+        with Connections(_inventory_of(run, inventory)) as connections:
+            target = connections.container(run.target)
+            if run.state == "launching":  # a launch that a dfo did not finish recording: find its process first
+                runs_lib.look(target, store, [run])
+            stopped = runs_lib.stop(target, store, name, grace_s=grace)
     run = stopped.run
     if as_json:
         print_json({"run": run.name, "state": run.state, "exit_code": run.exit_code, "signal": stopped.signal})
@@ -297,3 +352,30 @@ def stop_command(
         console.print(f"{run.name} had already ended: {run.state}, exit code {_text(run.exit_code) or 'unknown'}")
     else:
         console.print(f"stopped {run.name} (SIG{stopped.signal}): exit code {_text(run.exit_code) or 'none (killed)'}")
+
+
+def resume_command(
+    name: str = typer.Argument(..., help="The stopped or crashed run (see `dfo runs`)."),
+    watch: bool = typer.Option(False, "--watch", help="Go straight into `dfo watch` of the resumed run."),
+    force: bool = typer.Option(False, "--force", help="Resume even though the trainer package changed since the run."),
+    inventory: Optional[Path] = InventoryOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    from ..chains import resume
+
+    with Store() as store:
+        inv = _inventory_of(store.get_run(name), inventory)
+        with Connections(inv) as connections:
+            launched = resume(inv, connections, store, name, force=force)
+    run = launched.run
+    if as_json:
+        print_json({"run": run.name, "resumed_from": name, "target": run.target, "pid": run.pid, "log": run.log_path,
+                    "next": f"dfo watch {run.name}"})
+    else:
+        console.print(f"resumed {markup(name)} as [bold]{markup(run.name)}[/] on {markup(run.target)} (PID {run.pid})",
+                      highlight=False)
+        console.print(f"  next: dfo watch {markup(run.name)}", highlight=False)
+    if watch:
+        from .watch import watch_runs
+
+        raise typer.Exit(watch_runs(inv, [run.name], as_json=as_json))

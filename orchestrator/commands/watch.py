@@ -13,8 +13,9 @@ from typing import Optional, Sequence
 import typer
 from rich.live import Live
 
+from ..chains import inventory_for
 from ..connections import Connections
-from ..inventory import Inventory, load_inventory
+from ..inventory import Inventory
 from ..states import Verdict
 from ..store import Store
 from ..view import render
@@ -51,12 +52,14 @@ def watch_command(
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per event, then each chain's final decision."),
 ) -> None:
-    inv = load_inventory(inventory)
     with Store() as store:
         runs = resolve_names(store, names or [])
-    if not runs:
-        err_console.print("no active runs to watch (see `dfo runs`)", highlight=False)
-        raise typer.Exit(0)
+        if not runs:
+            err_console.print("no active runs to watch (see `dfo runs`)", highlight=False)
+            raise typer.Exit(0)
+        inv, note = inventory_for(store.get_run(runs[0]), inventory)  # the file the runs were launched from
+    if note:
+        err_console.print(note, highlight=False, markup=False)
     raise typer.Exit(watch_runs(inv, runs, interval=interval, poll=poll, until_decided=until_decided,
                                 fallback=not no_fallback, as_json=as_json, unreachable_s=unreachable_after))
 

@@ -1,0 +1,235 @@
+"""The run lifecycle through a real sshd and a real LXC container behind the pct stand-in, as a user drives it
+from the command line: a launch killed at each point is resolved by the next `dfo runs`; `dfo runs` sees runs
+that ended unwatched; `dfo logs -f` ends with the run; watch/logs/stop find the inventory the run came from
+(and say when it changed or is gone); two watchers of one chain store every step once and fall back once,
+the second taking over when the first is killed -9; a stop during a watch is no crash; `launch --watch`
+exit codes; `dfo resume` continues a stopped trainer from its checkpoint's step."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from harness import write_inventory
+from harness.lxc import LxcContainer
+from orchestrator.connections import Connections
+from orchestrator.inventory import load_inventory
+from orchestrator.runs import stop
+from orchestrator.store import Store
+from test_launch_ssh import wait_for
+from test_watch import FAST_WATCH, PY, write_trainers
+
+pytestmark = [pytest.mark.lxc, pytest.mark.slow]
+
+DFO = str(Path(sys.executable).parent / "dfo")
+# Steady for 1000 steps (about 20 s), then exit 3: long enough for a watcher's lease (15 s) to run out.
+LONG_THEN_CRASH = "{py} /workspace/scripts/steady_trainer.py 1000 0.02; exit 3"
+
+
+@dataclass
+class Lab:
+    inventory: Path
+    container: LxcContainer
+    state: Path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {**os.environ, "DFO_HOME": str(self.state), **extra}
+        env.pop("DFO_INVENTORY", None)
+        return env
+
+    def dfo(self, *args: str, timeout: float = 120, inventory: bool = True, **env: str) -> subprocess.CompletedProcess:
+        argv = [DFO, *args, *(["-i", str(self.inventory)] if inventory else [])]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env(**env))
+
+    def popen(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([DFO, *args, "-i", str(self.inventory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=self.env())
+
+    def launch(self, variant: str, name: str, *extra: str) -> None:
+        done = self.dfo("launch", "--host", "ct_a", "--variant", variant, "--name", name, "--no-preflight", *extra)
+        assert done.returncode == 0, done.stderr
+
+    def runs(self) -> dict[str, dict]:
+        done = self.dfo("runs", "--json", inventory=False)
+        assert done.returncode == 0, done.stderr
+        return {run["name"]: run for run in json.loads(done.stdout)}
+
+    def log_steps(self, name: str) -> list[int]:
+        text = self.container.path(f"/workspace/logs/{name}.log").read_text()
+        return [int(m) for m in re.findall(r" event=step step=(\d+) ", text)]
+
+    def store(self) -> Store:
+        return Store(self.state / "dfo.db")
+
+
+@pytest.fixture
+def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
+    commands = write_trainers(container.path("/workspace/scripts"))
+    inside = {name: command.replace(str(container.path("/workspace/scripts")), "/workspace/scripts")
+              for name, command in commands.items()}
+    variants = {name: {"command": command} for name, command in inside.items()}
+    variants["longcrash"] = {"command": LONG_THEN_CRASH.format(py=PY)}
+    variants["eager"] = {"compile": "eager", "preset": "tiny-cpu"}
+    inventory = write_inventory(tmp_path, {
+        "defaults": {"min_free_disk_gb": 0},
+        "hosts": {"pve1": {"address": "testhost", "containers": {
+            "ct_a": {"ctid": container.vmid, "gpus": [0], "python": PY}}}},
+        "variants": variants,
+        "fallback": ["trees", "nographs"],
+        "watch": {**FAST_WATCH, "stall_floor_s": 3},
+    })
+    lab = Lab(inventory, container, tmp_path / "state")
+    yield lab
+    with Connections(load_inventory(inventory)) as connections, lab.store() as store:
+        for run in store.list_runs(active=True):
+            if run.pid is not None:
+                stop(connections.container(run.target), store, run.name, grace_s=2)
+
+
+def test_a_launch_killed_at_each_point_is_resolved_by_the_next_dfo_runs_and_can_be_stopped(lab: Lab) -> None:
+    for point in ("reserved", "started", "recorded"):
+        killed = lab.dfo("launch", "--host", "ct_a", "--variant", "nographs", "--name", f"k-{point}", "--no-preflight",
+                         DFO_TEST_LAUNCH_EXIT_AT=point)
+        assert killed.returncode == 137, killed.stderr
+    runs = lab.runs()
+    assert runs["k-reserved"]["state"] == "failed"  # nothing was started: the launch is marked failed
+    started = runs["k-started"]
+    assert started["state"] == "running" and started["pid"] is not None  # found by its exit file path
+    assert runs["k-recorded"]["state"] == "running"
+    assert "steady_trainer.py" in lab.container.attach("ps", "-eo", "args").stdout
+    for name in ("k-started", "k-recorded"):
+        stopped = lab.dfo("stop", name, "--grace", "5", "--json")
+        assert stopped.returncode == 0, stopped.stderr
+        assert json.loads(stopped.stdout)["state"] == "stopped"
+    assert "steady_trainer.py" not in lab.container.attach("ps", "-eo", "args").stdout  # no orphan left
+
+
+def test_dfo_runs_sees_runs_that_ended_while_nobody_watched(lab: Lab) -> None:
+    lab.launch("short", "u-ok")
+    lab.launch("failing", "u-bad")
+    wait_for(lambda: lab.container.path("/workspace/logs/u-ok.log.exit").exists()
+             and lab.container.path("/workspace/logs/u-bad.log.exit").exists(), timeout=60, what="both runs to end")
+    runs = lab.runs()
+    assert (runs["u-ok"]["state"], runs["u-ok"]["exit_code"]) == ("exited", 0)
+    assert (runs["u-bad"]["state"], runs["u-bad"]["exit_code"]) == ("crashed", 3)
+
+
+def test_logs_follow_ends_when_the_run_ends_with_its_exit_status_on_request(lab: Lab) -> None:
+    lab.launch("short", "f-ok")
+    started = time.monotonic()
+    followed = lab.dfo("logs", "f-ok", "-f", "-n", "1", timeout=60)
+    assert followed.returncode == 0, followed.stderr
+    assert " step=30 " in followed.stdout.splitlines()[-1] and time.monotonic() - started < 30
+    lab.launch("failing", "f-bad")
+    followed = lab.dfo("logs", "f-bad", "-f", "--exit-status", timeout=60)
+    assert followed.returncode == 3 and " step=5 " in followed.stdout
+
+
+def test_watch_logs_and_stop_use_the_inventory_the_run_was_launched_from(lab: Lab) -> None:
+    lab.launch("nographs", "i1")
+    watched = lab.dfo("watch", "i1", "--until-decided", "--json", inventory=False, timeout=90)
+    assert watched.returncode == 0, watched.stderr  # no -i: the registry remembers lab's inventory file
+    assert json.loads(watched.stdout.splitlines()[-1])["decision"] == "steady"
+    lab.inventory.write_text(lab.inventory.read_text() + "\n# edited\n")
+    logs = lab.dfo("logs", "i1", "-n", "2", inventory=False)
+    assert logs.returncode == 0 and f"{lab.inventory} changed since i1 was launched" in logs.stderr
+    lab.inventory.rename(lab.inventory.with_suffix(".moved"))
+    stopped = lab.dfo("stop", "i1", inventory=False)
+    assert stopped.returncode == 2 and "which is gone" in stopped.stderr and "-i" in stopped.stderr
+    lab.inventory.with_suffix(".moved").rename(lab.inventory)
+
+
+def events_of(process: subprocess.Popen) -> list[dict]:
+    return [json.loads(line) for line in process.stdout.read().splitlines() if line.startswith("{")]
+
+
+def test_two_watchers_store_every_step_once_fall_back_once_and_the_second_takes_over_a_killed_first(lab: Lab) -> None:
+    lab.launch("longcrash", "w2", "--chain", "longcrash,nographs")
+    first = lab.popen("watch", "w2", "--json")
+    try:
+        wait_for(lambda: lab.store().claims(), timeout=60, what="the first watcher's claim")
+        second = lab.popen("watch", "w2", "--json")  # to the end of the chain's runs
+        wait_for(lambda: len(lab.store().samples("w2")) >= 100, timeout=60, what="steps stored")
+        os.kill(first.pid, signal.SIGKILL)  # its lease is not given back: it runs out
+        out, err = second.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert second.returncode == 0, err[-2000:] + out[-2000:]
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    attached = next(e for e in events if e.get("kind") == "attached" and e["run"] == "w2")
+    assert attached["owner"] is False and "claimed_by" in attached  # it only watched while the first lived
+    assert any(e.get("kind") == "took_over" for e in events)
+    final = events[-1]
+    assert (final["run"], final["decision"], final["action"]) == ("w2.2-nographs", "exited", "keep")  # steady, then done
+    with lab.store() as store:
+        assert [r.name for r in store.list_runs()] == ["w2", "w2.2-nographs"]  # one fallback, not two
+        stored = [s["step"] for s in store.samples("w2")]
+    assert stored == lab.log_steps("w2") and len(stored) == 1000  # every step once: none twice, none lost
+
+
+def test_a_stop_during_a_watch_is_no_crash_and_launches_nothing(lab: Lab) -> None:
+    lab.launch("silent", "s1")
+    watcher = lab.popen("watch", "s1", "--json")
+    try:
+        wait_for(lambda: lab.store().claims(), timeout=60, what="the watcher's claim")
+        stopped = lab.dfo("stop", "s1", "--grace", "5", "--json")
+        assert stopped.returncode == 0 and json.loads(stopped.stdout)["exit_code"] == 143
+        out, err = watcher.communicate(timeout=60)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0, err[-2000:]
+    final = json.loads(out.splitlines()[-1])
+    assert (final["decision"], final["action"], final["ended"]["state"]) == ("stopped", "none", "stopped")
+    assert list(lab.runs()) == ["s1"]
+
+
+@pytest.mark.parametrize("variant, status, verdict", [("nographs", 0, "steady"), ("failing", 1, "crash"), ("silent", 1, "stall")])
+def test_launch_watch_exit_status_follows_the_chains_final_verdict(lab: Lab, variant: str, status: int, verdict: str) -> None:
+    done = lab.dfo("launch", "--host", "ct_a", "--variant", variant, "--name", f"x-{variant}", "--no-preflight",
+                   "--chain", variant, "--watch", timeout=120)
+    assert done.returncode == status, done.stderr + done.stdout[-1500:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"x-{variant}: x-{variant} {verdict}"), last
+    how = {"steady": "; exited 0 (", "crash": "; exited 3 (", "stall": "; stopped 143 ("}[verdict]
+    assert how in last, last
+
+
+@pytest.mark.timeout(600)
+def test_resume_continues_a_stopped_trainer_from_its_checkpoint_step(lab: Lab) -> None:
+    lab.launch("eager", "r1", "--set", "steps=100000", "--set", "log_every=1")
+    wait_for(lambda: len(lab.log_steps("r1")) >= 5, timeout=300, what="the trainer's first steps")
+    assert json.loads(lab.dfo("stop", "r1", "--grace", "60", "--json").stdout)["exit_code"] == 75
+    checkpoint = int(re.findall(r"event=checkpoint step=(\d+)", lab.container.path("/workspace/logs/r1.log").read_text())[-1])
+
+    with lab.store() as store:
+        real = store.get_run("r1").trainer_hash
+        store.update_run("r1", trainer_hash="0" * 64)
+    refused = lab.dfo("resume", "r1")
+    assert refused.returncode == 1 and "trainer package changed" in refused.stderr and "--force" in refused.stderr
+    with lab.store() as store:
+        store.update_run("r1", trainer_hash=real)
+
+    resumed = lab.dfo("resume", "r1", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    name = json.loads(resumed.stdout)["run"]
+    assert name == "r1.2-eager"
+    wait_for(lambda: lab.log_steps(name), timeout=300, what="the resumed run's first step")
+    assert lab.log_steps(name)[0] == checkpoint + 1  # it goes on from the checkpoint, not from step 1
+    with lab.store() as store:
+        assert store.get_run(name).parent == "r1"
+    again = lab.dfo("resume", name)
+    assert again.returncode == 1 and "still running" in again.stderr
+    lab.launch("short", "r2")
+    wait_for(lambda: lab.container.path("/workspace/logs/r2.log.exit").exists(), timeout=60, what="r2 to end")
+    lab.runs()
+    nothing = lab.dfo("resume", "r2")
+    assert nothing.returncode == 1 and "nothing to resume" in nothing.stderr
