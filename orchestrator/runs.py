@@ -35,6 +35,7 @@ from .store import Run, Store, utc_now
 DEFAULT_GRACE_S = 30.0
 START_TIMEOUT = 30.0
 LOG_TIMEOUT = 30.0
+WRAPPER_HEAD = 'sh -c trap "true" TERM'  # how a run's wrapper reads in /proc/PID/cmdline (NULs as spaces)
 FOLLOW_POLL_S = 0.5  # how often `dfo logs -f` looks for the run's end
 FOLLOW_DRAIN_S = 1.5  # then how long tail gets to print the last lines (it polls the file each second)
 LOG_EXISTS_EXIT = 17
@@ -241,7 +242,7 @@ def _arg(value: Any) -> str:
 
 def wrapper_script(spec: RunSpec, name: str, command: str, *, with_secrets: bool) -> str:
     """What the detached `sh -c` runs: keep TERM from killing it, load and delete the secrets, run, write $?."""
-    parts = ['trap "true" TERM']
+    parts = [WRAPPER_HEAD.removeprefix("sh -c ")]
     if with_secrets:
         secrets = shlex.quote(secrets_path(spec.workspace, name))
         parts.append(f"set -a; . {secrets}; set +a; rm -f {secrets}")
@@ -607,7 +608,8 @@ def look_script(runs: Sequence[Run]) -> str:
         if run.pid is not None:
             lines.append(f'echo "@{index} stat=$(cat /proc/{int(run.pid)}/stat 2>/dev/null)"')
             continue
-        needle = shlex.quote(run.exit_path)
+        # the wrapper itself (`sh -c 'trap "true" TERM; ...'`), not the launch script that started it
+        needle = shlex.quote(WRAPPER_HEAD) + "*" + shlex.quote(run.exit_path)
         lines.append(
             f"for d in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in *{needle}*) "
             f'read -r st < $d/stat 2>/dev/null || continue; set -- ${{st##*) }}; '

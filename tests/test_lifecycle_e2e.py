@@ -169,7 +169,8 @@ def test_two_watchers_store_every_step_once_fall_back_once_and_the_second_takes_
     assert attached["owner"] is False and "claimed_by" in attached  # it only watched while the first lived
     assert any(e.get("kind") == "took_over" for e in events)
     final = events[-1]
-    assert (final["run"], final["decision"], final["action"]) == ("w2.2-nographs", "exited", "keep")  # steady, then done
+    assert (final["run"], final["action"], final["ended"]["state"]) == ("w2.2-nographs", "keep", "exited")
+    assert final["steady_tok_s"] is not None  # steady, then it finished
     with lab.store() as store:
         assert [r.name for r in store.list_runs()] == ["w2", "w2.2-nographs"]  # one fallback, not two
         stored = [s["step"] for s in store.samples("w2")]
