@@ -69,7 +69,9 @@ class TargetReport:
                 and all(c.ok or (c.skipped and c.name in GPU_CHECK_NAMES) for c in self.checks if c is not smi))
 
     def to_json(self) -> dict:
-        return {"target": self.target, "host": self.host, "ok": self.ok, "checks": [asdict(c) for c in self.checks]}
+        """The report as JSON; a check's `code` only where it has one (the older shape otherwise)."""
+        checks = [{k: v for k, v in asdict(c).items() if k != "code" or v is not None} for c in self.checks]
+        return {"target": self.target, "host": self.host, "ok": self.ok, "checks": checks}
 
 
 def preflight(connections: Connections, target_names: list[str], *, nvidia_smi_timeout: float = 10.0) -> list[TargetReport]:
