@@ -19,7 +19,9 @@ push when the package changed. This module composes and parses; the start script
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from dataclasses import dataclass
 
 from .errors import CommandTimeout, DfoError, RemoteError
@@ -36,6 +38,7 @@ from .preflight import (
     split_sections,
 )
 from .remote.base import Result, Stream, Target
+from .remote.local import LocalTarget
 from .remote.pct import PctTarget
 
 READY = "@@dfo-plan ready"
@@ -47,6 +50,13 @@ EXIT_WAIT_S = 5.0
 SECRETS_FROM_STDIN = 'head -c "$n"'
 """What the start script reads its secrets with: the N bytes after dfo's `start N` line."""
 ALWAYS_JUDGED = ("ssh", "container")
+CALLS_PER_CONNECTION = 1
+"""Launch calls open at once over one SSH connection. OpenSSH's default MaxSessions is 10 channels per
+connection: remote/ssh.py keeps 8 for short commands (a push during a call uses those) and leaves 2 for
+streams, one of them the watch agent's; a launch call is a stream, so it takes the other. Launches to
+containers of one host wait their turn (each is one pct start-up and one script); other hosts' do not."""
+_turns: "weakref.WeakKeyDictionary[Target, threading.BoundedSemaphore]" = weakref.WeakKeyDictionary()
+_turns_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -95,8 +105,11 @@ class PlanCall:
     def __init__(self, target: Target, script: str, *, timeout: float) -> None:
         self.target = target
         self._closed = False
-        self._stream: Stream = target.stream(script, merge_stderr=True) if isinstance(target, PctTarget) else target.stream(script)
+        self._turn = _turn_on(target)
+        if not self._turn.acquire(timeout=timeout):
+            raise CommandTimeout(f"no free SSH session for the launch script within {timeout:g}s", where=target.name)
         try:
+            self._stream: Stream = target.stream(script, merge_stderr=True) if isinstance(target, PctTarget) else target.stream(script)
             self.findings = self._read(until=READY, timeout=timeout)
         except BaseException:
             self._close()
@@ -123,11 +136,16 @@ class PlanCall:
         self._close()
 
     def _close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         try:
-            self._stream.close()
+            if hasattr(self, "_stream"):
+                self._stream.close()
         except (DfoError, OSError):
             pass
+        finally:
+            self._turn.release()
 
     def _read(self, *, until: str | None, timeout: float) -> str:
         """Output up to the line `until` (without it), or to the end when `until` is None."""
@@ -162,6 +180,14 @@ class PlanCall:
         while (code := self._stream.exit_code()) is None and time.monotonic() < deadline:
             time.sleep(0.01)
         return -1 if code is None else code
+
+
+def _turn_on(target: Target) -> threading.BoundedSemaphore:
+    """The semaphore of the connection `target` runs over (none to speak of on this machine)."""
+    host = target.inner if isinstance(target, PctTarget) else target
+    size = 1_000 if isinstance(host, LocalTarget) else CALLS_PER_CONNECTION
+    with _turns_lock:
+        return _turns.setdefault(host, threading.BoundedSemaphore(size))
 
 
 @dataclass

@@ -7,12 +7,15 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from harness import write_inventory
 from harness.nvidia_smi import Gpu
+from harness.sshd import SshServer
+from orchestrator.batch import launcher, parse_experiments
 from orchestrator.connections import Connections
 from orchestrator.inventory import load_inventory
 from orchestrator import launchplan
@@ -190,3 +193,32 @@ def test_a_builtin_launch_with_the_package_in_place_is_one_command(lab, sshd, tm
     wait_for(lambda: "argv --run-name b2 --variant eager" in running.path("/workspace/logs/b2.log").read_text(), what="b2's trainer")
     for launched in (first, second):
         running.attach("kill", "-TERM", "--", f"-{launched.run.pid}")
+
+
+@pytest.mark.lxc
+@pytest.mark.slow
+def test_a_batch_on_one_stock_node_starts_every_container_within_its_ssh_session_limit(tmp_path, ssh_home, containers, pct_standin_env) -> None:
+    """OpenSSH allows 10 channels per connection by default; 12 containers launched at once over one
+    connection, while a watch agent's stream is open, must all start (each launch call is a channel)."""
+    node = SshServer(tmp_path / "node", env=dict(pct_standin_env), max_sessions=10).start()
+    try:
+        ssh_home.add_host("stocknode", node)
+        made = [containers() for _ in range(12)]
+        inventory = load_inventory(write_inventory(tmp_path, {
+            "defaults": {"min_free_disk_gb": 0, "python": sys.executable},
+            "hosts": {"pve1": {"address": "stocknode", "containers": {f"c{k}": {"ctid": c.vmid} for k, c in enumerate(made)}}},
+            "variants": {"sleeper": {"command": "sleep 5"}},
+        }))
+        plan = parse_experiments(f"batch: many\ntargets: [{', '.join(f'c{k}' for k in range(12))}]\nmatrix: {{variant: [sleeper]}}\n", inventory)
+        with Connections(inventory) as connections, Store(tmp_path / "dfo.db") as store:
+            agent = connections.container("c0").stream("cat")  # a watch agent's channel, held open meanwhile
+            try:
+                start = launcher(plan, inventory, connections, store)
+                with ThreadPoolExecutor(max_workers=12) as pool:
+                    started = list(pool.map(lambda cell: start(cell, (), cell.variant, cell.run_name("many"), None), plan.cells))
+            finally:
+                agent.close()
+            assert sorted(run.name for run in store.list_runs()) == sorted(started) and len(started) == 12
+    finally:
+        node.kill_sessions()
+        node.stop()

@@ -65,6 +65,7 @@ class SshServer:
     port: int = 0
     env: dict[str, str] = field(default_factory=dict)
     netns: str | None = None
+    max_sessions: int = 100  # channels per connection; OpenSSH's own default (a stock Proxmox node) is 10
     process: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -120,7 +121,7 @@ class SshServer:
                 "LogLevel VERBOSE",
                 "Subsystem sftp internal-sftp",
                 "MaxStartups 100:30:200",
-                "MaxSessions 100",
+                f"MaxSessions {self.max_sessions}",
                 f"SetEnv {set_env}",
                 "",
             ]
