@@ -39,7 +39,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import runs
-from .chains import BATCH_POLICY, Supervisor, catalogue_for, next_run_names, next_variant_after, rest_of_chain
+from .chains import BATCH_POLICY, Claims, Supervisor, catalogue_for, next_run_names, next_variant_after, rest_of_chain
 from .decide import Catalogue
 from .errors import DfoError, InvalidName, InventoryError, RefusedError, UnknownTarget
 from .inventory import Inventory, _name_problem, describe_validation_error, read_yaml_file
@@ -459,6 +459,7 @@ class Scheduler:
         ready: Optional[Callable[[str], Optional[str]]] = None,
         catalogue: Optional[Catalogue] = None,
         stop_wait_s: float = STOP_WAIT_S,
+        claims: Optional[Claims] = None,
     ) -> None:
         self.plan, self.store, self.watcher, self.start = plan, store, watcher, start
         self.table = CellTable(store)
@@ -473,6 +474,8 @@ class Scheduler:
         self.active: dict[str, _Active] = {}
         self.news: deque[str] = deque(maxlen=6)
         self.durations: list[float] = []
+        self.claims = claims or Claims(store, clock=clock)
+        self.elsewhere: set[str] = set()  # unfinished cells another live `dfo batch` holds: watched, not touched
 
     # -- the loop
 
@@ -481,46 +484,82 @@ class Scheduler:
         self.table.save_plan(self.plan, format_ts(self.clock()))
         wanted = {cell.id for cell in self.plan.cells}
         self.records = {r.cell.id: r for r in self.table.records(self.plan.batch) if r.cell.id in wanted}
-        self._resume()
-        while True:
-            self._start_ready()
-            if not self.active:
-                break
-            self._watch_for(self.poll_s)
-            for active in list(self.active.values()):
-                self._check(active)
-            self._report()
+        try:
+            self._resume()
+            while True:
+                self._start_ready()
+                if not self.active and not self.elsewhere:
+                    break
+                self._watch_for(self.poll_s)
+                for active in list(self.active.values()):
+                    self._check(active)
+                self._look_elsewhere()
+                self._report()
+        finally:
+            self.claims.release_all()
         self._report()
         return [self.records[cell.id] for cell in self.plan.cells]
+
+    def _mine(self, record: CellRecord) -> bool:
+        """Whether this scheduler holds (or now takes) the cell's claim; a cell another live `dfo batch` of the
+        same batch holds is left to it (watched until it finishes or its lease runs out)."""
+        key = f"cell:{self.plan.batch}/{record.cell.id}"
+        if self.claims.holds(key):
+            self.elsewhere.discard(record.cell.id)
+            return True
+        if record.cell.id not in self.elsewhere:
+            holder = self.claims.holder(key)
+            self.news.append(f"{record.cell.id}: run by another dfo batch ({holder.host}:{holder.pid})" if holder
+                             else f"{record.cell.id}: run by another dfo batch")
+        self.elsewhere.add(record.cell.id)
+        return False
+
+    def _look_elsewhere(self) -> None:
+        """Cells another scheduler held: take their news from the registry; take over those whose lease ran
+        out (that dfo was killed), as a resumed invocation would."""
+        for cell_id in list(self.elsewhere):
+            fresh = next(r for r in self.table.records(self.plan.batch) if r.cell.id == cell_id)
+            self.records[cell_id] = fresh
+            if CellState(fresh.state).is_final():
+                self.elsewhere.discard(cell_id)
+            elif self._mine(fresh):
+                self.news.append(f"{cell_id}: taken over from a dfo batch that went away")
+                self._resume_cell(fresh)
 
     def _resume(self) -> None:
         """Cells left running by an earlier invocation: reattach to their chain's last run, or start again
         when the run was never recorded (dfo stopped between reserving the cell and launching)."""
         for record in self.records.values():
-            if record.state == "error":
-                self._set(record, state="pending")
-            if record.state != "running":
-                continue
-            if record.root_run is None or self.store.find_run(record.root_run) is None:
-                self._set(record, state="pending", root_run=None)
-                continue
-            self.ledger.hold(record.cell.id, record.cell.target, record.gpu_ids, whole=record.cell.gpus is None)
-            active = _Active(record, parse_ts(record.started_at or "") or self.clock())
-            self.active[record.cell.id] = active
-            last = self.table.chain(record.root_run)[-1]
-            self._attach(active, last)
-            self.news.append(f"{record.cell.id}: reattached to {last}")
-            intent = record.outcome.get("stopping")
-            if intent and intent.get("run") == last:  # an earlier invocation was stopping it: finish that
-                active.stopping = _Stopping(**intent, since=self.clock())
-                self._request_stop(self.store.get_run(last), intent["reason"])
+            if not CellState(record.state).is_final() and self._mine(record):
+                self._resume_cell(record)
+
+    def _resume_cell(self, record: CellRecord) -> None:
+        """Reattach a running cell to its chain's last run (or start it again when that run was never recorded);
+        a cell that could not start is pending again."""
+        if record.state == "error":
+            self._set(record, state="pending")
+        if record.state != "running":
+            return
+        if record.root_run is None or self.store.find_run(record.root_run) is None:
+            self._set(record, state="pending", root_run=None)
+            return
+        self.ledger.hold(record.cell.id, record.cell.target, record.gpu_ids, whole=record.cell.gpus is None)
+        active = _Active(record, parse_ts(record.started_at or "") or self.clock())
+        self.active[record.cell.id] = active
+        last = self.table.chain(record.root_run)[-1]
+        self._attach(active, last)
+        self.news.append(f"{record.cell.id}: reattached to {last}")
+        intent = record.outcome.get("stopping")
+        if intent and intent.get("run") == last:  # an earlier invocation was stopping it: finish that
+            active.stopping = _Stopping(**intent, since=self.clock())
+            self._request_stop(self.store.get_run(last), intent["reason"])
 
     def _start_ready(self) -> None:
         """Give GPUs to every pending cell that fits now, and launch those cells at once (one thread each)."""
         starting: list[tuple[CellRecord, tuple[int, ...]]] = []
         blocked: dict[str, Optional[str]] = {}
         for record in self.records.values():
-            if record.state != "pending":
+            if record.state != "pending" or record.cell.id in self.elsewhere or not self._mine(record):
                 continue
             target = record.cell.target
             if target not in blocked:
@@ -584,6 +623,10 @@ class Scheduler:
     # -- one cell
 
     def _check(self, active: _Active) -> None:
+        if not self._mine(active.record):  # this dfo hung past its lease: the cell is another scheduler's now
+            self.ledger.release(active.record.cell.id)
+            self.active.pop(active.record.cell.id, None)
+            return
         chain = self.table.chain(active.record.root_run)
         run = self.store.get_run(chain[-1])
         decision = self.decisions.get(run.name) or run.decision or {}

@@ -35,6 +35,8 @@ from .store import Run, Store, utc_now
 DEFAULT_GRACE_S = 30.0
 START_TIMEOUT = 30.0
 LOG_TIMEOUT = 30.0
+SETTINGS_CHECK_S = 10.0  # after a launch with --set, how long the trainer gets to accept or refuse them
+EXIT_USAGE = 2  # the trainer's exit status for settings it refuses (trainer/__main__.py EXIT_USAGE)
 WRAPPER_HEAD = 'sh -c trap "true" TERM'  # how a run's wrapper reads in /proc/PID/cmdline (NULs as spaces)
 FOLLOW_POLL_S = 0.5  # how often `dfo logs -f` looks for the run's end
 FOLLOW_DRAIN_S = 1.5  # then how long tail gets to print the last lines (it polls the file each second)
@@ -335,7 +337,30 @@ def launch(
     _test_hook("recorded")
     store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets),
                                        "env": dict(spec.env), "wandb": spec.wandb})
+    if spec.builtin and spec.sets:
+        _refuse_settings_the_trainer_refused(target, store, spec, run)
     return Launched(run, pushed, missing, opened.report)
+
+
+def _refuse_settings_the_trainer_refused(target: Target, store: Store, spec: RunSpec, run: Run) -> None:
+    """The trainer checks its settings before it loads torch and answers a bad `--set` at once with exit 2;
+    it makes its run directory once they are good. Wait for one or the other (SETTINGS_CHECK_S at most), so a
+    refused key fails the launch with the trainer's own message instead of a `launched` that is already over."""
+    q = shlex.quote
+    script = (f"i=0; while [ $i -lt {int(SETTINGS_CHECK_S / POLL_S)} ] && [ ! -s {q(run.exit_path)} ] "
+              f"&& [ ! -d {q(out_dir(spec, run.name))} ]; do sleep {POLL_S}; i=$((i + 1)); done\n"
+              f'echo "exit=$(cat {q(run.exit_path)} 2>/dev/null)"; tail -n 3 {q(run.log_path)}')
+    try:
+        output = target.run(script, timeout=SETTINGS_CHECK_S + LOG_TIMEOUT).stdout
+    except DfoError:
+        return  # the run started; whether it likes its settings, the watch will tell
+    head, _, tail = output.partition("\n")
+    if head.strip() != f"exit={EXIT_USAGE}":
+        return
+    _record_end(store, run, str(EXIT_USAGE), "the trainer refused its settings")
+    message = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "no message")
+    raise RefusedError(f"the trainer refused the settings of {run.name}: {message}",
+                       hint="see docs/trainer.md for the keys it takes (python -m trainer --help)")
 
 
 def _test_hook(point: str) -> None:

@@ -234,3 +234,27 @@ def test_resume_continues_a_stopped_trainer_from_its_checkpoint_step(lab: Lab) -
     lab.runs()
     nothing = lab.dfo("resume", "r2")
     assert nothing.returncode == 1 and "nothing to resume" in nothing.stderr
+
+
+def test_two_batch_processes_run_a_cell_once_and_the_second_takes_over_a_killed_first(lab: Lab, tmp_path: Path) -> None:
+    experiments = tmp_path / "one.yaml"
+    experiments.write_text("batch: b2\ntargets: [ct_a]\nmatrix: {variant: [longrun]}\nstop_when: {steps: 900}\nfallback: false\n")
+    text = lab.inventory.read_text().replace("  longcrash:", f"  longrun:\n    command: {PY} /workspace/scripts/steady_trainer.py 2000 0.02\n  longcrash:")
+    lab.inventory.write_text(text)
+    first = lab.popen("batch", str(experiments), "--poll", "0.3", "--json")
+    try:
+        wait_for(lambda: len(lab.store().samples("b2.longrun.ct_a.r1")) >= 50, timeout=90, what="the first batch's run")
+        second = lab.popen("batch", str(experiments), "--poll", "0.3", "--json")
+        time.sleep(4)  # it finds the cell claimed and only watches
+        with lab.store() as store:
+            assert [run.name for run in store.list_runs()] == ["b2.longrun.ct_a.r1"]
+        os.kill(first.pid, signal.SIGKILL)
+        out, err = second.communicate(timeout=120)
+    finally:
+        first.kill()
+    assert second.returncode == 0, err[-2000:] + out[-2000:]
+    [cell] = json.loads(out)["cells"]
+    assert cell["state"] == "done" and cell["runs"] == ["b2.longrun.ct_a.r1"]  # launched once, finished by the second
+    with lab.store() as store:
+        stored = [s["step"] for s in store.samples("b2.longrun.ct_a.r1")]
+    assert stored == sorted(set(stored)) and stored[-1] >= 900  # no step stored twice

@@ -68,8 +68,9 @@ def test_tls_crash_with_live_process_is_stopped_and_the_chain_ends_steady(lab, c
     watched = dfo(inventory, state, "watch", "c1", "--until-decided", "--json", timeout=120)
     assert watched.returncode == 0, watched.stderr + watched.stdout[-2000:]
     objects = [json.loads(line) for line in watched.stdout.splitlines()]
-    events = [o for o in objects if "kind" in o]
-    finals = [o for o in objects if "kind" not in o]
+    assert all("kind" in o for o in objects)  # every JSON line says what it is
+    events = [o for o in objects if o["kind"] != "final"]
+    finals = [o for o in objects if o["kind"] == "final"]
 
     crash = next(e["decision"] for e in events if e["kind"] == "decision" and e["run"] == "c1" and e["decision"]["next_run"])
     assert DECISION_KEYS <= set(crash)

@@ -125,7 +125,7 @@ def launch_command(
         _warn(f"warning: secret {missing} is not set in this environment; the run starts without it")
     run = launched.run
     if as_json:
-        print_json({"run": run.name, "target": run.target, "pid": run.pid, "log": run.log_path, "exit": run.exit_path,
+        print_json({"kind": "launched", "run": run.name, "target": run.target, "pid": run.pid, "log": run.log_path, "exit": run.exit_path,
                     "trainer_hash": run.trainer_hash, "pushed": bool(launched.push and launched.push.transferred),
                     "next": f"dfo watch {run.name}"})
     else:
@@ -369,7 +369,7 @@ def resume_command(
             launched = resume(inv, connections, store, name, force=force)
     run = launched.run
     if as_json:
-        print_json({"run": run.name, "resumed_from": name, "target": run.target, "pid": run.pid, "log": run.log_path,
+        print_json({"kind": "resumed", "run": run.name, "resumed_from": name, "target": run.target, "pid": run.pid, "log": run.log_path,
                     "next": f"dfo watch {run.name}"})
     else:
         console.print(f"resumed {markup(name)} as [bold]{markup(run.name)}[/] on {markup(run.target)} (PID {run.pid})",

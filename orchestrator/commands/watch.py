@@ -121,7 +121,7 @@ def watch_runs(
                                  if run is not None and not run.active else None)
     if as_json:
         for decision in decisions:
-            print_json(decision)
+            print_json({"kind": "final", **decision})  # every JSON line has a kind
     else:
         summarise(decisions)
     return 1 if lost or any(Verdict.of(d.get("decision")).is_failure() for d in decisions) else 0
