@@ -18,7 +18,7 @@ def params():
         yield pytest.param(log, id=log.name, marks=[pytest.mark.xfail(strict=True, reason=miss)] if miss else [])
 
 
-@pytest.mark.parametrize("log", params())
+@pytest.mark.parametrize("log", list(params()))
 def test_each_labelled_real_log_gets_its_verdict_at_its_level(log):
     decision = judge(log)
     row = score(log, decision)

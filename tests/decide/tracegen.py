@@ -4,7 +4,8 @@ Every trace is a seeded log in the trainer's logfmt (or a user's own format) plu
 and action the watcher must reach, the signature, the true warm-up end and the true steady level.
 Throughput is level x warm-up shape x (1 + AR(1) noise); shapes: exponential, ramp, step, an autotuning
 plateau of a few dozen steps before the real level (above or below it), periodic eval/checkpoint dips
-(marked by phase, or unmarked single-step dips), slow runs against a baseline, never-settling drift.
+(marked by phase, or unmarked single-step dips), slow runs against a baseline, never-settling drift, and
+launch-bound runs whose steady state is 8-15% noise from one step to the next (steady, flagged noisy).
 Failures use the real texts of crash-signatures.md in multi-line tracebacks.
 Tests and the bench import this file; it does no I/O.
 """
@@ -307,6 +308,18 @@ def kind_unmarked_dips(kind, seed, rng, level):
     return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, settled_step=settled, step_ts=b.step_ts)
 
 
+def kind_launch_bound(kind, seed, rng, level):
+    """A launch-bound run on a busy host: a short exponential warm-up, then 8-15% noise from one step to the
+    next for its whole life (its steady state: a level with no trend, reported noisy)."""
+    b = Builder(rng)
+    b.step_s = float(rng.uniform(0.05, 0.15))
+    curve, end = shape_exponential(rng, 1500)
+    noise = ar1(rng, 1500, float(rng.uniform(0.08, 0.15)), float(rng.uniform(0.3, 0.7)))
+    settled = settled_step(curve, PRECISION)
+    b.steps(level * curve * (1 + noise))
+    return Trace(kind, seed, b.lines, "steady", "keep", None, end, level, settled_step=settled, step_ts=b.step_ts)
+
+
 def kind_noisy_healthy(kind, seed, rng, level):
     """Known warnings and a handled (logged) traceback in a healthy run: neither is a crash."""
     b = Builder(rng)
@@ -440,6 +453,7 @@ KINDS = {
     "dips": kind_dips,
     "unmarked_dips": kind_unmarked_dips,
     "noisy_healthy": kind_noisy_healthy,
+    "launch_bound": kind_launch_bound,
     "slow_compile": kind_slow_compile,
     "user_regex": kind_user_regex,
     "slow": kind_slow,
@@ -455,7 +469,7 @@ KINDS = {
     **{f"crash_{sig}": kind_crash(sig) for sig in CRASH_TEXTS},
 }
 STEADY_KINDS = [kind for kind in KINDS if kind in {
-    "exp", "ramp", "step", "plateau", "dips", "unmarked_dips", "noisy_healthy", "slow_compile", "user_regex", "near_baseline",
+    "exp", "ramp", "step", "plateau", "dips", "unmarked_dips", "noisy_healthy", "launch_bound", "slow_compile", "user_regex", "near_baseline",
 }]
 
 
