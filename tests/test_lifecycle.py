@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,7 +89,7 @@ def test_launch_watch_exits_0_on_steady_and_says_steady_and_exited(lab, tmp_path
     done = dfo_launch_watch(lab, tmp_path, "nographs", "ok1", "nographs")
     assert done.returncode == 0, done.stderr + done.stdout[-2000:]
     last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith("ok1: ok1 steady at 1,0") and "tok/s; exited 0" in last, last
+    assert re.match(r"ok1: ok1 steady at (99\d|1,0\d\d) tok/s; exited 0", last), last  # the mean of 1,000 +/- 0.4%
 
 
 @pytest.mark.slow
