@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.decide import DecideConfig, StepObs, SteadyDetector
 from orchestrator.errors import UsageError
+from orchestrator.inventory import Watch
 
 T0 = 1_795_000_000.0
 
@@ -90,6 +91,7 @@ def test_a_level_shift_after_steady_reopens_the_verdict_and_settles_on_the_new_l
     assert detector.estimate.declared_step > 200
     shift = detector.estimate.evidence["level_shifts"][0]
     assert 200 <= shift["at_step"] <= 230
+    assert abs(shift["from_tok_s"] / 100_000 - 1) < 0.01 and abs(shift["declared_tok_s"] / 70_000 - 1) < 0.01
 
 
 def test_incremental_cost_stays_small_on_long_runs():
@@ -105,5 +107,21 @@ def test_incremental_cost_stays_small_on_long_runs():
 def test_config_from_the_inventory_watch_mapping_rejects_unknown_keys():
     config = DecideConfig.from_mapping({"min_steady_steps": 100, "baseline_tok_s": 5.0})
     assert config.min_steady_steps == 100 and config.stall_floor_s == 120
+    watch = Watch(precision=0.1, max_undecided_s=300).model_dump()  # the inventory's `watch:` section
+    assert DecideConfig.from_mapping(watch) == DecideConfig(precision=0.1, max_undecided_s=300)
     with pytest.raises(UsageError, match="stall_flor_s"):
         DecideConfig.from_mapping({"stall_flor_s": 3})
+
+
+def test_the_precision_is_the_users_a_looser_one_answers_a_noisy_run_sooner():
+    rng = np.random.default_rng(9)
+    values = 60_000 * (1 + rng.normal(0, 0.12, 3000))  # launch-bound: 12% from one step to the next
+    _, strict = run_detector(values, step_s=0.05, config=DecideConfig(precision=0.01))
+    _, default = run_detector(values, step_s=0.05)
+    detector, loose = run_detector(values, step_s=0.05, config=DecideConfig.from_mapping({"precision": 0.10}))
+    assert strict is None and loose is not None and default is not None and loose <= default
+    assert detector.estimate.noisy and detector.estimate.noise_rel > 0.10  # reported, not a gate
+    lo, hi = detector.estimate.interval
+    assert lo <= detector.estimate.tok_s <= hi and (hi - lo) / 2 <= 0.10 * detector.estimate.tok_s
+    with pytest.raises(UsageError, match="watch.precision must be between 0 and 1"):
+        DecideConfig(precision=5)
