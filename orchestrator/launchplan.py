@@ -29,6 +29,7 @@ from .inventory import TargetSpec
 from .package import parse_probe
 from .preflight import (
     SECTION,
+    Check,
     PreflightFailed,
     TargetReport,
     blocking,
@@ -70,7 +71,8 @@ class Gate:
     judged: tuple[str, ...] | None = None
     nvidia_smi_timeout: float = 10.0
 
-    def refusals(self, report: TargetReport) -> list:
+    def refusals(self, report: TargetReport) -> list[Check]:
+        """The failed checks that refuse the launch (preflight.blocking, narrowed to `judged`)."""
         failed = blocking(report, self.spec, tolerate=self.tolerate)
         if self.judged is None:
             return failed
