@@ -4,6 +4,8 @@ W&B run is, the watcher keeps it and `dfo runs NAME` shows it."""
 
 from __future__ import annotations
 
+import contextlib
+
 import io
 import os
 import subprocess
@@ -92,6 +94,7 @@ for step in range(1, 51):
 
 def test_the_watcher_keeps_where_the_wandb_run_is_and_dfo_runs_name_shows_it(tmp_path, monkeypatch):
     from orchestrator.connections import Connections
+    from orchestrator.errors import RefusedError
     from orchestrator.runs import launch, stop
     from orchestrator.store import Store
     from orchestrator.watch import Watcher
@@ -110,7 +113,8 @@ def test_the_watcher_keeps_where_the_wandb_run_is_and_dfo_runs_name_shows_it(tmp
                 watcher.step(0.2)
         finally:
             watcher.close()
-            stop(connections.container("here"), store, "w1", grace_s=2)
+            with contextlib.suppress(RefusedError):  # the 1-s script may have ended already
+                stop(connections.container("here"), store, "w1", grace_s=2)
     env = {**os.environ, "DFO_HOME": str(tmp_path / "state"), "COLUMNS": "200"}
     shown = subprocess.run([DFO, "runs", "w1"], capture_output=True, text=True, timeout=60, env=env)
     assert shown.returncode == 0, shown.stderr

@@ -276,8 +276,12 @@ class Supervisor:
             time.sleep(POLL_S)
 
     def _first_failed(self, name: str, code: int) -> tuple[str, int]:
-        """The drafter whose exception came first when several have ended (its peers fail after it in the
-        collective, and may be seen first by the poll), else the process the poll found."""
+        """A process killed by a signal (it raised nothing: the OOM killer, a user's kill), else the drafter
+        whose exception came first when several have ended (its peers fail after it in the collective, and
+        may be seen first by the poll), else the process the poll found."""
+        for process in self.producers + self.drafters:
+            if process.exitcode is not None and process.exitcode < 0:
+                return process.name, process.exitcode
         rank = self.first_failure.value
         if 0 <= rank < len(self.drafters) and self.drafters[rank].exitcode not in (None, EXIT_OK, EXIT_STOPPED):
             return self.drafters[rank].name, self.drafters[rank].exitcode
