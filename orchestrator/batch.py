@@ -335,40 +335,26 @@ class CellRecord:
 
 
 class CellTable:
-    """The `batches` and `batch_cells` tables of the store (migration 2), and the run chains behind cells."""
+    """A batch's cells as CellRecords, over the store's `batches` and `batch_cells` tables (migration 2)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
     def save_plan(self, plan: Plan, now: str) -> None:
         """Record the batch and any cell not recorded yet (cells already there keep their state)."""
-        spec = plan.experiments.model_dump_json()
-        with self.store.transaction() as db:
-            db.execute(
-                "INSERT INTO batches (name, source, spec, created_at, updated_at) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT(name) DO UPDATE SET source = excluded.source, spec = excluded.spec, updated_at = excluded.updated_at",
-                (plan.batch, plan.source, spec, now, now),
-            )
-            for cell in plan.cells:
-                db.execute(
-                    "INSERT INTO batch_cells (batch, cell, position, target, variant, sets, gpus, repeat)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(batch, cell) DO UPDATE SET position = excluded.position",
-                    (plan.batch, cell.id, cell.position, cell.target, cell.variant, json.dumps(dict(cell.sets)), cell.gpus, cell.repeat),
-                )
+        cells = [{"cell": c.id, "position": c.position, "target": c.target, "variant": c.variant,
+                  "sets": json.dumps(dict(c.sets)), "gpus": c.gpus, "repeat": c.repeat} for c in plan.cells]
+        self.store.save_batch(plan.batch, plan.source, plan.experiments.model_dump_json(), cells, now)
 
     def batches(self) -> list[dict[str, Any]]:
-        rows = self.store.query("SELECT name, source, created_at, updated_at FROM batches ORDER BY created_at")
-        return [dict(row) for row in rows]
+        return self.store.batches()
 
     def records(self, batch: str) -> list[CellRecord]:
-        rows = self.store.query("SELECT * FROM batch_cells WHERE batch = ? ORDER BY position", (batch,))
-        return [_record(row) for row in rows]
+        return [_record(row) for row in self.store.batch_cells(batch)]
 
     def update(self, batch: str, cell_id: str, **values: Any) -> None:
         encoded = {k: json.dumps(list(v) if k == "gpu_ids" else v) if k in ("gpu_ids", "outcome") else v for k, v in values.items()}
-        assignments = ", ".join(f"{key} = ?" for key in encoded)
-        with self.store.transaction() as db:
-            db.execute(f"UPDATE batch_cells SET {assignments} WHERE batch = ? AND cell = ?", (*encoded.values(), batch, cell_id))
+        self.store.update_cell(batch, cell_id, encoded)
 
     def chain(self, root: str) -> list[str]:
         """The run names from `root` along `parent` links (the fallbacks the scheduler started), oldest first."""

@@ -88,6 +88,21 @@ def chain_variants(store: Store, root: str, inventory: Inventory, override: Sequ
     return tuple(inventory.fallback)
 
 
+def chain_from_option(text: str | None, variant: str | None = None, inventory: Inventory | None = None) -> list[str] | None:
+    """`--chain a,b,c` -> ["a", "b", "c"] (the launched variant first when it is not in the list); each name
+    is checked against `inventory`, so a typo is refused before anything starts."""
+    if not text:
+        return None
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise UsageError(f"--chain {text!r}: expected variant names separated by commas, e.g. trees,nographs,eager")
+    if variant is not None and variant not in names:
+        names.insert(0, variant)
+    for name in names if inventory is not None else ():
+        inventory.variant(name)
+    return names
+
+
 def rest_of_chain(chain: Sequence[str], variant: str) -> tuple[str, ...]:
     """What is left of `chain` after `variant` (empty: it was the last one)."""
     return tuple(chain[chain.index(variant) + 1:]) if variant in chain else ()

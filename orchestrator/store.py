@@ -20,7 +20,7 @@ import sqlite3
 import threading
 import contextlib
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -248,6 +248,7 @@ class Intent:
 
 
 RUN_COLUMNS = tuple(f.name for f in fields(Run) if f.name != "id")
+BATCH_CELL_COLUMNS = frozenset({"state", "root_run", "gpu_ids", "started_at", "ended_at", "outcome"})
 JSON_COLUMNS = ("chain", "decision", "log_ident")
 
 
@@ -349,12 +350,8 @@ class Store:
             raise DfoError(f"run registry {self.path}: {exc}",
                            hint="move the file aside or set DFO_HOME; `sqlite3 FILE .recover` may save its rows") from None
 
-    def transaction(self) -> "contextlib.AbstractContextManager[sqlite3.Connection]":
-        """One write transaction, for modules with tables of their own (batch.py): `with store.transaction() as db:`."""
-        return self._write()
-
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        """Rows of a read-only SQL statement (for modules with tables of their own)."""
+        """Rows of a read-only SQL statement (tests and diagnostics; modules use the typed methods)."""
         return self._query(sql, params)
 
     # -- migrations
@@ -457,6 +454,38 @@ class Store:
         """Record that dfo was asked to stop `name` (before any signal goes out): a watch of it then reads its
         exit as `stopped`, never as a crash to fall back from."""
         return self.update_run(name, stop_requested_at=utc_now())
+
+    # -- batches (orchestrator/batch.py's CellTable turns the rows into cells)
+
+    def save_batch(self, name: str, source: str, spec: str, cells: Sequence[Mapping[str, Any]], now: str) -> None:
+        """Record a batch and those of its cells not recorded yet (a recorded cell keeps its state, gets its
+        new position)."""
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO batches (name, source, spec, created_at, updated_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT(name) DO UPDATE SET source = excluded.source, spec = excluded.spec, updated_at = excluded.updated_at",
+                (name, source, spec, now, now),
+            )
+            db.executemany(
+                "INSERT INTO batch_cells (batch, cell, position, target, variant, sets, gpus, repeat)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(batch, cell) DO UPDATE SET position = excluded.position",
+                [(name, c["cell"], c["position"], c["target"], c["variant"], c["sets"], c["gpus"], c["repeat"]) for c in cells],
+            )
+
+    def batches(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._query("SELECT name, source, created_at, updated_at FROM batches ORDER BY created_at")]
+
+    def batch_cells(self, batch: str) -> list[sqlite3.Row]:
+        return self._query("SELECT * FROM batch_cells WHERE batch = ? ORDER BY position", (batch,))
+
+    def update_cell(self, batch: str, cell: str, values: Mapping[str, Any]) -> None:
+        """Set columns of a cell (values already encoded; the names are batch.py's, never user input)."""
+        unknown = set(values) - BATCH_CELL_COLUMNS
+        if unknown:
+            raise ValueError(f"unknown batch cell field(s): {', '.join(sorted(unknown))}")
+        assignments = ", ".join(f"{key} = ?" for key in values)
+        with self._write() as db:
+            db.execute(f"UPDATE batch_cells SET {assignments} WHERE batch = ? AND cell = ?", (*values.values(), batch, cell))
 
     # -- claims: who acts on a chain or batch cell (one owner at a time; the others only look)
 

@@ -31,17 +31,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .chains import GPU_RELEASE_S, Claims, Outcome, Supervisor, catalogue_for, chain_key, chain_variants
+from .chains import GPU_RELEASE_S, WATCH_POLICY, Claims, Outcome, Policy, Supervisor, catalogue_for, chain_key, chain_variants
 from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
-from .errors import DfoError, UnknownRun, UsageError
+from .errors import DfoError, UnknownRun
 from .inventory import Inventory
 from .logfmt import EventRecord, MalformedLine, StepRecord, make_parser, parse_ts, step_problem
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
 from .runs import look
-from .states import RunState, Verdict
+from .states import RunState
 from .store import Run, Store, utc_now
 
 DRAIN_MAX = 5000  # observations handled per step(); the rest wait for the next one
@@ -145,6 +145,7 @@ class Watcher:
         unreachable_s: float | None = None,
         gpu_release_s: float = GPU_RELEASE_S,
         claims: Claims | None = None,
+        policy: Policy = WATCH_POLICY,
     ) -> None:
         self.inventory = inventory
         self.connections = connections
@@ -165,6 +166,7 @@ class Watcher:
         self.unreachable_s = unreachable_s if unreachable_s is not None else inventory.watch.unreachable_s
         self.supervisor = Supervisor(inventory, connections, store, stop_grace_s=stop_grace_s, gpu_release_s=gpu_release_s)
         self.claims = claims or Claims(store)
+        self.policy = policy  # the verdicts answered with the chain's next variant
         self.owned: set[str] = set()  # chain roots whose claim this watcher holds (it stores and acts for them)
         self.queue: queue.Queue = queue.Queue()
         self.observers: dict[str, ObserverBase] = {}
@@ -336,7 +338,7 @@ class Watcher:
                                            "tok_s": float(last["tok_s"])})
         watched.decision = watched.judge.decision()
         earlier = watched.run.decision
-        if earlier and Verdict.of(earlier.get("decision")).falls_back():
+        if earlier and self.policy.falls_back(earlier.get("decision")):
             watched.decision = Decision(**{k: v for k, v in earlier.items() if k in Decision.__dataclass_fields__})
             watched.handled = bool(self.store.children(watched.name)) or not watched.run.active
         return stored
@@ -614,7 +616,7 @@ class Watcher:
                 continue
             watched.dirty = False
             owner = watched.root in self.owned
-            if Verdict.of(watched.decision.decision).falls_back():  # restored from an earlier watch: final
+            if self.policy.falls_back(watched.decision.decision):  # restored from an earlier watch: final
                 if owner:
                     self._act(watched)
                 continue
@@ -622,7 +624,7 @@ class Watcher:
             if decision_key(decision) != decision_key(watched.decision):
                 watched.decision = decision
                 self._record_decision(watched)
-            if Verdict.of(decision.decision).falls_back() and not watched.handled and owner:
+            if self.policy.falls_back(decision.decision) and not watched.handled and owner:
                 self._act(watched)
 
     def _record_decision(self, watched: WatchedRun) -> None:
@@ -710,7 +712,7 @@ class Watcher:
             settled = not watched.acting
         else:
             settled = watched.decision.final and not watched.acting and (
-                watched.handled or not Verdict.of(watched.decision.decision).falls_back())
+                watched.handled or not self.policy.falls_back(watched.decision.decision))
         return {"root": state.root, "runs": list(state.runs), "current": current,
                 "decision": watched.decision.to_json(), "settled": settled}
 
@@ -755,18 +757,3 @@ def sample_of(record: StepRecord) -> dict[str, Any]:
     sample = {name: getattr(record, name) for name in SAMPLE_FIELDS}
     sample = {k: v for k, v in sample.items() if v is not None}
     return {**record.extra, **sample}
-
-
-def chain_from_option(text: str | None, variant: str | None = None, inventory: Inventory | None = None) -> list[str] | None:
-    """`--chain a,b,c` -> ["a", "b", "c"] (the launched variant first when it is not in the list); each name
-    is checked against `inventory`, so a typo is refused before anything starts."""
-    if not text:
-        return None
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise UsageError(f"--chain {text!r}: expected variant names separated by commas, e.g. trees,nographs,eager")
-    if variant is not None and variant not in names:
-        names.insert(0, variant)
-    for name in names if inventory is not None else ():
-        inventory.variant(name)
-    return names

@@ -135,14 +135,16 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     assert db.execute("SELECT COUNT(*) FROM samples").fetchone()[0] == 2 * n * 5
 
 
-def test_public_transaction_and_query_for_modules_with_their_own_tables(store):
-    with store.transaction() as db:
-        db.execute("INSERT INTO batches (name, created_at) VALUES ('b1', 'now')")
-    with pytest.raises(sqlite3.IntegrityError):
-        with store.transaction() as db:
-            db.execute("INSERT INTO batches (name, created_at) VALUES ('b2', 'now')")
-            db.execute("INSERT INTO batches (name, created_at) VALUES ('b1', 'again')")  # fails: the whole transaction goes
-    assert [tuple(r) for r in store.query("SELECT name, created_at FROM batches")] == [("b1", "now")]
+def test_a_batch_saved_again_keeps_its_cells_states_and_cell_updates_take_known_columns_only(store):
+    cells = [{"cell": "c1", "position": 0, "target": "t", "variant": "v", "sets": "{}", "gpus": None, "repeat": 1}]
+    store.save_batch("b1", "f.yaml", "{}", cells, "now")
+    store.update_cell("b1", "c1", {"state": "done"})
+    store.save_batch("b1", "f.yaml", "{}", [{**cells[0], "position": 3}], "later")
+    [row] = store.batch_cells("b1")
+    assert (row["state"], row["position"]) == ("done", 3)
+    assert [b["name"] for b in store.batches()] == ["b1"]
+    with pytest.raises(ValueError, match="unknown batch cell field"):
+        store.update_cell("b1", "c1", {"state = 'x'; --": 1})
 
 
 def test_a_registry_from_a_newer_dfo_is_refused_not_mangled(tmp_path):

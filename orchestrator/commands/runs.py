@@ -107,8 +107,7 @@ def launch_command(
     no_fallback: bool = typer.Option(False, "--no-fallback", help="With --watch: only report, never stop or launch."),
     chain: Optional[str] = typer.Option(None, "--chain", help="Fallback chain for this run instead of the inventory's, e.g. trees,nographs,eager.", metavar="A,B,C"),
 ) -> None:
-    from ..chains import rest_of_chain
-    from ..watch import chain_from_option
+    from ..chains import chain_from_option, rest_of_chain
 
     if name is not None:
         check_name(name, "run name")  # before any connection: a bad name costs nothing
