@@ -18,6 +18,7 @@ import json
 import os
 import sqlite3
 import threading
+import time
 import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -298,7 +299,7 @@ class Store:
             self._db.row_factory = sqlite3.Row
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             if self.path != ":memory:":
-                self._db.execute("PRAGMA journal_mode = WAL")
+                self._wal()
                 self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
         except sqlite3.DatabaseError as exc:
@@ -306,6 +307,19 @@ class Store:
         except DfoError:
             self._db.close()
             raise
+
+    def _wal(self) -> None:
+        """WAL mode. Switching a new file to it takes a lock SQLite does not wait for (busy_timeout does not
+        apply): two dfo processes creating the registry at once retry here instead of failing."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
 
     @classmethod
     def in_memory(cls) -> "Store":
