@@ -46,7 +46,6 @@ def test_a_stop_during_a_watch_is_stopped_not_a_crash_and_nothing_falls_back(lab
     events = run_until(watcher, lambda w: w.runs()[0].alive is False and w.settled(), timeout=30)
     [decision] = watcher.final_decisions()
     assert (decision["decision"], decision["action"], decision["next_run"]) == ("stopped", "none", None)
-    assert decision["evidence"]["exit_code"] == 143
     assert [r.name for r in lab.store.list_runs()] == ["st1"]  # no fallback launched
     assert lab.store.get_run("st1").state == "stopped" and lab.store.get_run("st1").exit_code == 143
     assert "acting" not in [e["kind"] for e in events]
