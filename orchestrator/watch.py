@@ -210,8 +210,8 @@ class Watcher:
             self._emit("attached", watched, {"target": run.target, "variant": run.variant, "offset": run.log_offset,
                                               "steps_stored": stored, "owner": root in self.owned,
                                               **self._holder_of(root)})
-            if root in self.owned and self.fallback and self.store.open_intents(root):
-                self._start_worker(watched, lambda: self.supervisor.finish_open(root))
+            if root in self.owned:
+                self._finish_open_intents(root)
             return watched
 
     def owns(self, name: str) -> bool:
@@ -382,8 +382,18 @@ class Watcher:
             watched.handled = watched.handled or bool(self.store.children(watched.name))
             watched.dirty = True
             self._emit("took_over", watched, {"steps_stored": len(rows)})
+        self._finish_open_intents(root)
+
+    def _finish_open_intents(self, root: str) -> None:
+        """A fallback a dfo that died left half done: finish it (stop, launch) on a worker; the runs it is about
+        are acted on already, so their verdicts start nothing more."""
+        intents = self.store.open_intents(root) if self.fallback else []
+        for intent in intents:
+            watched = self.watched.get(intent.data["run"])
+            if watched is not None:
+                watched.handled = watched.acting = watched.stopping = True
         current = self.watched.get(self._chains[root].runs[-1])
-        if current is not None and self.fallback and self.store.open_intents(root):
+        if intents and current is not None:
             self._start_worker(current, lambda: self.supervisor.finish_open(root))
 
     def _observer_for(self, target_name: str) -> ObserverBase:

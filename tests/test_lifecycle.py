@@ -122,3 +122,18 @@ def test_a_set_key_the_trainer_refuses_fails_the_launch_with_its_message(tmp_pat
     listed = subprocess.run([dfo, "runs", "--json"], capture_output=True, text=True, timeout=60, env=env)
     [run] = json.loads(listed.stdout)
     assert (run["state"], run["exit_code"]) == ("crashed", 2)
+
+
+def test_a_fallback_left_half_done_by_a_dead_dfo_is_finished_by_the_next_watch_and_not_repeated(lab) -> None:
+    lab.launch("trees", "h1")  # crashes in a worker thread and lives on: a watch would fall back from it
+    intent = {"run": "h1", "variant": "nographs", "name": "h1.2-nographs", "chain": ["trees", "nographs"],
+              "reason": "crash [cudagraph_tls]"}
+    lab.store.add_intent("h1", "fallback", intent)  # recorded by a dfo that died before it stopped h1
+    watcher = lab.watcher()
+    watcher.attach("h1")
+    run_until(watcher, lambda w: w.settled(), timeout=60)
+    assert [r.name for r in lab.store.list_runs()] == ["h1", "h1.2-nographs"]  # the intended run, once
+    assert lab.store.get_run("h1").state == "stopped" and lab.store.get_run("h1.2-nographs").parent == "h1"
+    assert lab.store.open_intents("h1") == []
+    [chain] = watcher.chains()
+    assert chain["runs"] == ["h1", "h1.2-nographs"] and chain["decision"]["decision"] == "steady"
