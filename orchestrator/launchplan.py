@@ -3,7 +3,8 @@
 On a Proxmox node every `pct` call starts a Perl program that loads the PVE modules (about half a second)
 and every SSH exec is a round trip, so a launch asks a container everything at once. The script
 (plan_script) runs preflight's checks (preflight.inside_script) and the launch's probe (is the log name
-free, is the trainer package there, python and torch), prints READY and waits for one line on its stdin.
+free, is the trainer package there, python and torch: with a gate the preflight's one python answers torch
+too), prints READY and waits for one line on its stdin.
 dfo reads the rows with preflight's own code and judges them with preflight.blocking (the one rule for what
 refuses a run); while the script waits it pushes the package if that is missing; then it answers
 `start N` followed by N bytes of secrets (the caller's start script writes them to a 0600 file: never on a
@@ -207,7 +208,7 @@ def open_plan(target: Target, gate: Gate | None, *, probe: str, start: str) -> O
     if gate is None:
         call = PlanCall(target, plan_script(probe_section(probe), start), timeout=PROBE_TIMEOUT_S)
         return Opened(call, None, probe_of(call.findings))
-    checks = f"{inside_script(gate.spec, gate.nvidia_smi_timeout)}\n{probe_section(probe)}"
+    checks = f"{inside_script(gate.spec, gate.nvidia_smi_timeout, torch_found=True)}\n{probe_section(probe)}"
     calls: list[PlanCall] = []
 
     def answer(container: Target) -> str:
@@ -225,5 +226,10 @@ def open_plan(target: Target, gate: Gate | None, *, probe: str, start: str) -> O
 
 
 def probe_of(findings: str) -> dict[str, str]:
-    """The probe section's `key=value` lines."""
-    return parse_probe(split_sections(findings).get(PROBE, (1, ""))[1])
+    """The probe section's `key=value` lines; with a gate, `torch` comes from the preflight's python section
+    (one interpreter answers both: the probe is then written with package.probe_script(..., torch=False))."""
+    sections = split_sections(findings)
+    probe = parse_probe(sections.get(PROBE, (1, ""))[1])
+    if probe.get("python") == "ok" and "torch" not in probe and "python" in sections:
+        probe["torch"] = parse_probe(sections["python"][1]).get("torch", "missing")
+    return probe

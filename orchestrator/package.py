@@ -124,9 +124,10 @@ def pkg_dir(workspace: str, sha256: str) -> str:
     return f"{workspace}/.dfo/pkg/{sha256}"
 
 
-def probe_script(workspace: str, sha256: str, python: str | None = None) -> str:
+def probe_script(workspace: str, sha256: str, python: str | None = None, *, torch: bool = True) -> str:
     """Shell printing `pkg=present|absent` (is this package complete there?) and, given a python,
-    `python=ok|missing` and `torch=ok|missing` (found without importing it)."""
+    `python=ok|missing` and, unless `torch` is False (the caller's own python answers it), `torch=ok|missing`
+    (found without importing it)."""
     complete = shlex.quote(f"{pkg_dir(workspace, sha256)}/.complete")
     script = f'if [ "$(cat {complete} 2>/dev/null)" = {sha256} ]; then echo pkg=present; else echo pkg=absent; fi\n'
     if python:
@@ -134,8 +135,8 @@ def probe_script(workspace: str, sha256: str, python: str | None = None) -> str:
         has_torch = shlex.quote('import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("torch") else 1)')
         script += (
             f"if command -v {py} >/dev/null 2>&1; then echo python=ok;"
-            f" if {py} -c {has_torch} >/dev/null 2>&1; then echo torch=ok; else echo torch=missing; fi;"
-            " else echo python=missing; fi\n"
+            + (f" if {py} -c {has_torch} >/dev/null 2>&1; then echo torch=ok; else echo torch=missing; fi;" if torch else "")
+            + " else echo python=missing; fi\n"
         )
     return script
 

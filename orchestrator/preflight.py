@@ -198,16 +198,56 @@ def blocking(report: TargetReport, spec: TargetSpec, *, tolerate: tuple[str, ...
     ]
 
 
-def inside_script(spec: TargetSpec, nvidia_smi_timeout: float) -> str:
-    """One sh script printing `@@dfo-preflight NAME RC` after each section's output."""
+PYTHON_SNIPPET = """\
+import os, sys
+def torch_version():
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or '.')
+        except OSError:
+            continue
+        for name in names:
+            low = name.lower()
+            if low.endswith(('.dist-info', '.egg-info')) and low.rpartition('.')[0].partition('-')[0] == 'torch':
+                path = os.path.join(entry or '.', name)
+                if os.path.isdir(path):
+                    path = os.path.join(path, 'METADATA' if low.endswith('.dist-info') else 'PKG-INFO')
+                with open(path, encoding='utf-8') as f:
+                    for line in f:
+                        if line.startswith('Version:'):
+                            return line[len('Version:'):].strip()
+                return None
+    return None
+try:
+    t = torch_version() or 'torch not installed'
+except Exception:
+    t = 'torch not installed'
+TORCH_FOUND
+print(sys.version.split()[0], t, sep='|')
+"""
+"""The python row's answer: `VERSION|TORCH` (TORCH is torch's installed version or `torch not installed`). The
+version is read as importlib.metadata.version('torch') finds it (the first torch-*.dist-info METADATA or
+*.egg-info PKG-INFO along sys.path) without importing importlib.metadata, whose imports cost a container's
+python more than its own start-up."""
+TORCH_FOUND_SNIPPET = """\
+try:
+    import importlib.util
+    print('torch=' + ('ok' if importlib.util.find_spec('torch') else 'missing'))
+except Exception:
+    print('torch=missing')
+"""
+"""What a launch's probe asks (torch importable, without importing it), from the same interpreter."""
+
+
+def inside_script(spec: TargetSpec, nvidia_smi_timeout: float, *, torch_found: bool = False) -> str:
+    """One sh script printing `@@dfo-preflight NAME RC` after each section's output. With `torch_found`, the
+    python section's one interpreter also prints `torch=ok|missing` (torch importable: what a launch's probe
+    asks) on a line before the version line the python row reads, so a launch starts no second python."""
     gpus = shlex.join(gpu.query_argv(gpu.QUERY_FIELDS, timeout=nvidia_smi_timeout))
     apps = shlex.join(gpu.query_argv(gpu.APP_FIELDS, timeout=nvidia_smi_timeout, apps=True))
     ws = shlex.quote(spec.workspace)
-    torch_version = (
-        "import sys\ntry:\n from importlib.metadata import version; t = version('torch')\n"
-        "except Exception:\n t = 'torch not installed'\nprint(sys.version.split()[0], t, sep='|')"
-    )
-    python = f"timeout -k 2 {PYTHON_TIMEOUT_S} {shlex.quote(spec.python)} -c {shlex.quote(torch_version)}"
+    snippet = PYTHON_SNIPPET.replace("TORCH_FOUND\n", TORCH_FOUND_SNIPPET if torch_found else "")
+    python = f"timeout -k 2 {PYTHON_TIMEOUT_S} {shlex.quote(spec.python)} -c {shlex.quote(snippet)}"
     return "\n".join(
         [
             f"{gpus} 2>&1; rc=$?; echo; echo '{SECTION}gpus' $rc",

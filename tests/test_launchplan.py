@@ -3,6 +3,7 @@ per target, counted from sshd's own log; a refusal, a lost dfo or a wrong answer
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from harness.nvidia_smi import Gpu
 from harness.sshd import SshServer
 from orchestrator.batch import launcher, parse_experiments
 from orchestrator.connections import Connections
+from orchestrator.errors import RefusedError
 from orchestrator.inventory import load_inventory
 from orchestrator import launchplan
 from orchestrator.launchplan import Gate, PlanCall, open_plan, plan_script
@@ -222,3 +224,66 @@ def test_a_batch_on_one_stock_node_starts_every_container_within_its_ssh_session
     finally:
         node.kill_sessions()
         node.stop()
+
+
+def counting_python(container, real_python: str) -> tuple[str, Path]:
+    """A python in `container` that notes every start (its argv) in a log, then runs `real_python`."""
+    starts = container.path("/workspace/python-starts")
+    standin = container.path("/workspace/counting-python")
+    standin.write_text(f'#!/bin/sh\necho "start $1 $2" | head -n 1 >> /workspace/python-starts\nexec {real_python} "$@"\n')
+    standin.chmod(0o755)
+    return "/workspace/counting-python", starts
+
+
+def tiny_package(tmp_path: Path):
+    trainer = tmp_path / "src" / "trainer"
+    trainer.mkdir(parents=True)
+    (trainer / "__init__.py").write_text("")
+    (trainer / "__main__.py").write_text("import time\ntime.sleep(30)\n")
+    return build_package(package_files(trainer, tmp_path / "no-agent.py"))
+
+
+@pytest.mark.lxc
+@pytest.mark.slow
+def test_a_gated_launch_asks_one_python_for_the_row_and_for_torch(tmp_path, sshd, ssh_home, containers) -> None:
+    running = containers()
+    python, starts = counting_python(running, sys.executable)
+    inv = load_inventory(write_inventory(tmp_path, {
+        "defaults": {"min_free_disk_gb": 0, "python": python},
+        "hosts": {"pve1": {"address": "testhost", "containers": {"ct_a": {"ctid": running.vmid}}}},
+        "variants": {"eager": {"compile": "eager"}},
+    }))
+    package = tiny_package(tmp_path)
+    spec = spec_for(inv, "ct_a", "eager")
+    with Connections(inv) as connections, Store(tmp_path / "dfo.db") as store:
+        target, gate = connections.container("ct_a"), Gate(inv.target("ct_a"))
+        first = launch(target, spec, store, name="p1", package=package, gate=gate)
+        starts.write_text("")
+        second = launch(target, spec, store, name="p2", package=package, gate=gate)
+    checks = [line for line in starts.read_text().splitlines() if line != "start -m trainer"]
+    assert len(checks) == 1, checks  # was 2: the python row's interpreter, then the probe's torch check
+    python_row = next(check for check in second.preflight.checks if check.name == "python")
+    version = ".".join(map(str, sys.version_info[:3]))
+    assert (python_row.ok, python_row.detail) == (True, f"{python} {version}, torch {importlib.metadata.version('torch')}")
+    assert second.push.python_found and second.push.torch_found and not second.push.transferred
+    for launched in (first, second):
+        running.attach("kill", "-TERM", "--", f"-{launched.run.pid}")
+
+
+@pytest.mark.lxc
+@pytest.mark.slow
+def test_a_gated_launch_of_a_python_without_torch_is_refused_and_starts_nothing(tmp_path, sshd, ssh_home, containers) -> None:
+    running = containers()
+    python, _ = counting_python(running, "/usr/bin/python3")  # the system python: no torch
+    inv = load_inventory(write_inventory(tmp_path, {
+        "defaults": {"min_free_disk_gb": 0, "python": python},
+        "hosts": {"pve1": {"address": "testhost", "containers": {"ct_a": {"ctid": running.vmid}}}},
+        "variants": {"eager": {"compile": "eager"}},
+    }))
+    with Connections(inv) as connections, Store(tmp_path / "dfo.db") as store:
+        with pytest.raises(RefusedError, match="has no torch"):
+            launch(connections.container("ct_a"), spec_for(inv, "ct_a", "eager"), store, name="nt1",
+                   package=tiny_package(tmp_path), gate=Gate(inv.target("ct_a")))
+        assert store.list_runs() == []
+    assert not running.path("/workspace/logs/nt1.log").exists()
+    assert not running.path("/workspace/.dfo/pkg").exists()  # refused before the push
