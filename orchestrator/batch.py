@@ -41,6 +41,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from . import runs
 from .chains import BATCH_POLICY, Claims, Supervisor, catalogue_for, next_run_names, next_variant_after, rest_of_chain
 from .decide import Catalogue
+from .events import DecisionMade, Event
 from .errors import DfoError, InvalidName, InventoryError, RefusedError, UnknownTarget
 from .inventory import Inventory, _name_problem, describe_validation_error, read_yaml_file
 from .launchplan import Gate
@@ -377,7 +378,7 @@ class WatcherLike(Protocol):
     """What the scheduler needs of orchestrator.watch.Watcher (built with fallback=False: the batch falls back)."""
 
     def attach(self, run_name: str) -> Any: ...
-    def step(self, timeout: float) -> list[Any]: ...
+    def step(self, timeout: float) -> list[Event]: ...
     def stop_run(self, name: str, reason: str) -> Any: ...
 
 
@@ -597,8 +598,8 @@ class Scheduler:
                 return
             self._take_news(self.watcher.step(left))
 
-    def _take_news(self, events: Iterable[Any]) -> None:
-        for event in events or ():
+    def _take_news(self, events: Iterable[Event]) -> None:
+        for event in events:
             decision = decision_of(event)
             if decision is None or not decision.get("run"):
                 continue
@@ -723,14 +724,9 @@ class Scheduler:
         return max(0.0, rounds * mean - min(spent, mean))
 
 
-def decision_of(event: Any) -> Optional[dict]:
-    """The Decision JSON carried by a watcher `decision` event ({"event": "decision", "decision": {...}})."""
-    get = event.get if isinstance(event, Mapping) else (lambda key, default=None: getattr(event, key, default))
-    if "decision" not in (get("event", None), get("kind", None)):
-        return None
-    value = get("decision", None)
-    value = value.to_json() if hasattr(value, "to_json") else value
-    return dict(value) if isinstance(value, Mapping) and "decision" in value else None
+def decision_of(event: Event) -> Optional[dict]:
+    """The Decision JSON carried by a watcher `decision` event; None for any other event."""
+    return dict(event.decision) if isinstance(event, DecisionMade) else None
 
 
 # ---------------------------------------------------------------------------------------------- the field

@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from . import events as ev
 from .chains import GPU_RELEASE_S, WATCH_POLICY, Claims, Outcome, Policy, Supervisor, catalogue_for, chain_key, chain_variants
 from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
@@ -53,7 +54,6 @@ ACTION_JOIN_S = 5.0
 MALFORMED_EVENTS = 20  # malformed-line events per run; after these the view's count goes on alone
 UNSAVED_MAX = 100_000  # steps an observing (not owning) watcher keeps for the day it takes over
 SAMPLE_FIELDS = ("step", "ts", "tok_s", "loss", "phase", "acc", "lr", "q_fill", "active", "mem_gb")
-Event = dict[str, Any]
 
 
 @dataclass
@@ -138,7 +138,7 @@ class Watcher:
         fallback: bool = True,
         poll: float | None = None,
         chain_override: Sequence[str] | None = None,
-        on_event: Callable[[Event], None] | None = None,
+        on_event: Callable[[ev.Event], None] | None = None,
         heartbeat_timeout: float = 5.0,
         stop_grace_s: float = 30.0,
         peer_baseline: bool = True,
@@ -176,7 +176,7 @@ class Watcher:
         self._chains: dict[str, ChainState] = {}
         self._package: Package | None = None
         self._actions: list[threading.Thread] = []
-        self._events: list[Event] = []
+        self._events: list[ev.Event] = []
         self._looked_at: dict[str, float] = {}  # chain root -> when its runs were last looked up (observing)
         self._lock = threading.RLock()
 
@@ -207,9 +207,8 @@ class Watcher:
             stored = self._resume(watched)
             observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=run.log_offset,
                             ident=run.log_ident)
-            self._emit("attached", watched, {"target": run.target, "variant": run.variant, "offset": run.log_offset,
-                                              "steps_stored": stored, "owner": root in self.owned,
-                                              **self._holder_of(root)})
+            self._emit(watched, ev.Attached, target=run.target, variant=run.variant, offset=run.log_offset,
+                       steps_stored=stored, owner=root in self.owned, claimed_by=self._holder_of(root))
             if root in self.owned:
                 self._finish_open_intents(root)
             return watched
@@ -220,7 +219,7 @@ class Watcher:
             watched = self.watched.get(name)
             return watched is not None and watched.root in self.owned
 
-    def step(self, timeout: float = 0.25) -> list[Event]:
+    def step(self, timeout: float = 0.25) -> list[ev.Event]:
         """Handle what arrived within `timeout` seconds: parse, persist, judge, act. Returns the new events."""
         items = self._drain(timeout)
         with self._lock:
@@ -266,7 +265,7 @@ class Watcher:
                 return
             watched.stopping = watched.acting = True
             watched.stopped_reason = reason
-            self._emit("stopping", watched, {"reason": reason})
+            self._emit(watched, ev.Stopping, reason=reason)
         self._start_action(watched, launch_next=None, reason=reason)
 
     def close(self) -> None:
@@ -343,9 +342,9 @@ class Watcher:
             watched.handled = bool(self.store.children(watched.name)) or not watched.run.active
         return stored
 
-    def _holder_of(self, root: str) -> dict[str, Any]:
+    def _holder_of(self, root: str) -> str | None:
         claim = self.claims.holder(chain_key(root))
-        return {} if claim is None else {"claimed_by": f"{claim.host}:{claim.pid}"}
+        return None if claim is None else f"{claim.host}:{claim.pid}"
 
     def _renew_claims(self) -> None:
         """Renew the claims held; take over a chain whose owner's lease ran out; while only observing, follow
@@ -369,7 +368,7 @@ class Watcher:
             try:
                 self.attach(name)
             except DfoError as exc:  # its target is out of reach now: tried again on the next look
-                self._emit("action_error", self.watched[last], {"error": f"cannot follow {name}: {exc}"})
+                self._emit(self.watched[last], ev.ActionError, error=f"cannot follow {name}: {exc}")
 
     def _take_over(self, root: str) -> None:
         """This watcher now owns `root`'s chain: store the steps its former owner had not, finish what it left
@@ -381,7 +380,7 @@ class Watcher:
             watched.unsaved, watched.unsaved_offset, watched.unsaved_ident = [], None, None
             watched.handled = watched.handled or bool(self.store.children(watched.name))
             watched.dirty = True
-            self._emit("took_over", watched, {"steps_stored": len(rows)})
+            self._emit(watched, ev.TookOver, steps_stored=len(rows))
         self._finish_open_intents(root)
 
     def _finish_open_intents(self, root: str) -> None:
@@ -448,19 +447,19 @@ class Watcher:
         elif obs.kind == "disconnected":
             link.connected, link.reason = False, obs.data.get("reason")
             link.down_since = link.down_since or obs.at
-            self._emit_source("disconnected", obs.source, {"reason": link.reason})
+            self._emit_source(ev.Disconnected, obs.source, reason=link.reason)
         elif obs.kind == "gap":
             link.reconnects += 1
             link.last_gap_s = obs.data.get("duration_s")
-            self._emit_source("gap", obs.source, {"duration_s": link.last_gap_s})
+            self._emit_source(ev.Gap, obs.source, duration_s=link.last_gap_s)
         elif obs.kind == "gpu":
             link.gpu_error = None
             self._gpu_observed(obs, writes)
         elif obs.kind == "gpu_error":
             link.gpu_error = str(obs.data.get("text") or "").strip()[:200]
-            self._emit_source("gpu_error", obs.source, dict(obs.data))
+            self._emit_source(ev.GpuError, obs.source, text=obs.data.get("text"), code=obs.data.get("code"))
         elif obs.kind == "error":
-            self._emit_source("error", obs.source, dict(obs.data))
+            self._emit_source(ev.TargetError, obs.source, text=obs.data.get("text"))
 
     def _run_observed(self, watched: WatchedRun, obs: Observation, writes: "Writes") -> None:
         if obs.kind == "lines":
@@ -474,11 +473,11 @@ class Watcher:
             watched.lines.append(f"[dfo: log {why} ({obs.data.get('size')} bytes, read to {obs.data.get('was')}); "
                                  f"reading again from 0]")
             writes.offsets[watched.name], writes.idents[watched.name] = 0, None
-            self._emit("truncated", watched, dict(obs.data))
+            self._emit(watched, ev.Truncated, size=obs.data.get("size"), why=obs.data.get("why"), was=obs.data.get("was"))
         elif obs.kind == "proc":
             self._proc(watched, obs)
         elif obs.kind == "error":
-            self._emit("error", watched, dict(obs.data))
+            self._emit(watched, ev.RunError, text=obs.data.get("text"))
 
     def _line(self, watched: WatchedRun, line: str, received: float, writes: "Writes") -> None:
         record = watched.parse(line, received)
@@ -490,20 +489,19 @@ class Watcher:
             watched.throughput.append(record.tok_s)
             watched.step_times.append((record.ts, record.step))
             writes.samples.setdefault(watched.name, []).append(sample_of(record))
-            self._emit("step", watched, {"step": record.step, "tok_s": record.tok_s, "loss": record.loss,
-                                         "phase": record.phase}, store=False)
+            self._emit(watched, ev.Step, step=record.step, tok_s=record.tok_s, loss=record.loss, phase=record.phase)
         elif isinstance(record, MalformedLine):
             watched.malformed += 1
             watched.last_malformed = record.reason
             watched.lines.append(f"[dfo: malformed metric line ignored: {record.reason}] {line[:200]}")
             if watched.malformed <= MALFORMED_EVENTS:
-                self._emit("malformed", watched, {"reason": record.reason, "count": watched.malformed})
+                self._emit(watched, ev.Malformed, reason=record.reason, count=watched.malformed)
         else:
             watched.lines.append(line[:300])
             if isinstance(record, EventRecord) and record.event == "start" and record.fields.get("steps", "").isdigit():
                 watched.steps_total = int(record.fields["steps"])
             if isinstance(record, EventRecord) and record.event == "wandb":  # where its W&B record is: kept
-                self._emit("wandb", watched, {k: record.fields[k] for k in ("mode", "url", "dir") if k in record.fields})
+                self._emit(watched, ev.Wandb, **{k: record.fields[k] for k in ("mode", "url", "dir") if k in record.fields})
         watched.judge.observe(observation_from_record(record, received))
         watched.dirty = True
 
@@ -527,10 +525,10 @@ class Watcher:
         if stop_requested:
             watched.stopped_reason = watched.stopped_reason or "stopped on request (dfo stop)"
         state = str(RunState.STOPPED if stop_requested else RunState.after_exit(code))  # -1 (no exit file): crashed
-        data = {"exit_code": code if code >= 0 else None, "state": state, "why": why or f"exit status {code}"}
-        self._emit("ended", watched, data)
+        exit_code = code if code >= 0 else None
+        self._emit(watched, ev.Ended, exit_code=exit_code, state=state, why=why or f"exit status {code}")
         if run is not None and run.active and watched.root in self.owned:
-            watched.run = self.store.update_run(watched.name, state=state, exit_code=data["exit_code"], ended_at=utc_now())
+            watched.run = self.store.update_run(watched.name, state=state, exit_code=exit_code, ended_at=utc_now())
 
     def _gpu_observed(self, obs: Observation, writes: "Writes") -> None:
         gpus = [g for g in obs.data.get("gpus") or [] if isinstance(g, dict)]
@@ -540,7 +538,7 @@ class Watcher:
             mine = tuple(g for g in gpus if not watched.gpus or g.get("index") in watched.gpus)
             watched.gpu_now = list(mine)
             watched.judge.observe(GpuObs(ts, mine))
-            self._emit("gpu", watched, {"gpus": list(mine)}, store=False)  # the GPU store table holds them
+            self._emit(watched, ev.Gpu, gpus=list(mine))
             self._report_idle_gpus(watched)
         active = [w for w in followed if w.alive is not False]
         owner = active[0].name if len(active) == 1 else None
@@ -551,7 +549,7 @@ class Watcher:
         for idle in watched.judge.idle_gpus.flagged.values():
             if (idle.index, idle.since) not in watched.idle_reported:
                 watched.idle_reported.add((idle.index, idle.since))
-                self._emit("gpu_idle", watched, {**idle.to_json(), "text": idle.describe()})
+                self._emit(watched, ev.GpuIdle, **idle.to_json(), text=idle.describe())
 
     def _persist(self, writes: "Writes") -> None:
         """Each run's samples and log offset in one transaction (a re-attach resumes right after them), then
@@ -609,8 +607,7 @@ class Watcher:
                                         "unreachable_reason": link.reason}
                 watched.decision = Decision(**decision)
                 self._record_decision(watched)
-                self._emit("unreachable", watched, {"target": source, "duration_s": round(down_s, 1),
-                                                    "reason": link.reason})
+                self._emit(watched, ev.Unreachable, target=source, duration_s=round(down_s, 1), reason=link.reason)
 
     def _found_again(self, source: str) -> None:
         """A container given up on answers again: its runs are judged again from where they were."""
@@ -641,7 +638,7 @@ class Watcher:
         decision = watched.decision.to_json()
         if watched.root in self.owned:
             self.store.update_run(watched.name, decision=decision)
-        self._emit("decision", watched, {"decision": decision})
+        self._emit(watched, ev.DecisionMade, decision=decision)
         self.notifier.decision(watched.name, decision)
 
     def _act(self, watched: WatchedRun) -> None:
@@ -651,7 +648,7 @@ class Watcher:
         if not self.fallback or decision.action not in ("fallback", "stop"):
             return  # --no-fallback only reports
         watched.stopping = watched.acting = True
-        self._emit("acting", watched, {"action": decision.action, "next_variant": decision.next_variant})
+        self._emit(watched, ev.Acting, action=decision.action, next_variant=decision.next_variant)
         self._start_action(watched, launch_next=decision.next_variant if decision.action == "fallback" else None,
                            reason=decision.decision + (f" [{decision.signature}]" if decision.signature else ""))
 
@@ -691,22 +688,22 @@ class Watcher:
         if not watched.run.active:
             watched.alive = False  # no longer followed: its end is what the stop recorded
         if done.stopped:
-            self._emit("stopped", watched, {"signal": done.signal, "reason": done.reason})
+            self._emit(watched, ev.Stopped, signal=done.signal, reason=done.reason)
         if done.note:
-            self._emit("not_signalled", watched, {"why": done.note})
+            self._emit(watched, ev.NotSignalled, why=done.note)
         if done.error:
-            self._emit("action_error", watched, {"error": done.error})
+            self._emit(watched, ev.ActionError, error=done.error)
         if done.launched is not None:
             self._chains[watched.root].runs.append(done.launched.name)
             decision = watched.decision.to_json()
             decision["next_run"] = done.launched.name
             watched.decision = Decision(**decision)
             self._record_decision(watched)
-            self._emit("fell_back", watched, {"next_run": done.launched.name, "variant": done.launched.variant})
+            self._emit(watched, ev.FellBack, next_run=done.launched.name, variant=done.launched.variant)
             try:
                 self.attach(done.launched.name)
             except DfoError as exc:  # it runs; `dfo watch` can pick it up once the target answers
-                self._emit("action_error", watched, {"error": f"cannot follow {done.launched.name}: {exc}"})
+                self._emit(watched, ev.ActionError, error=f"cannot follow {done.launched.name}: {exc}")
 
     # ------------------------------------------------------------------ chains and events
 
@@ -726,18 +723,17 @@ class Watcher:
         return {"root": state.root, "runs": list(state.runs), "current": current,
                 "decision": watched.decision.to_json(), "settled": settled}
 
-    def _emit(self, kind: str, watched: WatchedRun, data: dict, *, store: bool = True) -> None:
-        store = store and watched.root in self.owned  # an observing watcher shows, its owner stores
-        self._publish({"kind": kind, "at": utc_now(), "run": watched.name, "chain": watched.root, **data},
-                      watched.name if store else None, store)
+    def _emit(self, watched: WatchedRun, cls: type[ev.RunEvent], **data: Any) -> None:
+        event = cls(at=utc_now(), run=watched.name, chain=watched.root, **data)
+        # an observing watcher shows, its owner stores
+        self._publish(event, watched.name, event.stored and watched.root in self.owned)
 
-    def _emit_source(self, kind: str, source: str, data: dict) -> None:
-        self._publish({"kind": kind, "at": utc_now(), "target": source, **data}, None, bool(self.owned))
+    def _emit_source(self, cls: type[ev.TargetEvent], source: str, **data: Any) -> None:
+        self._publish(cls(at=utc_now(), target=source, **data), None, bool(self.owned))
 
-    def _publish(self, event: Event, run: str | None, store: bool) -> None:
+    def _publish(self, event: ev.Event, run: str | None, store: bool) -> None:
         if store:
-            data = {k: v for k, v in event.items() if k not in ("kind", "at", "run")}
-            self.store.add_event(run, event["kind"], data, at=event["at"])
+            self.store.add_event(run, event.kind, event.stored_data(), at=event.at)
         self._events.append(event)
         if self.on_event is not None:
             self.on_event(event)

@@ -17,8 +17,9 @@ import pytest
 from orchestrator.batch import (CellTable, GpuLedger, Scheduler, decision_of, load_experiments, parse_experiments, plan_rows,
                                 run_spec)
 from orchestrator.errors import InventoryError
+from orchestrator.events import DecisionMade, Step
 from orchestrator.inventory import load_inventory, parse_inventory
-from orchestrator.store import Run, Store
+from orchestrator.store import Run, Store, utc_now
 
 INVENTORY = parse_inventory(textwrap.dedent("""
     hosts:
@@ -231,7 +232,7 @@ class FakeWatcher:
     def _decide(self, run, decision, state=None):
         decision = {**decision, "run": run.name}
         self.store.update_run(run.name, decision=decision, **({"state": state} if state else {}))
-        return [{"event": "decision", "run": run.name, "chain": run.name, "decision": decision}]
+        return [DecisionMade(at=utc_now(), run=run.name, chain=run.name, decision=decision)]
 
     def stop_run(self, name, reason):
         self.stopped.append((name, reason))
@@ -390,15 +391,10 @@ def test_a_cell_whose_launch_is_refused_is_reported_and_retried_next_time():
         assert launched2 == ["x.eager.ct300.r1"]
 
 
-def test_decision_events_are_read_from_mappings_and_objects():
-    @dataclass
-    class Event:
-        kind: str
-        data: dict
-
-    assert decision_of({"event": "decision", "run": "a", "decision": {"decision": "steady", "run": "a"}})["run"] == "a"
-    assert decision_of(Event("decision", {"decision": "crash", "run": "b"})) is None  # no `decision` field
-    assert decision_of({"event": "step", "run": "a", "step": 3}) is None
+def test_batch_reads_decisions_from_the_watchers_typed_events_only():
+    made = DecisionMade(at="2026-01-01T00:00:00.000Z", run="a", chain="a", decision={"decision": "steady", "run": "a"})
+    assert decision_of(made) == {"decision": "steady", "run": "a"}
+    assert decision_of(Step(at=made.at, run="a", chain="a", step=3, tok_s=1.0, loss=None, phase=None)) is None
 
 
 # ---------------------------------------------------------------------------------------------- files and CLI

@@ -168,12 +168,12 @@ def test_a_watch_stores_every_good_step_and_counts_the_poisoned_lines(lab):
     events = run_until(watcher, lambda w: len(lab.store.samples("p1")) >= 58)
     assert [s["step"] for s in lab.store.samples("p1")] == [s for s in range(1, 61) if s not in (10, 20)]
     assert watched.malformed == 2
-    assert [e["reason"][:5] for e in events if e["kind"] == "malformed"] == ["ts=1e", "step="]
-    step = next(e for e in events if e["kind"] == "step")
+    assert [e.reason[:5] for e in events if e.kind == "malformed"] == ["ts=1e", "step="]
+    step = next(e for e in events if e.kind == "step")
     out = io.StringIO()
     sys_stdout, sys.stdout = sys.stdout, out
     try:
-        print_json(step)
+        print_json(step.to_json())
     finally:
         sys.stdout = sys_stdout
     assert strict_json(out.getvalue())["nonfinite"] == {"loss": "NaN"}
@@ -305,7 +305,7 @@ def test_a_watch_after_a_copytruncate_stores_every_step_of_the_new_log_once(lab)
     second.attach("ct1")
     # every step of the log as it is now gets stored: none lost at the stale offset
     events = run_until(second, lambda w: set(lab.log_steps("ct1")) <= {s["step"] for s in lab.store.samples("ct1")})
-    assert [e["why"] for e in events if e["kind"] == "truncated"] == ["rewritten"]
+    assert [e.why for e in events if e.kind == "truncated"] == ["rewritten"]
     steps = [s["step"] for s in lab.store.samples("ct1")]
     assert steps == sorted(set(steps))  # once each
 

@@ -48,7 +48,7 @@ def test_a_stop_during_a_watch_is_stopped_not_a_crash_and_nothing_falls_back(lab
     assert (decision["decision"], decision["action"], decision["next_run"]) == ("stopped", "none", None)
     assert [r.name for r in lab.store.list_runs()] == ["st1"]  # no fallback launched
     assert lab.store.get_run("st1").state == "stopped" and lab.store.get_run("st1").exit_code == 143
-    assert "acting" not in [e["kind"] for e in events]
+    assert "acting" not in [e.kind for e in events]
 
 
 def test_a_checkpointing_trainer_stopped_after_steady_keeps_its_steady_verdict(lab, tmp_path) -> None:

@@ -140,7 +140,7 @@ class Lab:
 
 def run_until(watcher: Watcher, done, timeout: float = 30.0) -> list[dict]:
     """Step the watcher until done(watcher) or fail after `timeout` seconds; returns every event."""
-    events: list[dict] = []
+    events: list = []
     deadline = time.monotonic() + timeout
     while not done(watcher):
         assert time.monotonic() < deadline, f"timed out; chains: {watcher.chains()}; last events: {events[-5:]}"
@@ -168,7 +168,7 @@ def test_steady_command_reaches_steady_keep_and_stores_every_step(lab) -> None:
     assert stored["decision"] == "steady" and stored["evidence"]["steady"]["steps_used"] > 0
     steps = [s["step"] for s in lab.store.samples("s1")]
     assert steps == lab.log_steps("s1")[: len(steps)] and len(steps) >= 40
-    assert [e["kind"] for e in events].count("decision") == 1
+    assert [e.kind for e in events].count("decision") == 1
     view = Console(record=True, width=120)
     view.print(render(watcher))
     shown = view.export_text()
@@ -192,7 +192,7 @@ def test_crash_while_alive_stops_it_and_launches_the_next_variant_linked(lab) ->
     assert (crashed.decision["action"], crashed.decision["next_run"]) == ("fallback", "c1.2-nographs")
     child = lab.store.get_run("c1.2-nographs")
     assert (child.parent, child.variant, child.chain) == ("c1", "nographs", [])
-    kinds = [e["kind"] for e in events]
+    kinds = [e.kind for e in events]
     assert kinds.index("stopped") < kinds.index("fell_back")
     assert len(watcher.observers) == 1  # the fallback is followed on the container's one channel
     assert {e["kind"] for e in lab.store.events("c1")} >= {"decision", "stopped", "fell_back"}
@@ -239,7 +239,7 @@ def test_truncated_log_is_read_again_from_zero_with_an_event_and_no_double_count
     before = len(lab.store.samples("t1"))
     (lab.workspace / "logs" / "t1.log").write_bytes(b"")  # rotated away under the run
     events = run_until(watcher, lambda w: len(lab.store.samples("t1")) >= before + 20)
-    assert [e for e in events if e["kind"] == "truncated"]
+    assert [e for e in events if e.kind == "truncated"]
     steps = [s["step"] for s in lab.store.samples("t1")]
     assert steps == sorted(set(steps))
     assert {e["kind"] for e in lab.store.events("t1")} >= {"attached", "truncated"}

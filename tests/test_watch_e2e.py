@@ -22,6 +22,7 @@ from orchestrator.inventory import load_inventory
 from orchestrator.runs import launch, spec_for, stop
 from orchestrator.store import Store
 from orchestrator.watch import Watcher
+from test_events import CONTRACT, OPTIONAL_KEYS
 from test_watch import FAST_WATCH, PY, run_until, write_trainers
 
 pytestmark = [pytest.mark.lxc, pytest.mark.slow]
@@ -71,6 +72,10 @@ def test_tls_crash_with_live_process_is_stopped_and_the_chain_ends_steady(lab, c
     assert all("kind" in o for o in objects)  # every JSON line says what it is
     events = [o for o in objects if o["kind"] != "final"]
     finals = [o for o in objects if o["kind"] == "final"]
+    for e in events:  # the typed events still write the keys (and order) of the JSON contract
+        expected = CONTRACT.get(e["kind"]) or (["at", "run", "chain", "text"] if "run" in e else ["at", "target", "text"])
+        assert list(e) == ["kind", *[k for k in expected if k in e or k not in OPTIONAL_KEYS]], e
+    assert {"attached", "step", "decision", "acting", "stopped", "fell_back", "gpu"} <= {e["kind"] for e in events}
 
     crash = next(e["decision"] for e in events if e["kind"] == "decision" and e["run"] == "c1" and e["decision"]["next_run"])
     assert DECISION_KEYS <= set(crash)
@@ -116,8 +121,8 @@ def test_sshd_outage_mid_watch_loses_doubles_and_stalls_nothing_while_nvidia_smi
         logged = [int(line.split(" step=")[1].split()[0]) for line in log if " event=step " in line]
         stored = [sample["step"] for sample in store.samples("s1")]
         assert stored == logged and len(logged) == 400
-        kinds = [e["kind"] for e in events]
+        kinds = [e.kind for e in events]
         assert "disconnected" in kinds and "gap" in kinds
-        assert max(e["duration_s"] for e in events if e["kind"] == "gap") > 3
+        assert max(e.duration_s for e in events if e.kind == "gap") > 3
         assert store.get_run("s1").decision["decision"] in ("steady", "exited")
         assert store.get_run("s1").decision["action"] == "keep"

@@ -61,11 +61,11 @@ def test_the_gpu_that_goes_idle_first_is_flagged_and_named_in_the_crash(tmp_path
         watcher = Watcher(inventory, connections, store)
         try:
             watcher.attach("g1")
-            events = drive(watcher, lambda evs: sum(e["kind"] == "gpu" for e in evs) >= 2)
+            events = drive(watcher, lambda evs: sum(e.kind == "gpu" for e in evs) >= 2)
             gpus.set_load(1, utilization_pct=0)  # drafter 1's GPU stops; GPU 0 keeps going
-            events += drive(watcher, lambda evs: any(e["kind"] == "gpu_idle" for e in evs))
-            [idle] = [e for e in events if e["kind"] == "gpu_idle"]
-            assert (idle["gpu"], idle["busy_gpus"], idle["run"]) == (1, [0], "g1")
+            events += drive(watcher, lambda evs: any(e.kind == "gpu_idle" for e in evs))
+            [idle] = [e for e in events if e.kind == "gpu_idle"]
+            assert (idle.gpu, idle.busy_gpus, idle.run) == (1, [0], "g1")
             shown = Console(record=True, width=140)
             shown.print(render(watcher))
             view = shown.export_text()
@@ -76,18 +76,18 @@ def test_the_gpu_that_goes_idle_first_is_flagged_and_named_in_the_crash(tmp_path
             watcher.close()
             for run in store.list_runs(active=True):
                 stop(connections.container(run.target), store, run.name, grace_s=2)
-    samples = [e["gpus"] for e in events if e["kind"] == "gpu"]
+    samples = [e.gpus for e in events if e.kind == "gpu"]
     assert samples and all(sorted(g["index"] for g in s) == [0, 1] for s in samples)  # the target's GPUs only
     assert {"mem_used_mib", "mem_total_mib", "util_pct"} <= set(samples[0][0])
     [decision] = watcher.final_decisions()
     assert decision["decision"] == "crash"
-    assert f"GPU 1 went idle first at {idle['idle_since']} (GPU 0 still busy)" in decision["reason"]
+    assert f"GPU 1 went idle first at {idle.idle_since} (GPU 0 still busy)" in decision["reason"]
     assert decision["evidence"]["gpu_idle_first"]["gpu"] == 1
     assert [e["kind"] for e in store_events(tmp_path)].count("gpu_idle") == 1  # kept in the registry too
 
 
 def drive(watcher: Watcher, done, timeout: float = 30.0) -> list[dict]:
-    events: list[dict] = []
+    events: list = []
     deadline = time.monotonic() + timeout
     while not done(events):
         assert time.monotonic() < deadline, f"timed out; last events: {events[-5:]}"

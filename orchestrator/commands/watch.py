@@ -15,6 +15,7 @@ from rich.live import Live
 
 from ..chains import inventory_for
 from ..connections import Connections
+from ..events import DecisionMade, Event
 from ..inventory import Inventory
 from ..states import Verdict
 from ..store import Store
@@ -97,7 +98,7 @@ def watch_runs(
     130 on Ctrl-C."""
     with Connections(inventory) as connections, Store() as store:
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
-                          on_event=print_json if as_json else None, unreachable_s=unreachable_s)
+                          on_event=(lambda event: print_json(event.to_json())) if as_json else None, unreachable_s=unreachable_s)
         try:
             for name in names:
                 watcher.attach(name)
@@ -146,23 +147,21 @@ def done(watcher: Watcher, until_decided: bool) -> bool:
     return all(w.alive is False or w.lost for w in watcher.runs() if w.name in {c["current"] for c in watcher.chains()})
 
 
-def show(live: Live, watcher: Watcher, events: list[dict]) -> None:
+def show(live: Live, watcher: Watcher, events: list[Event]) -> None:
     for event in events:
-        if event["kind"] in SHOWN_EVENTS:
+        if event.kind in SHOWN_EVENTS:
             live.console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
     live.update(render(watcher), refresh=True)
 
 
-def event_line(event: dict) -> str:
+def event_line(event: Event) -> str:
     """One line for the scroll-back above the live view."""
-    who = event.get("run") or event.get("target") or ""
-    kind = event["kind"]
-    if kind == "decision":
-        d = event["decision"]
+    if isinstance(event, DecisionMade):
+        d = event.decision
         nxt = f" -> {d['next_run']}" if d.get("next_run") else ""
-        return f"{event['at'][11:19]} {who}: {d['decision']} (action {d['action']}{nxt}): {d.get('reason', '')}"
-    detail = ", ".join(f"{k}={v}" for k, v in event.items() if k not in ("kind", "at", "run", "chain", "target"))
-    return f"{event['at'][11:19]} {who}: {kind} {detail}".rstrip()
+        return f"{event.at[11:19]} {event.subject}: {d['decision']} (action {d['action']}{nxt}): {d.get('reason', '')}"
+    detail = ", ".join(f"{k}={v}" for k, v in event.to_json().items() if k not in ("kind", "at", "run", "chain", "target"))
+    return f"{event.at[11:19]} {event.subject}: {event.kind} {detail}".rstrip()
 
 
 def summarise(decisions: list[dict]) -> None:

@@ -1,0 +1,241 @@
+"""What a watch reports: one frozen dataclass per event kind, one serialisation.
+
+The Watcher creates these; `dfo watch --json` prints `to_json()` (one object a line, `kind` first, then
+`at`, then who it is about, then the kind's own fields); the registry keeps the same keys less kind/at/run
+(`stored_data()`). A field marked `optional()` is left out of the JSON when it is None (never `null`), so
+the lines are what they were when events were dicts.
+
+Two families: RunEvent (about one followed run: `run` and its chain's root `chain`) and TargetEvent (about a
+container's channel: `target`). `stored` says whether the registry keeps the kind (steps and GPU samples have
+their own tables).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Optional
+
+
+def optional() -> Any:
+    """A field left out of the JSON when it is None."""
+    return field(default=None, metadata={"omit_if_none": True})
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: ClassVar[str] = ""
+    stored: ClassVar[bool] = True  # kept in the registry's events table
+
+    at: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The event as one JSON object: `kind` first, then the fields in declaration order."""
+        out: dict[str, Any] = {"kind": self.kind}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.metadata.get("omit_if_none"):
+                continue
+            out[f.name] = value
+        return out
+
+    def stored_data(self) -> dict[str, Any]:
+        """What the registry's events row holds besides kind, time and run."""
+        return {k: v for k, v in self.to_json().items() if k not in ("kind", "at", "run")}
+
+    @property
+    def subject(self) -> str:
+        """Who the event is about: the run, or the target for a channel event."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class RunEvent(Event):
+    run: str
+    chain: str
+
+    @property
+    def subject(self) -> str:
+        return self.run
+
+
+@dataclass(frozen=True)
+class TargetEvent(Event):
+    target: str
+
+    @property
+    def subject(self) -> str:
+        return self.target
+
+
+# ---------------------------------------------------------------------------------------------- about a run
+
+@dataclass(frozen=True)
+class Attached(RunEvent):
+    kind: ClassVar[str] = "attached"
+    target: str
+    variant: str
+    offset: Optional[int]
+    steps_stored: int
+    owner: bool
+    claimed_by: Optional[str] = optional()  # host:pid of the watcher holding the chain's lease
+
+
+@dataclass(frozen=True)
+class Stopping(RunEvent):
+    kind: ClassVar[str] = "stopping"
+    reason: str
+
+
+@dataclass(frozen=True)
+class ActionError(RunEvent):
+    kind: ClassVar[str] = "action_error"
+    error: str
+
+
+@dataclass(frozen=True)
+class TookOver(RunEvent):
+    kind: ClassVar[str] = "took_over"
+    steps_stored: int
+
+
+@dataclass(frozen=True)
+class Truncated(RunEvent):
+    kind: ClassVar[str] = "truncated"
+    size: Optional[int]
+    why: Optional[str]
+    was: Optional[int]
+
+
+@dataclass(frozen=True)
+class RunError(RunEvent):
+    kind: ClassVar[str] = "error"
+    text: Optional[str]
+
+
+@dataclass(frozen=True)
+class Step(RunEvent):
+    kind: ClassVar[str] = "step"
+    stored: ClassVar[bool] = False  # the samples table holds them
+    step: int
+    tok_s: Optional[float]
+    loss: Optional[float]
+    phase: Optional[str]
+
+
+@dataclass(frozen=True)
+class Malformed(RunEvent):
+    kind: ClassVar[str] = "malformed"
+    reason: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Wandb(RunEvent):
+    kind: ClassVar[str] = "wandb"
+    mode: Optional[str] = optional()
+    url: Optional[str] = optional()
+    dir: Optional[str] = optional()
+
+
+@dataclass(frozen=True)
+class Ended(RunEvent):
+    kind: ClassVar[str] = "ended"
+    exit_code: Optional[int]
+    state: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Gpu(RunEvent):
+    kind: ClassVar[str] = "gpu"
+    stored: ClassVar[bool] = False  # the GPU samples table holds them
+    gpus: list[dict]
+
+
+@dataclass(frozen=True)
+class GpuIdle(RunEvent):
+    kind: ClassVar[str] = "gpu_idle"
+    gpu: int
+    idle_since: str
+    flagged_at: str
+    busy_gpus: list[int]
+    text: str
+
+
+@dataclass(frozen=True)
+class Unreachable(RunEvent):
+    kind: ClassVar[str] = "unreachable"
+    target: str
+    duration_s: float
+    reason: Optional[str]
+
+
+@dataclass(frozen=True)
+class DecisionMade(RunEvent):
+    kind: ClassVar[str] = "decision"
+    decision: dict  # decide.Decision.to_json()
+
+
+@dataclass(frozen=True)
+class Acting(RunEvent):
+    kind: ClassVar[str] = "acting"
+    action: str
+    next_variant: Optional[str]
+
+
+@dataclass(frozen=True)
+class Stopped(RunEvent):
+    kind: ClassVar[str] = "stopped"
+    signal: Optional[str]
+    reason: Optional[str]
+
+
+@dataclass(frozen=True)
+class NotSignalled(RunEvent):
+    kind: ClassVar[str] = "not_signalled"
+    why: str
+
+
+@dataclass(frozen=True)
+class FellBack(RunEvent):
+    kind: ClassVar[str] = "fell_back"
+    next_run: str
+    variant: str
+
+
+# ---------------------------------------------------------------------------------------------- about a target
+
+@dataclass(frozen=True)
+class Disconnected(TargetEvent):
+    kind: ClassVar[str] = "disconnected"
+    reason: Optional[str]
+
+
+@dataclass(frozen=True)
+class Gap(TargetEvent):
+    kind: ClassVar[str] = "gap"
+    duration_s: Optional[float]
+
+
+@dataclass(frozen=True)
+class GpuError(TargetEvent):
+    kind: ClassVar[str] = "gpu_error"
+    text: Optional[str]
+    code: Optional[int]
+
+
+@dataclass(frozen=True)
+class TargetError(TargetEvent):
+    kind: ClassVar[str] = "error"
+    text: Optional[str]
+
+
+def event_classes() -> list[type[Event]]:
+    """Every concrete event class (those with a kind)."""
+    found, todo = [], [Event]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.kind:
+            found.append(cls)
+    return found

@@ -1,0 +1,83 @@
+"""The watch's events: one typed class per kind, one serialisation that keeps `dfo watch --json` lines as they were."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from orchestrator import events as ev
+
+AT = "2026-01-01T00:00:00.000Z"
+
+# The JSON contract of `dfo watch --json` event lines (DESIGN.md), key order included: what the dict events wrote.
+CONTRACT = {
+    "attached": ["at", "run", "chain", "target", "variant", "offset", "steps_stored", "owner", "claimed_by"],
+    "stopping": ["at", "run", "chain", "reason"],
+    "action_error": ["at", "run", "chain", "error"],
+    "took_over": ["at", "run", "chain", "steps_stored"],
+    "truncated": ["at", "run", "chain", "size", "why", "was"],
+    "step": ["at", "run", "chain", "step", "tok_s", "loss", "phase"],
+    "malformed": ["at", "run", "chain", "reason", "count"],
+    "wandb": ["at", "run", "chain", "mode", "url", "dir"],
+    "ended": ["at", "run", "chain", "exit_code", "state", "why"],
+    "gpu": ["at", "run", "chain", "gpus"],
+    "gpu_idle": ["at", "run", "chain", "gpu", "idle_since", "flagged_at", "busy_gpus", "text"],
+    "unreachable": ["at", "run", "chain", "target", "duration_s", "reason"],
+    "decision": ["at", "run", "chain", "decision"],
+    "acting": ["at", "run", "chain", "action", "next_variant"],
+    "stopped": ["at", "run", "chain", "signal", "reason"],
+    "not_signalled": ["at", "run", "chain", "why"],
+    "fell_back": ["at", "run", "chain", "next_run", "variant"],
+    "disconnected": ["at", "target", "reason"],
+    "gap": ["at", "target", "duration_s"],
+    "gpu_error": ["at", "target", "text", "code"],
+}
+OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir"}  # left out when unset
+RUN_ERROR = ["at", "run", "chain", "text"]
+TARGET_ERROR = ["at", "target", "text"]
+
+
+def filled(cls: type[ev.Event]) -> ev.Event:
+    """An instance with every field set (a value of the field's name, so nothing is None)."""
+    return cls(**{f.name: f"{f.name}-value" for f in dataclasses.fields(cls)})
+
+
+def test_every_kind_the_watcher_emits_has_one_class_and_serialises_kind_first():
+    classes = ev.event_classes()
+    kinds = sorted(c.kind for c in classes)
+    assert kinds == sorted([*CONTRACT, "error", "error"])  # `error` is about a run or about a target
+    for cls in classes:
+        out = filled(cls).to_json()
+        assert list(out)[0] == "kind" and out["kind"] == cls.kind
+        expected = CONTRACT.get(cls.kind) or (RUN_ERROR if issubclass(cls, ev.RunEvent) else TARGET_ERROR)
+        assert list(out)[1:] == expected, cls.__name__
+        assert json.loads(json.dumps(out)) == out
+
+
+def test_optional_fields_are_left_out_when_unset_not_written_as_null():
+    attached = ev.Attached(at=AT, run="r", chain="r", target="t", variant="v", offset=None, steps_stored=0, owner=True)
+    assert "claimed_by" not in attached.to_json() and attached.to_json()["offset"] is None  # a plain None stays
+    assert list(ev.Wandb(at=AT, run="r", chain="r", url="u").to_json()) == ["kind", "at", "run", "chain", "url"]
+
+
+def test_the_registry_keeps_what_the_line_says_less_kind_time_and_run_and_not_steps_or_gpu_samples():
+    stopped = ev.Stopped(at=AT, run="r", chain="c", signal="TERM", reason="crash")
+    assert stopped.stored_data() == {"chain": "c", "signal": "TERM", "reason": "crash"}
+    assert not ev.Step.stored and not ev.Gpu.stored and ev.DecisionMade.stored
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stopped.reason = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        ev.Stopped(at=AT, run="r", chain="c", signal="TERM", reason="x", extra=1)  # type: ignore[call-arg]
+
+
+def test_the_live_view_scroll_back_reads_the_typed_events():
+    from orchestrator.commands.watch import event_line
+
+    decision = {"decision": "crash", "action": "fallback", "next_run": "c1.2-nographs", "reason": "exit 1"}
+    assert event_line(ev.DecisionMade(at=AT, run="c1", chain="c1", decision=decision)) == \
+        "00:00:00 c1: crash (action fallback -> c1.2-nographs): exit 1"
+    assert event_line(ev.Gap(at=AT, target="ct_a", duration_s=4.5)) == "00:00:00 ct_a: gap duration_s=4.5"
+    assert event_line(ev.Ended(at=AT, run="c1", chain="c1", exit_code=1, state="crashed", why="exit status 1")) == \
+        "00:00:00 c1: ended exit_code=1, state=crashed, why=exit status 1"
