@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from preflight_fleet import Fleet, fleet  # noqa: E402
 
-from orchestrator.batch import launcher, parse_experiments  # noqa: E402
+from orchestrator.batch import launcher  # noqa: E402
+from orchestrator.experiments import parse_experiments  # noqa: E402
 from orchestrator.connections import Connections  # noqa: E402
 from orchestrator.inventory import load_inventory  # noqa: E402
 from orchestrator.package import build_package  # noqa: E402

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.batch import (CellTable, GpuLedger, Scheduler, decision_of, load_experiments, parse_experiments, plan_rows,
-                                run_spec)
+from orchestrator.batch import CellTable, GpuLedger, Scheduler, decision_of, plan_rows, run_spec
+from orchestrator.experiments import load_experiments, parse_experiments
 from orchestrator.errors import InventoryError
 from orchestrator.events import DecisionMade, Step
 from orchestrator.inventory import load_inventory, parse_inventory

@@ -16,7 +16,8 @@ import pytest
 from harness import write_inventory
 from harness.nvidia_smi import Gpu
 from harness.sshd import SshServer
-from orchestrator.batch import launcher, parse_experiments
+from orchestrator.batch import launcher
+from orchestrator.experiments import parse_experiments
 from orchestrator.connections import Connections
 from orchestrator.errors import RefusedError
 from orchestrator.inventory import load_inventory

@@ -12,7 +12,8 @@ import pytest
 from matplotlib import image
 
 from orchestrator import report
-from orchestrator.batch import CellTable, parse_experiments
+from orchestrator.batch import CellTable
+from orchestrator.experiments import parse_experiments
 from orchestrator.errors import UsageError
 from orchestrator.inventory import parse_inventory
 from orchestrator.logfmt import format_ts

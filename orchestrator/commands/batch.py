@@ -20,8 +20,9 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import report as report_lib
-from ..batch import Plan, Progress, load_experiments, open_watcher, plan_rows, run_batch
+from ..batch import Progress, open_watcher, plan_rows, run_batch
 from ..connections import Connections
+from ..experiments import Plan, load_experiments
 from ..inventory import load_inventory
 from ..sanitize import text
 from ..store import Store
