@@ -223,6 +223,11 @@ class GpuError(TargetEvent):
     text: Optional[str]
     code: Optional[int]
 
+    @property
+    def no_nvidia_smi(self) -> bool:
+        """nvidia-smi is not installed there (exit 127): a CPU-only target, not a failing driver."""
+        return self.code == 127
+
 
 @dataclass(frozen=True)
 class TargetError(TargetEvent):

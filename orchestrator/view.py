@@ -174,7 +174,9 @@ def link_text(name: str, link: Link, unreachable_s: float) -> Text:
             line.append(f", down {time.time() - link.down_since:.0f} s (gives up after {unreachable_s:g} s)", style="yellow")
     if link.reconnects:
         line.append(f", {link.reconnects} gap(s), last {link.last_gap_s or 0:.1f} s", style="yellow")
-    if link.gpu_error:
+    if link.no_nvidia_smi:
+        line.append(", no GPU (nvidia-smi not found)", style="dim")
+    elif link.gpu_error:
         line.append(visible(f", nvidia-smi: {link.gpu_error}"), style="red")
     return line
 

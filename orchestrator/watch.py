@@ -117,6 +117,7 @@ class Link:
     last_gap_s: float | None = None
     reason: str | None = None
     gpu_error: str | None = None
+    no_nvidia_smi: bool = False  # nvidia-smi is not installed there (exit 127): a CPU-only target
     ticks_from: float = 0.0  # no ticks before this time (the run's news since the drop is still on its way)
     down_since: float | None = None  # when the current outage began (None: connected, or never connected)
 
@@ -453,10 +454,11 @@ class Watcher:
             link.last_gap_s = obs.data.get("duration_s")
             self._emit_source(ev.Gap, obs.source, duration_s=link.last_gap_s)
         elif obs.kind == "gpu":
-            link.gpu_error = None
+            link.gpu_error, link.no_nvidia_smi = None, False
             self._gpu_observed(obs, writes)
         elif obs.kind == "gpu_error":
             link.gpu_error = str(obs.data.get("text") or "").strip()[:200]
+            link.no_nvidia_smi = obs.data.get("code") == 127
             self._emit_source(ev.GpuError, obs.source, text=obs.data.get("text"), code=obs.data.get("code"))
         elif obs.kind == "error":
             self._emit_source(ev.TargetError, obs.source, text=obs.data.get("text"))

@@ -79,5 +79,21 @@ def test_the_live_view_scroll_back_reads_the_typed_events():
     assert event_line(ev.DecisionMade(at=AT, run="c1", chain="c1", decision=decision)) == \
         "00:00:00 c1: crash (action fallback -> c1.2-nographs): exit 1"
     assert event_line(ev.Gap(at=AT, target="ct_a", duration_s=4.5)) == "00:00:00 ct_a: gap duration_s=4.5"
+    # a target without nvidia-smi is a CPU-only target, said plainly; a failing driver keeps its text and code
+    assert event_line(ev.GpuError(at=AT, target="here", text="cannot start nvidia-smi: No such file or directory",
+                                  code=127)) == "00:00:00 here: no nvidia-smi there (a CPU-only target): no GPU samples"
+    assert event_line(ev.GpuError(at=AT, target="ct_a", text="NVIDIA-SMI has failed", code=9)) == \
+        "00:00:00 ct_a: gpu_error text=NVIDIA-SMI has failed, code=9"
     assert event_line(ev.Ended(at=AT, run="c1", chain="c1", exit_code=1, state="crashed", why="exit status 1")) == \
         "00:00:00 c1: ended exit_code=1, state=crashed, why=exit status 1"
+
+
+def test_the_channel_line_says_cpu_only_for_a_missing_nvidia_smi_and_red_text_for_a_failing_one():
+    from orchestrator.view import link_text
+    from orchestrator.watch import Link
+
+    missing = link_text("here", Link(connected=True, gpu_error="cannot start nvidia-smi", no_nvidia_smi=True), 300)
+    assert missing.plain == "here: connected, no GPU (nvidia-smi not found)"
+    failing = link_text("ct_a", Link(connected=True, gpu_error="NVIDIA-SMI has failed"), 300)
+    assert failing.plain == "ct_a: connected, nvidia-smi: NVIDIA-SMI has failed"
+    assert any("red" in str(span.style) for span in failing.spans)

@@ -15,7 +15,7 @@ from rich.live import Live
 
 from ..chains import inventory_for
 from ..connections import Connections
-from ..events import DecisionMade, Event
+from ..events import DecisionMade, Event, GpuError
 from ..inventory import Inventory
 from ..states import Verdict
 from ..store import Store
@@ -160,6 +160,8 @@ def event_line(event: Event) -> str:
         d = event.decision
         nxt = f" -> {d['next_run']}" if d.get("next_run") else ""
         return f"{event.at[11:19]} {event.subject}: {d['decision']} (action {d['action']}{nxt}): {d.get('reason', '')}"
+    if isinstance(event, GpuError) and event.no_nvidia_smi:
+        return f"{event.at[11:19]} {event.subject}: no nvidia-smi there (a CPU-only target): no GPU samples"
     detail = ", ".join(f"{k}={v}" for k, v in event.to_json().items() if k not in ("kind", "at", "run", "chain", "target"))
     return f"{event.at[11:19]} {event.subject}: {event.kind} {detail}".rstrip()
 
