@@ -5,7 +5,6 @@ watcher (LocalTarget and its agent), rendered as a terminal would show them."""
 from __future__ import annotations
 
 import sys
-import time
 
 from rich.console import Console
 
@@ -18,6 +17,7 @@ from orchestrator.runs import launch, spec_for, stop
 from orchestrator.store import Store
 from orchestrator.view import duration, eta_seconds, render
 from orchestrator.watch import Watcher
+from test_watch import run_until
 
 TRAINER = """\
 import sys, time
@@ -63,10 +63,7 @@ def test_watch_panel_and_batch_view_show_elapsed_step_of_total_eta_and_tok_s(tmp
         watcher = Watcher(inventory, connections, store)
         try:
             watcher.attach("p1")
-            deadline = time.monotonic() + 30
-            while not (watcher.runs()[0].latest and watcher.runs()[0].latest.step >= 40):
-                assert time.monotonic() < deadline, "no steps seen"
-                watcher.step(0.2)
+            run_until(watcher, lambda w: w.runs()[0].latest and w.runs()[0].latest.step >= 40)
             panel = shown(render(watcher))
             batch = shown(render_progress(Progress("sweep", {"done": 0, "failed": 0, "error": 0, "running": 1,
                                                              "pending": 2}, [("counted.here.r1", "p1")], None, []),

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -80,7 +79,6 @@ def test_a_real_offline_wandb_run_has_group_job_type_tags_and_announces_its_dire
 
 
 WANDB_TRAINER = """\
-import time
 from datetime import datetime, timezone
 def now():
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -100,6 +98,7 @@ def test_the_watcher_keeps_where_the_wandb_run_is_and_dfo_runs_name_shows_it(tmp
     from orchestrator.watch import Watcher
 
     from test_view_progress import script_inventory
+    from test_watch import run_until
 
     inventory = script_inventory(tmp_path, monkeypatch, "w", WANDB_TRAINER)
     with Connections(inventory) as connections, Store(tmp_path / "state" / "dfo.db") as store:
@@ -107,10 +106,7 @@ def test_the_watcher_keeps_where_the_wandb_run_is_and_dfo_runs_name_shows_it(tmp
         watcher = Watcher(inventory, connections, store)
         try:
             watcher.attach("w1")
-            deadline = time.monotonic() + 30
-            while not store.events("w1", kind="wandb"):
-                assert time.monotonic() < deadline, "the wandb line was never kept"
-                watcher.step(0.2)
+            run_until(watcher, lambda _: store.events("w1", kind="wandb"))  # the wandb line is kept
         finally:
             watcher.close()
             with contextlib.suppress(RefusedError):  # the 1-s script may have ended already
