@@ -16,7 +16,6 @@ import pytest
 
 from harness import write_inventory
 from orchestrator.runs import stop
-from orchestrator.watch import Watcher
 from test_watch import FAST_WATCH, PY, cli, lab, run_until  # noqa: F401  (lab: the fixture)
 
 # A trainer that checkpoints on SIGTERM: `event=done reason=sigterm`, then exit 75 (trainer/pipeline.py).

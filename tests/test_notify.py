@@ -6,7 +6,6 @@ run's steady verdict exactly once even when it is watched again."""
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 import threading
 import time
