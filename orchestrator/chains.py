@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .decide import Catalogue, next_variant
+from .decide import Catalogue, next_variant, rest_of_chain
 from .errors import DfoError, RefusedError, UsageError
 from .inventory import Inventory, TargetSpec, load_inventory
 from .launchplan import Gate
@@ -101,11 +101,6 @@ def chain_from_option(text: str | None, variant: str | None = None, inventory: I
     for name in names if inventory is not None else ():
         inventory.variant(name)
     return names
-
-
-def rest_of_chain(chain: Sequence[str], variant: str) -> tuple[str, ...]:
-    """What is left of `chain` after `variant` (empty: it was the last one)."""
-    return tuple(chain[chain.index(variant) + 1:]) if variant in chain else ()
 
 
 def next_variant_after(chain: Sequence[str], run: Run, decision: Mapping[str, Any], catalogue: Catalogue,

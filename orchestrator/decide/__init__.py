@@ -9,7 +9,7 @@ from .judge import Decision, RunJudge, describe_gpus
 from .observations import (
     EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, StopRequested, TickObs, observation_from_record,
 )
-from .policy import action_for, next_variant
+from .policy import action_for, next_variant, rest_of_chain
 from .replay import replay
 from .signatures import BUILTIN, Catalogue, MatchTracker, Signature
 from .steady import SteadyDetector, SteadyEstimate
@@ -17,5 +17,5 @@ from .steady import SteadyDetector, SteadyEstimate
 __all__ = [
     "BUILTIN", "Catalogue", "DecideConfig", "Decision", "EventObs", "ExitObs", "GpuObs", "LineObs", "MatchTracker",
     "Observation", "RunJudge", "Signature", "SteadyDetector", "SteadyEstimate", "StepObs", "StopRequested", "TickObs", "Verdict",
-    "action_for", "describe_gpus", "next_variant", "observation_from_record", "replay",
+    "action_for", "describe_gpus", "next_variant", "observation_from_record", "replay", "rest_of_chain",
 ]

@@ -11,6 +11,11 @@ from ..states import Verdict
 from .signatures import Signature
 
 
+def rest_of_chain(chain: Sequence[str], variant: str | None) -> tuple[str, ...]:
+    """What is left of `chain` after `variant` (empty: it was the last one, or is not in the chain)."""
+    return tuple(chain[chain.index(variant) + 1:]) if variant in chain else ()
+
+
 def next_variant(
     chain: Sequence[str],
     current: str | None,
@@ -27,8 +32,7 @@ def next_variant(
     """
     if signature is not None and signature.next is None:
         return None
-    chain = list(chain)
-    rest = chain[chain.index(current) + 1 :] if current in chain else []
+    rest = rest_of_chain(chain, current)
     if not rest:
         return None
     prefs = tuple(signature.next) if signature else ()
