@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Optional
 
+from .gpu import failure_kind
+
 
 def optional() -> Any:
     """A field left out of the JSON when it is None."""
@@ -225,8 +227,8 @@ class GpuError(TargetEvent):
 
     @property
     def no_nvidia_smi(self) -> bool:
-        """nvidia-smi is not installed there (exit 127): a CPU-only target, not a failing driver."""
-        return self.code == 127
+        """nvidia-smi is not installed there: a CPU-only target, not a failing driver."""
+        return failure_kind(self.code) == "missing"
 
 
 @dataclass(frozen=True)

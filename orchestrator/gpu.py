@@ -32,6 +32,11 @@ KNOWN_FAILURES = {
 }
 
 
+def failure_kind(exit_code: int | None) -> str:
+    """The kind of an nvidia-smi exit status (KNOWN_FAILURES; `failed` for any other)."""
+    return KNOWN_FAILURES[exit_code][0] if exit_code in KNOWN_FAILURES else "failed"
+
+
 class NvidiaSmiError(RemoteError):
     """nvidia-smi failed. `kind`: missing | no_devices | no_driver | mismatch | timeout | failed | unparsable."""
 

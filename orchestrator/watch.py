@@ -36,6 +36,7 @@ from .chains import GPU_RELEASE_S, WATCH_POLICY, Claims, Outcome, Policy, Superv
 from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, UnknownRun
+from .gpu import failure_kind
 from .inventory import Inventory
 from .logfmt import EventRecord, MalformedLine, StepRecord, make_parser, parse_ts, step_problem
 from .notify import Notifier
@@ -117,9 +118,14 @@ class Link:
     last_gap_s: float | None = None
     reason: str | None = None
     gpu_error: str | None = None
-    no_nvidia_smi: bool = False  # nvidia-smi is not installed there (exit 127): a CPU-only target
+    gpu_error_code: int | None = None  # nvidia-smi's exit status with gpu_error
     ticks_from: float = 0.0  # no ticks before this time (the run's news since the drop is still on its way)
     down_since: float | None = None  # when the current outage began (None: connected, or never connected)
+
+    @property
+    def no_nvidia_smi(self) -> bool:
+        """nvidia-smi is not installed there: a CPU-only target."""
+        return self.gpu_error is not None and failure_kind(self.gpu_error_code) == "missing"
 
     def ticking(self, now: float) -> bool:
         """Whether silence means anything now: not while the channel is down or catching up."""
@@ -454,11 +460,11 @@ class Watcher:
             link.last_gap_s = obs.data.get("duration_s")
             self._emit_source(ev.Gap, obs.source, duration_s=link.last_gap_s)
         elif obs.kind == "gpu":
-            link.gpu_error, link.no_nvidia_smi = None, False
+            link.gpu_error = link.gpu_error_code = None
             self._gpu_observed(obs, writes)
         elif obs.kind == "gpu_error":
             link.gpu_error = str(obs.data.get("text") or "").strip()[:200]
-            link.no_nvidia_smi = obs.data.get("code") == 127
+            link.gpu_error_code = obs.data.get("code")
             self._emit_source(ev.GpuError, obs.source, text=obs.data.get("text"), code=obs.data.get("code"))
         elif obs.kind == "error":
             self._emit_source(ev.TargetError, obs.source, text=obs.data.get("text"))

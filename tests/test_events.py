@@ -92,7 +92,7 @@ def test_the_channel_line_says_cpu_only_for_a_missing_nvidia_smi_and_red_text_fo
     from orchestrator.view import link_text
     from orchestrator.watch import Link
 
-    missing = link_text("here", Link(connected=True, gpu_error="cannot start nvidia-smi", no_nvidia_smi=True), 300)
+    missing = link_text("here", Link(connected=True, gpu_error="cannot start nvidia-smi", gpu_error_code=127), 300)
     assert missing.plain == "here: connected, no GPU (nvidia-smi not found)"
     failing = link_text("ct_a", Link(connected=True, gpu_error="NVIDIA-SMI has failed"), 300)
     assert failing.plain == "ct_a: connected, nvidia-smi: NVIDIA-SMI has failed"
