@@ -16,7 +16,6 @@ This module must not decide anything: it is told about decisions (Notifier.decis
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -28,6 +27,7 @@ from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from .inventory import Inventory, Notify
+from .sanitize import json_line
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ class Notifier:
                "DFO_STEADY_TOK_S": "" if decision.get("steady_tok_s") is None else str(decision["steady_tok_s"]),
                "DFO_TEXT": text}
         try:
-            done = subprocess.run(["/bin/sh", "-c", settings.command], input=json.dumps(payload(decision, about)),
+            done = subprocess.run(["/bin/sh", "-c", settings.command], input=json_line(payload(decision, about)),
                                   capture_output=True, text=True, timeout=settings.timeout_s, env=env,
                                   start_new_session=True)
         except subprocess.TimeoutExpired:
@@ -136,7 +136,7 @@ class Notifier:
 
     def _webhook(self, settings: Notify, decision: dict, about: dict) -> Optional[str]:
         """POST the decision; None on a 2xx answer. 4xx (but 408/429) is `permanent: ` (retrying cannot help)."""
-        body = json.dumps(payload(decision, about)).encode()
+        body = json_line(payload(decision, about)).encode()
         request = urllib.request.Request(settings.webhook, data=body, method="POST",
                                          headers={"Content-Type": "application/json", "User-Agent": "dfo"})
         where = _safe_url(settings.webhook)

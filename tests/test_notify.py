@@ -38,7 +38,8 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.posts.append({"path": self.path, "type": self.headers["Content-Type"], "json": json.loads(body)})
+                receiver.posts.append({"path": self.path, "type": self.headers["Content-Type"], "json": json.loads(body),
+                                      "raw": body})
                 time.sleep(receiver.delay_s)
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
                 self.send_response(status)
@@ -115,6 +116,23 @@ def test_webhook_gets_the_decision_json_with_a_slack_text_and_the_command_its_st
     assert (env["DFO_RUN"], env["DFO_DECISION"], env["DFO_ACTION"], env["DFO_VARIANT"], env["DFO_BATCH"]) == (
         "r1", "steady", "keep", "trees", "sweep")
     assert env["DFO_STEADY_TOK_S"] == "153000.0" and env["DFO_TEXT"].startswith("dfo: r1 on ct200")
+
+
+def test_a_nan_in_the_decision_reaches_webhook_and_command_as_strict_json(receiver, tmp_path):
+    def strict(text):  # RFC 8259: no NaN/Infinity (Python's json.loads would take them)
+        return json.loads(text, parse_constant=lambda word: pytest.fail(f"not JSON: {word}"))
+
+    hook = receiver()
+    out = tmp_path / "told.json"
+    inventory = inventory_with(json.dumps({"webhook": hook.url, "command": f"cat > {out}"}))
+    crash = {"decision": "crash", "run": "r1", "signature": "nan_loss", "action": "fallback",
+             "evidence": {"loss": float("nan"), "tok_s": float("inf")}}
+    with registry(tmp_path / "dfo.db", ("r1", "trees")) as store:
+        send(Notifier(inventory, store), "r1", crash)
+    [post] = hook.posts
+    for sent in (strict(post["raw"]), strict(out.read_text())):
+        assert sent["evidence"]["loss"] is None and sent["evidence"]["tok_s"] is None
+        assert sent["evidence"]["nonfinite"] == {"loss": "NaN", "tok_s": "Infinity"}
 
 
 def test_each_decision_is_sent_once_even_after_a_restart(receiver, tmp_path):
