@@ -3,9 +3,11 @@
 import json
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 from orchestrator.cli import app
+from orchestrator.commands.common import verdicts_exit_status
 from orchestrator.errors import UsageError
 from orchestrator.logfmt import format_ts
 
@@ -19,11 +21,11 @@ TLS_CRASH = [
 ]
 
 
-def write_log(path, steps=300, level=120_000.0, extra=()):
+def write_log(path, steps=300, level=120_000.0, extra=(), leak_per_step=0.0):
     rng = np.random.default_rng(0)
     lines = [f"ts={format_ts(T0)} event=start run=r"]
     for step in range(1, steps + 1):
-        tok_s = level * (1 - 0.5 * np.exp(-step / 20)) * (1 + rng.normal(0, 0.01))
+        tok_s = level * (1 - 0.5 * np.exp(-step / 20) - leak_per_step * step) * (1 + rng.normal(0, 0.01))
         lines.append(f"ts={format_ts(T0 + 10 + step)} event=step step={step} tok_s={tok_s:.1f} loss=2.0 phase=train")
     path.write_text("\n".join(lines + list(extra)) + "\n")
     return path
@@ -65,6 +67,27 @@ def test_the_exit_file_dfo_launch_writes_is_read_too(tmp_path):
     decision = json.loads(invoke(log, "--json").output)
     assert (decision["decision"], decision["action"]) == ("exited", "none")
     assert decision["reason"].startswith("exited 0 before a steady state was reached")
+
+
+SIGTERM_DONE = [f"ts={format_ts(T0 + 40)} event=done reason=sigterm"]
+
+
+@pytest.mark.parametrize("name, steps, extra, exit_file, leak, verdict, status", [
+    ("steady", 300, (), None, 0.0, "steady", 0),
+    ("short", 20, (), None, 0.0, "undecided", 1),            # the log ends before a verdict: not a success
+    ("leak", 700, (), None, 0.0006, "drifting", 1),          # 600 s of steps and still trending
+    ("exited", 20, (), "0", 0.0, "exited", 0),
+    ("stopped", 20, SIGTERM_DONE, "75", 0.0, "stopped", 0),  # the trainer's checkpointed stop
+    ("crash", 300, TLS_CRASH, None, 0.0, "crash", 1),
+])
+def test_exit_status_is_1_exactly_for_the_verdicts_dfo_watch_fails_on(tmp_path, name, steps, extra, exit_file, leak,
+                                                                        verdict, status):
+    log = write_log(tmp_path / f"run-{name}.log", steps=steps, extra=extra, leak_per_step=leak)
+    if exit_file is not None:
+        (tmp_path / f"run-{name}.log.exit").write_text(exit_file + "\n")
+    result = invoke(log, "--json")
+    assert json.loads(result.output)["decision"] == verdict
+    assert result.exit_code == status == verdicts_exit_status([verdict]), result.output
 
 
 def test_user_format_through_regex(tmp_path):

@@ -8,7 +8,7 @@ both consoles are SafeConsoles; --json output is strict JSON).
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import typer
 from rich.console import Console
@@ -17,6 +17,7 @@ from rich.table import Table
 
 from ..errors import DfoError, InventoryError
 from ..sanitize import SafeConsole, json_line, markup
+from ..states import Verdict
 
 console = SafeConsole()
 err_console = SafeConsole(stderr=True)
@@ -31,6 +32,12 @@ InventoryOpt = typer.Option(
     metavar="FILE",
 )
 JsonOpt = typer.Option(False, "--json", help="Print machine-readable JSON instead of tables.")
+
+
+def verdicts_exit_status(verdicts: Iterable[str | None]) -> int:
+    """The exit status of a command that ends on verdicts (`dfo watch`, `launch --watch`, `dfo replay`): 1 when
+    any is a failure by Verdict.is_failure (crash, stall, too_slow, undecided, drifting), else 0."""
+    return 1 if any(Verdict.of(verdict).is_failure() for verdict in verdicts) else 0
 
 
 def print_error(err: DfoError) -> None:

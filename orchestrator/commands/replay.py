@@ -18,12 +18,11 @@ from ..errors import UsageError
 from ..inventory import load_inventory
 from ..logfmt import MalformedLine, make_parser
 from ..sanitize import markup
-from .common import InventoryOpt, JsonOpt, console, err_console, print_json
+from .common import InventoryOpt, JsonOpt, console, err_console, print_json, verdicts_exit_status
 
 EXAMPLE = "Example: dfo replay logs/run-trees.log --baseline 150000 --variant trees -i inventory/lab.yaml --json"
 COLOURS = {"steady": "green", "exited": "green", "stopped": "cyan", "undecided": "yellow", "drifting": "yellow",
            "crash": "red", "stall": "red", "too_slow": "magenta"}
-FAILED_VERDICTS = frozenset({"crash", "stall", "too_slow"})
 
 
 def register(app: typer.Typer) -> None:
@@ -31,7 +30,7 @@ def register(app: typer.Typer) -> None:
         "replay",
         help=(
             "Judge a recorded log with the watcher's rules and its own timestamps: prints the verdict held at "
-            "the log's end. Exit status 1 for crash/stall/too_slow, else 0."
+            "the log's end. Exit status 1 for crash/stall/too_slow/undecided/drifting (as dfo watch), else 0."
         ),
         epilog=EXAMPLE,
     )(replay_command)
@@ -88,8 +87,7 @@ def replay_command(
     else:
         render(decision)
         show_malformed(malformed)
-    if decision.decision in FAILED_VERDICTS:
-        raise typer.Exit(1)
+    raise typer.Exit(verdicts_exit_status([decision.decision]))
 
 
 def read_log_lines(log: Path) -> list[str]:

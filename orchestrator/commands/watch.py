@@ -21,7 +21,7 @@ from ..states import Verdict
 from ..store import Store
 from ..view import render
 from ..watch import Watcher
-from .common import InventoryOpt, complete_runs, console, err_console, print_json
+from .common import InventoryOpt, complete_runs, console, err_console, print_json, verdicts_exit_status
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
 SHOWN_EVENTS = ("decision", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
@@ -125,7 +125,7 @@ def watch_runs(
             print_json({"kind": "final", **decision})  # every JSON line has a kind
     else:
         summarise(decisions)
-    return 1 if lost or any(Verdict.of(d.get("decision")).is_failure() for d in decisions) else 0
+    return 1 if lost else verdicts_exit_status(d.get("decision") for d in decisions)
 
 
 def drive(watcher: Watcher, until_decided: bool, interval: float, refresh) -> None:
