@@ -99,7 +99,12 @@ def log_start(cfg: Config, run_name: str, log) -> None:
 
     from trainer.compile import strategy_settings
 
-    settings = " ".join(f"{k}={v}" for k, v in strategy_settings(cfg.run.compile, cfg.run.localtls_mode).items())
+    settings = strategy_settings(cfg.run.compile, cfg.run.localtls_mode)
+    if cfg.run.compile != "eager" and cfg.drafter.compile_scope == "layers":
+        settings["scope"] = "layers"
+    if cfg.target.compile != "off":
+        settings["target.compile"] = cfg.target.compile
+    settings = " ".join(f"{k}={v}" for k, v in settings.items())
     log.emit("start", run=run_name, variant=cfg.run.compile, topology=cfg.run.topology, torch=torch.__version__,
              targets=cfg.run.targets, drafters=cfg.run.drafters, config=cfg.hash(), steps=cfg.run.steps,
              dtype=cfg.run.dtype, compile_settings=settings, pid=os.getpid())

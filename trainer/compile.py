@@ -24,6 +24,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from trainer.model import TargetModel
+
 TREE_TLS_KEYS = ("tree_manager_containers", "tree_manager_locks")
 _GRAPHS = "mode=reduce-overhead dynamic=False"
 SETTINGS: dict[str, dict[str, str]] = {
@@ -54,13 +56,26 @@ class Compiled:
     uses_graphs: bool = False
 
 
+_NO_GRAPHS = {"dynamic": False, "options": {"triton.cudagraphs": False}}
+_WITH_GRAPHS = {"mode": "reduce-overhead", "dynamic": False}
+COMPILE_KWARGS: dict[str, dict] = {"nographs": _NO_GRAPHS, "notrees": _WITH_GRAPHS, "trees": _WITH_GRAPHS,
+                                   "localtls": _WITH_GRAPHS}
+
+
+def _configure(name: str) -> None:
+    """Process-wide inductor settings a strategy needs before it compiles."""
+    if name == "notrees":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.triton.cudagraph_trees = False
+
+
 def compile_eager(module: nn.Module) -> Compiled:
     return Compiled(module, module, SETTINGS["eager"])
 
 
 def compile_nographs(module: nn.Module) -> Compiled:
-    fn = torch.compile(module, dynamic=False, options={"triton.cudagraphs": False})
-    return Compiled(fn, module, SETTINGS["nographs"])
+    return Compiled(torch.compile(module, **_NO_GRAPHS), module, SETTINGS["nographs"])
 
 
 def _mark_step_begin() -> None:
@@ -68,15 +83,13 @@ def _mark_step_begin() -> None:
 
 
 def compile_notrees(module: nn.Module) -> Compiled:
-    import torch._inductor.config as inductor_config
-
-    inductor_config.triton.cudagraph_trees = False
-    fn = torch.compile(module, mode="reduce-overhead", dynamic=False)
+    _configure("notrees")
+    fn = torch.compile(module, **_WITH_GRAPHS)
     return Compiled(fn, module, SETTINGS["notrees"], step_begin=_mark_step_begin, uses_graphs=True)
 
 
 def compile_trees(module: nn.Module) -> Compiled:
-    fn = torch.compile(module, mode="reduce-overhead", dynamic=False)
+    fn = torch.compile(module, **_WITH_GRAPHS)
     return Compiled(fn, module, SETTINGS["trees"], step_begin=_mark_step_begin, uses_graphs=True)
 
 
@@ -112,8 +125,35 @@ STRATEGIES: dict[str, Callable[..., Compiled]] = {
 }
 
 
-def apply_strategy(name: str, module: nn.Module, localtls_mode: str = "share") -> Compiled:
-    """The one place a strategy is applied."""
+def apply_strategy(name: str, module: nn.Module, localtls_mode: str = "share",
+                   regions: list[nn.Module] | None = None) -> Compiled:
+    """The one place a strategy is applied: to the whole `module`, or, given `regions`, to each of those
+    submodules in place (nn.Module.compile with the strategy's settings: submodules of identical code share
+    one compiled graph), `module` itself then running eagerly around them."""
     if name == "localtls":
-        return compile_localtls(module, localtls_mode)
-    return STRATEGIES[name](module)
+        compiled = compile_localtls(module, localtls_mode)
+    else:
+        compiled = STRATEGIES[name](module)
+    if regions is None or name == "eager":
+        return compiled
+    for region in regions:
+        region.compile(**COMPILE_KWARGS[name])
+    compiled.step_fn = module
+    compiled.settings = {**compiled.settings, "scope": f"layers x{len(regions)}"}
+    return compiled
+
+
+def compile_target(mode: str, target: nn.Module) -> None:
+    """target.compile=layers: each decoder layer of the built-in target compiled without CUDA graphs (the
+    layers share one code object, so one graph serves all of them). A Hugging Face target is left as it is.
+
+    In the threaded topology the producer thread runs these layers while a drafter thread may be tracing
+    its own first step; FX tracing is flagged process-wide, so a compiled layer entered meanwhile runs its
+    eager code once instead of raising (torch._dynamo.config.error_on_nested_fx_trace)."""
+    if mode != "layers" or not isinstance(target, TargetModel):
+        return
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.error_on_nested_fx_trace = False
+    for layer in target.layers:
+        layer.compile(**_NO_GRAPHS)

@@ -47,11 +47,15 @@ class TargetConfig:
     """Std of the seeded random init of the built-in target's embedding and lm_head (other weights 0.02)."""
     hf_path: str = ""
     """Local path of a Hugging Face causal LM to use instead of the built-in target (no hub downloads)."""
+    compile: str = "off"
+    """off | layers: torch.compile (no CUDA graphs) on each built-in target layer; identical layers share
+    one compiled graph. Not applied to a Hugging Face target."""
 
     def __post_init__(self) -> None:
         _require(self.heads % self.kv_heads == 0, "target.kv_heads", "a divisor of target.heads")
         _require(self.hidden % self.heads == 0, "target.heads", "a divisor of target.hidden")
         _require(self.layers >= 4, "target.layers", "an integer >= 4")
+        _require(self.compile in ("off", "layers"), "target.compile", "off|layers")
 
 
 @dataclass
@@ -72,11 +76,16 @@ class DrafterConfig:
     """auto (flex when compiled on CUDA, else sdpa) | flex (FlexAttention BlockMask) | sdpa (dense mask)."""
     loss_chunk: int = 1024
     """Rows of the vocab head computed at once in the fused head + cross-entropy (bounds fp32 logits)."""
+    compile_scope: str = "whole"
+    """What run.compile compiles: whole (the training forward in one graph, the mask built inside it) |
+    layers (each drafter layer and the head loss on their own; identical layers share one compiled graph,
+    and the mask is built outside them)."""
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 2, "drafter.block_size", "an integer >= 2")
         _require(self.attention in ("auto", "flex", "sdpa"), "drafter.attention", "auto|flex|sdpa")
         _require(self.gamma > 0, "drafter.gamma", "a positive number")
+        _require(self.compile_scope in ("whole", "layers"), "drafter.compile_scope", "whole|layers")
 
 
 @dataclass

@@ -218,24 +218,57 @@ def dense_mask(layout: BlockLayout) -> torch.Tensor:
     return torch.cat((sees_ctx, sees_block), dim=-1)[:, None]  # (b, 1, A*B, T+A*B)
 
 
-def flex_block_mask(layout: BlockLayout):
-    """The same mask as a FlexAttention BlockMask (skips fully masked tiles).
-
-    Called inside the compiled training forward: the mask_mod closure is created in the traced frame, so
-    the compiler never guards on (or recompiles for) a Python function that changes every step.
-    """
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    query_anchor = layout.query_anchor()  # (b, A*B)
-    context_len, block_size = layout.context_len, layout.block_size
+def _block_mask_mod(query_anchor: torch.Tensor, context_len: int, block_size: int):
+    """mask_mod of the block/context mask: a query sees the context strictly before its anchor and its own
+    block."""
 
     def mask_mod(b, h, q_idx, kv_idx):
         in_context = kv_idx < query_anchor[b, q_idx]
         offset = kv_idx - context_len
         return in_context | ((offset >= 0) & (offset // block_size == q_idx // block_size))
 
+    return mask_mod
+
+
+def flex_block_mask(layout: BlockLayout):
+    """The same mask as a FlexAttention BlockMask (skips fully masked tiles), built inside the compiled
+    training forward (compile scope `whole`): the mask_mod closure is created in the traced frame, so the
+    compiler never guards on (or recompiles for) a Python function that changes every step."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    query_anchor = layout.query_anchor()  # (b, A*B)
     b, num_queries = query_anchor.shape
-    return create_block_mask(mask_mod, b, None, num_queries, context_len + num_queries, device=query_anchor.device)
+    mask_mod = _block_mask_mod(query_anchor, layout.context_len, layout.block_size)
+    return create_block_mask(mask_mod, b, None, num_queries, layout.context_len + num_queries,
+                             device=query_anchor.device)
+
+
+class FlexMaskBuilder:
+    """Builds the BlockMask outside the compiled regions (compile scope `layers`), one builder per replica.
+
+    Its mask_mod is created once and reads a persistent per-query anchor buffer that each step overwrites in
+    place: the compiled layers see the same function every step (no guard failure, no recompilation) and
+    CUDA graphs read the anchors at a fixed address. The block tables come from create_block_mask's own
+    compiled path."""
+
+    def __init__(self) -> None:
+        self.query_anchor: torch.Tensor | None = None  # (b, A*B)
+        self.mask_mod = None
+        self.shape: tuple[int, int, int] = (0, 0, 0)
+
+    def __call__(self, layout: BlockLayout):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        query_anchor = layout.query_anchor()  # (b, A*B)
+        shape = (*query_anchor.shape, layout.context_len)
+        if self.query_anchor is None or shape != self.shape or layout.block_size != self.block_size:
+            self.query_anchor = torch.empty_like(query_anchor)
+            self.shape, self.block_size = shape, layout.block_size
+            self.mask_mod = _block_mask_mod(self.query_anchor, layout.context_len, layout.block_size)
+        self.query_anchor.copy_(query_anchor)
+        b, num_queries = query_anchor.shape
+        return create_block_mask(self.mask_mod, b, None, num_queries, layout.context_len + num_queries,
+                                 device=query_anchor.device, _compile=True)
 
 
 def flex_attention(q, k, v, block_mask):
@@ -339,30 +372,50 @@ class FusedHeadCrossEntropy(torch.autograd.Function):
         return grad_hidden * grad_loss.to(grad_hidden.dtype), None, None, None, None
 
 
+class HeadLoss(nn.Module):
+    """The frozen vocab head + weighted block loss as a module of its own: a compile region of its own under
+    compile scope `layers`. Returns (loss, argmax per row)."""
+
+    def __init__(self, lm_head: nn.Linear, chunk: int) -> None:
+        super().__init__()
+        self.lm_head, self.chunk = lm_head, chunk
+
+    def forward(self, predicted, labels, row_weights) -> tuple[torch.Tensor, torch.Tensor]:
+        predicted = predicted.to(self.lm_head.weight.dtype)  # (N, H)
+        return FusedHeadCrossEntropy.apply(predicted, self.lm_head.weight, labels, row_weights, self.chunk)
+
+
 class DraftObjective(nn.Module):
     """One training forward: block inputs from the frozen embedding, drafter, frozen head, block loss.
 
     The frozen `embed` and `lm_head` are registered (the compiler needs them as module state) but only
-    `drafter` is trained and checkpointed.
+    `drafter` is trained and checkpointed. `regions()` names what compile scope `layers` compiles: each
+    drafter layer (identical code: compiled once, reused) and the head loss; the BlockMask is then built
+    outside them by a per-replica FlexMaskBuilder. Under scope `whole` the strategy compiles this whole
+    forward and the mask is built inside it.
     """
 
     def __init__(self, drafter: Drafter, embed: nn.Embedding, lm_head: nn.Linear, cfg: Config,
                  use_flex: bool) -> None:
         super().__init__()
-        self.drafter, self.embed, self.lm_head = drafter, embed, lm_head
+        self.drafter, self.embed = drafter, embed
+        self.head_loss = HeadLoss(lm_head, cfg.drafter.loss_chunk)
         self.use_flex = use_flex  # FlexAttention BlockMask (compiled CUDA) or a dense mask for SDPA
+        self.build_mask = FlexMaskBuilder() if cfg.drafter.compile_scope == "layers" else flex_block_mask
         self.block_size = cfg.drafter.block_size
         self.mask_token = cfg.target.vocab_size - 1
-        self.loss_chunk = cfg.drafter.loss_chunk
         k = torch.arange(1, self.block_size, dtype=torch.float32)  # (B-1,)
         self.register_buffer("position_weight", torch.exp(-(k - 1) / cfg.drafter.gamma), persistent=False)
+
+    def regions(self) -> list[nn.Module]:
+        return [*self.drafter.layers, self.head_loss]
 
     def forward(self, tokens, features, anchors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """tokens (b, T), features (b, T, K*H), anchors (b, A) sorted; returns (loss, accuracy, accept_len)."""
         b, context_len = tokens.shape
         num_anchors, block = anchors.shape[1], self.block_size
         layout = BlockLayout(anchors, block, context_len)
-        mask = flex_block_mask(layout) if self.use_flex else dense_mask(layout)
+        mask = self.build_mask(layout) if self.use_flex else dense_mask(layout)
         offsets = torch.arange(block, device=tokens.device)  # (B,)
         block_ids = torch.full((b, num_anchors, block), self.mask_token, device=tokens.device)  # (b, A, B)
         block_ids[:, :, 0] = tokens.gather(1, anchors)
@@ -371,15 +424,10 @@ class DraftObjective(nn.Module):
         hidden = self.drafter(features, block_input, layout, mask)  # (b, A*B, H)
         predicted = hidden.view(b, num_anchors, block, -1)[:, :, 1:]  # (b, A, B-1, H) strided
         predicted = predicted.reshape(-1, hidden.shape[-1]).contiguous()  # (N, H): one big head matmul
-        predicted = predicted.to(self.lm_head.weight.dtype)
         row_weights = self.position_weight.repeat(b * num_anchors)  # (N,)
         row_weights = row_weights / row_weights.sum()
-        loss, argmax = FusedHeadCrossEntropy.apply(
-            predicted, self.lm_head.weight, labels.flatten(), row_weights, self.loss_chunk
-        )
+        loss, argmax = self.head_loss(predicted, labels.flatten(), row_weights)
         correct = (argmax == labels.flatten()).view(b * num_anchors, block - 1)  # (b*A, B-1)
         accuracy = correct.float().mean()
         accept_len = correct.int().cumprod(dim=1).sum(dim=1).float().mean() + 1.0
         return loss, accuracy, accept_len
-
-

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.compile import compile_target
 from trainer.config import Config
 from trainer.data import TokenSource
 from trainer.metrics import MetricLog
@@ -134,7 +135,10 @@ def build_targets(cfg: Config) -> dict[str, nn.Module]:
     """One identical frozen target per target device (built on the first, copied to the others)."""
     devices = list(dict.fromkeys(cfg.run.target_devices))
     first = build_target(cfg, devices[0]).to(dtype=model_dtype(cfg))
-    return {device: first if device == devices[0] else copy.deepcopy(first).to(device) for device in devices}
+    targets = {device: first if device == devices[0] else copy.deepcopy(first).to(device) for device in devices}
+    for target in targets.values():
+        compile_target(cfg.target.compile, target)
+    return targets
 
 
 def frozen_heads(cfg: Config, targets: dict[str, nn.Module]) -> dict[str, tuple[nn.Module, nn.Module]]:

@@ -35,6 +35,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.compile import compile_target
 from trainer.config import Config
 from trainer.data import build_source
 from trainer.metrics import MetricLog, open_sink
@@ -77,6 +78,7 @@ def producer_main(cfg: Config, index: int, device: str, serves: list[int], queue
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the drafters decide when to stop; we follow `finished`
     share_cpu(cfg, device)
     target = build_target(cfg, device).to(dtype=model_dtype(cfg))
+    compile_target(cfg.target.compile, target)
     source = build_source(cfg)
     for drafter in serves:
         put_until(queues[drafter], ("head", target.embed.weight, target.lm_head.weight), finished.is_set)

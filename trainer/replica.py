@@ -77,7 +77,8 @@ def build_replica(cfg: Config, index: int, device: str, prototype: Drafter, embe
     """A replica on `device`: a copy of `prototype`, the frozen head, the compile strategy, an optimizer."""
     drafter = copy.deepcopy(prototype).to(device)
     objective = DraftObjective(drafter, embed, lm_head, cfg, uses_flex(cfg, device)).to(device)
-    compiled = apply_strategy(cfg.run.compile, objective, cfg.run.localtls_mode)
+    regions = objective.regions() if cfg.drafter.compile_scope == "layers" else None
+    compiled = apply_strategy(cfg.run.compile, objective, cfg.run.localtls_mode, regions)
     optimizer, scheduler = build_optimizer(cfg, drafter, device)
     return Replica(index, device, drafter, compiled, optimizer, scheduler, autocast=cfg.run.dtype == "bf16")
 

@@ -1,0 +1,143 @@
+"""Where a qwen3-8b-shape step and its compile spend their time, one component at a time, on one GPU.
+
+    python3 bench/gpu_probe.py --out $OUT --part target          # target forward: eager vs compiled per layer
+    python3 bench/gpu_probe.py --out $OUT --part drafter --mode whole   # the trainer's drafter step as is
+    python3 bench/gpu_probe.py --out $OUT --part drafter --mode layers
+
+Each part prints (and appends to OUT/probe.jsonl as it goes) the seconds of its first call (compilation
+included), the steady milliseconds per step (CUDA-synchronised, median of --steps), the compile phases
+from torch._dynamo.utils.compile_times(), and the top CUDA kernels of a short torch.profiler trace.
+Model FLOPs per sample come from trainer/flops.py, so each component's share of the step is comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from trainer.config import preset, tap_layers
+from trainer.data import build_source
+from trainer.flops import flops_per_sample
+from trainer.model import build_target
+from trainer.replica import build_replica, forward_backward, optimizer_step, seeded_drafter
+
+PEAK = 989e12
+
+
+def emit(out: Path, **fields) -> None:
+    line = json.dumps(fields)
+    print(line, flush=True)
+    with open(out / "probe.jsonl", "a") as fh:
+        fh.write(line + "\n")
+
+
+def timed(fn, steps: int) -> list[float]:
+    times = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def top_kernels(fn, steps: int = 3, rows: int = 18) -> list[tuple[str, float]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.key_averages():
+        cuda_us = getattr(event, "device_time_total", 0.0) or getattr(event, "cuda_time_total", 0.0)
+        if event.device_type == torch.autograd.DeviceType.CUDA and cuda_us:
+            totals[event.key[:90]] = totals.get(event.key[:90], 0.0) + cuda_us / 1e3 / steps
+    return sorted(totals.items(), key=lambda kv: -kv[1])[:rows]
+
+
+def compile_phases() -> dict[str, float]:
+    try:
+        table = torch._dynamo.utils.compile_times(repr="csv")
+        names, values = table
+        return {name: round(float(str(v).split(",")[0]), 2) for name, v in zip(names, values)}
+    except Exception as exc:  # noqa: BLE001 - diagnostics only
+        return {"error": str(exc)}
+
+
+def probe_target(args, cfg, out: Path) -> None:
+    device = "cuda:0"
+    target = build_target(cfg, device).to(torch.bfloat16)
+    tokens, _ = build_source(cfg).batch(0, 0)
+    tokens = tokens.to(device)
+    flops = flops_per_sample(cfg)["target"] * cfg.data.batch
+    eager = timed(lambda: target.features(tokens), args.steps)
+    ms = statistics.median(eager[2:])
+    emit(out, part="target", mode="eager", ms=round(ms, 2), mfu=round(flops / (ms / 1e3) / PEAK, 3))
+    emit(out, part="target", mode="eager", kernels=top_kernels(lambda: target.features(tokens)))
+    for layer in target.layers:
+        layer.compile(dynamic=False)
+    start = time.perf_counter()
+    target.features(tokens)
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    compiled = timed(lambda: target.features(tokens), args.steps)
+    ms = statistics.median(compiled[2:])
+    emit(out, part="target", mode="layers-compiled", first_s=round(first, 1), ms=round(ms, 2),
+         mfu=round(flops / (ms / 1e3) / PEAK, 3), phases=compile_phases())
+    emit(out, part="target", mode="layers-compiled", kernels=top_kernels(lambda: target.features(tokens)))
+
+
+def probe_drafter(args, cfg, out: Path) -> None:
+    device = "cuda:0"
+    cfg.run.compile = args.strategy
+    cfg.drafter.compile_scope = args.mode
+    target = build_target(cfg, device).to(torch.bfloat16)
+    tokens, anchors = build_source(cfg).batch(0, 0)
+    tokens, anchors = tokens.to(device), anchors.to(device)
+    features = target.features(tokens)
+    replica = build_replica(cfg, 0, device, seeded_drafter(cfg, device), target.embed, target.lm_head)
+
+    def step() -> None:
+        forward_backward(cfg, replica, tokens, features, anchors)
+        optimizer_step(cfg, replica)
+
+    start = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    emit(out, part="drafter", mode=args.mode, strategy=args.strategy, first_s=round(first, 1),
+         phases=compile_phases())
+    times = timed(step, args.steps)
+    ms = statistics.median(times[3:])
+    flops = (flops_per_sample(cfg)["drafter"] + flops_per_sample(cfg)["head"]) * cfg.data.batch
+    emit(out, part="drafter", mode=args.mode, strategy=args.strategy, ms=round(ms, 2),
+         mfu=round(flops / (ms / 1e3) / PEAK, 3), spread_ms=[round(min(times[3:]), 1), round(max(times[3:]), 1)],
+         peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 1))
+    emit(out, part="drafter", mode=args.mode, strategy=args.strategy, kernels=top_kernels(step))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--part", choices=("target", "drafter"), required=True)
+    parser.add_argument("--mode", default="whole", help="drafter: whole | layers (drafter.compile_scope)")
+    parser.add_argument("--strategy", default="nographs")
+    parser.add_argument("--preset", default="qwen3-8b-shape")
+    parser.add_argument("--steps", type=int, default=15)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cfg = preset(args.preset)
+    emit(args.out, part=args.part, preset=args.preset, taps=tap_layers(cfg.target.layers, cfg.drafter.taps),
+         torch=torch.__version__, gpu=torch.cuda.get_device_name(0))
+    (probe_target if args.part == "target" else probe_drafter)(args, cfg, args.out)
+
+
+if __name__ == "__main__":
+    main()
