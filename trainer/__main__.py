@@ -22,7 +22,10 @@ import threading
 import traceback
 from pathlib import Path
 
-from trainer.config import COMPILE_STRATEGIES, PRESETS, TOPOLOGIES, Config, ConfigError, RunConfig, build_config
+from trainer.config import (
+    COMPILE_STRATEGIES, PRESETS, TOPOLOGIES, Config, ConfigError, RunConfig, build_config, check_world_size,
+    env_assignments,
+)
 
 EXIT_USAGE = 2
 RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -56,7 +59,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     assignments = [f"run.{flag}={getattr(args, flag)}" for flag in RUN_FLAGS if getattr(args, flag) is not None]
     if args.variant:
         assignments.append(f"run.compile={args.variant}")
-    return build_config(args.preset, assignments + args.overrides)
+    config = build_config(args.preset, env_assignments(os.environ) + assignments + args.overrides)
+    check_world_size(config, os.environ)
+    return config
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,7 +112,15 @@ def log_start(cfg: Config, run_name: str, log) -> None:
     settings = " ".join(f"{k}={v}" for k, v in settings.items())
     log.emit("start", run=run_name, variant=cfg.run.compile, topology=cfg.run.topology, torch=torch.__version__,
              targets=cfg.run.targets, drafters=cfg.run.drafters, config=cfg.hash(), steps=cfg.run.steps,
-             dtype=cfg.run.dtype, compile_settings=settings, pid=os.getpid())
+             dtype=cfg.run.dtype, compile_settings=settings, pid=os.getpid(), **node_fields(cfg))
+
+
+def node_fields(cfg: Config) -> dict[str, object]:
+    """A node of a multi-node run says which one it is and where the ranks meet (nothing on one node)."""
+    if cfg.run.nnodes == 1:
+        return {}
+    return {"nnodes": cfg.run.nnodes, "node_rank": cfg.run.node_rank,
+            "rendezvous": f"{cfg.run.master_addr}:{cfg.run.master_port}"}
 
 
 def run_threads(cfg: Config, args: argparse.Namespace, log, run_dir: Path) -> int:

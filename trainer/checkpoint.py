@@ -32,7 +32,7 @@ def save_checkpoint(run_dir: Path, step: int, config_hash: str, drafter: torch.n
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
     }
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # nodes sharing a filesystem write their own
     torch.save(state, tmp)
     os.replace(tmp, path)
     return path

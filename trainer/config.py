@@ -158,6 +158,18 @@ class RunConfig:
     """Output directory; the run's files go to OUT/RUN_NAME/."""
     step_timeout_s: float = 600.0
     """A worker waiting longer than this for its peers or its queue stops the run (first steps compile)."""
+    nnodes: int = 1
+    """Nodes (hosts or containers) of one procsplit run; each node starts `python -m trainer` with its own
+    node_rank and the same config. Env: NNODES."""
+    node_rank: int = 0
+    """This node's index, 0..nnodes-1; global rank = node_rank * (drafters per node) + local rank. Env: NODE_RANK."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous host (nnodes > 1): node 0's address as the other nodes reach it. Env: MASTER_ADDR."""
+    master_port: int = 29500
+    """Rendezvous TCP port on master_addr (nnodes > 1): node 0's rank 0 listens on it. Env: MASTER_PORT."""
+    rendezvous_timeout_s: float = 120.0
+    """Every rank must have joined within this many seconds (a node that never comes, a port taken): else the
+    run ends with exit 1 and an `event=error` naming the rendezvous."""
 
     def __post_init__(self) -> None:
         _require(self.compile in COMPILE_STRATEGIES, "run.compile", "|".join(COMPILE_STRATEGIES))
@@ -166,6 +178,13 @@ class RunConfig:
         _require(self.localtls_mode in ("share", "fresh"), "run.localtls_mode", "share|fresh")
         _require(self.queue_depth >= 1, "run.queue_depth", "an integer >= 1")
         _require(self.log_every >= 1, "run.log_every", "an integer >= 1")
+        _require(self.nnodes >= 1, "run.nnodes", "an integer >= 1")
+        _require(0 <= self.node_rank < self.nnodes, "run.node_rank", f"an integer in 0..{self.nnodes - 1} (run.nnodes)")
+        _require(self.nnodes == 1 or self.topology == "procsplit", "run.nnodes",
+                 "1 unless run.topology=procsplit (threads run on one node)")
+        _require(1 <= self.master_port <= 65535, "run.master_port", "a TCP port, 1..65535")
+        _require(bool(self.master_addr.strip()), "run.master_addr", "node 0's address, e.g. 10.1.2.6")
+        _require(self.rendezvous_timeout_s > 0, "run.rendezvous_timeout_s", "a positive number")
 
     @property
     def target_devices(self) -> list[str]:
@@ -223,8 +242,11 @@ class Config:
     def hash(self) -> str:
         """Short hash of everything that changes what is trained (not run name, output dir or logging)."""
         content = self.to_dict()
-        for volatile in ("out", "log_every", "steps", "step_timeout_s", "checkpoint_every"):
+        for volatile in ("out", "log_every", "steps", "step_timeout_s", "checkpoint_every", "node_rank",
+                         "master_addr", "master_port", "rendezvous_timeout_s"):
             content["run"].pop(volatile)
+        if content["run"]["nnodes"] == 1:  # single-node hashes stay those written before multi-node runs
+            content["run"].pop("nnodes")
         content.pop("debug")
         blob = json.dumps(content, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:12]
@@ -333,6 +355,27 @@ def _parse(key: str, raw: str, kind: type) -> typing.Any:
     except ValueError:
         form = {bool: "true|false", int: "an integer", float: "a number"}[kind]
         raise ConfigError(f"{key}={raw}: expected {form}") from None
+
+
+# torch.distributed's conventional variables (torchrun sets MASTER_ADDR/PORT, NODE_RANK; NNODES is ours)
+NODE_ENV = {"NNODES": "run.nnodes", "NODE_RANK": "run.node_rank", "MASTER_ADDR": "run.master_addr",
+            "MASTER_PORT": "run.master_port"}
+
+
+def env_assignments(environ: typing.Mapping[str, str]) -> list[str]:
+    """`--set` assignments from the multi-node environment variables (flags and --set given after win)."""
+    return [f"{key}={environ[name]}" for name, key in NODE_ENV.items() if environ.get(name, "").strip()]
+
+
+def check_world_size(config: Config, environ: typing.Mapping[str, str]) -> None:
+    """WORLD_SIZE, where set, is torch's total rank count: it must be nnodes x drafters per node."""
+    raw = environ.get("WORLD_SIZE", "").strip()
+    if not raw:
+        return
+    world = config.run.nnodes * len(config.run.drafter_devices)
+    if raw != str(world):
+        raise ConfigError(f"WORLD_SIZE={raw}: expected {world} (run.nnodes={config.run.nnodes} x "
+                          f"{len(config.run.drafter_devices)} drafters per node), or unset it")
 
 
 def build_config(preset_name: str, assignments: list[str]) -> Config:

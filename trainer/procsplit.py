@@ -14,7 +14,17 @@ input and output layers), so drafters never build the target. Rank 0 writes the 
 and the done line. A SIGTERM (to the supervisor or the whole process group) is agreed on by all ranks at
 the next logging step: they finish that step, rank 0 checkpoints, all exit EXIT_STOPPED. A process that
 dies (its traceback is on stderr) makes the supervisor kill the others and exit EXIT_WORKER_FAILED.
-Multi-host runs are not built; the rendezvous (init_method) is the only place they would change.
+
+Several nodes (run.nnodes > 1): every node runs this same supervisor with its own run.node_rank; node k's
+local drafter r is global rank k * (drafters per node) + r, its producer serves that global rank's batches.
+The ranks meet at a c10d TCPStore on run.master_addr:run.master_port (node 0's rank 0 listens), which must
+see every rank within run.rendezvous_timeout_s; the supervisor also bounds the whole rendezvous by that
+time (a client that reached a foreign listener on the port waits past the store's own timeout). Each
+node's local rank 0 writes the checkpoint on its node (replicas are identical), so every node resumes; the
+ranks check they resumed from one step. Only global rank 0 writes step lines: their tok_s is the whole
+run's (every rank's tokens over rank 0's step time; the all_reduce keeps ranks in lockstep). A collective
+that fails because a peer ended or became unreachable is reported as `cause=peer_lost`: a consequence of
+another node's failure, not a failure of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import socket
 import sys
 import time
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -48,6 +59,39 @@ from trainer.replica import (
 
 POLL_S = 0.2
 SHUTDOWN_GRACE_S = 30.0
+FAILURE_TEXT_BYTES = 800
+RENDEZVOUS_GRACE_S = 5.0  # beyond the store's own timeout, before the supervisor gives up on a rendezvous
+PEER_LOST = "peer_lost"
+RENDEZVOUS = "rendezvous"
+
+
+class RendezvousError(RuntimeError):
+    """The ranks did not meet: the port is taken, or a node never came or cannot reach node 0."""
+
+
+class PeerLost(RuntimeError):
+    """A collective failed because another rank ended or became unreachable (a consequence, not a cause)."""
+
+
+class Topology:
+    """Where this node's drafters sit in the whole run: global ranks, world size, the rendezvous endpoint."""
+
+    def __init__(self, cfg: Config, single_node_port: int = 0) -> None:
+        self.local = len(cfg.run.drafter_devices)
+        self.nnodes, self.node_rank = cfg.run.nnodes, cfg.run.node_rank
+        self.world = self.nnodes * self.local
+        self.offset = self.node_rank * self.local  # global rank of this node's local rank 0
+        multi = self.nnodes > 1
+        self.addr = cfg.run.master_addr if multi else "127.0.0.1"
+        self.port = cfg.run.master_port if multi else single_node_port
+        self.timeout_s = cfg.run.rendezvous_timeout_s
+
+    def rank(self, local_rank: int) -> int:
+        return self.offset + local_rank
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.addr}:{self.port}"
 
 
 def free_port() -> int:
@@ -64,6 +108,44 @@ def dist_backend(cfg: Config) -> str:
     return "gloo"
 
 
+def rendezvous(cfg: Config, topo: Topology, rank: int) -> None:
+    """Join the run's process group through a c10d TCPStore on the rendezvous endpoint (rank 0 hosts it and
+    waits for every rank); collectives then time out after run.step_timeout_s."""
+    timeout = timedelta(seconds=topo.timeout_s)
+    try:
+        store = dist.TCPStore(topo.addr, topo.port, world_size=topo.world, is_master=rank == 0, timeout=timeout,
+                              wait_for_workers=True)
+    except dist.DistError as exc:
+        raise RendezvousError(rendezvous_failure(topo, rank, exc)) from None
+    dist.init_process_group(dist_backend(cfg), store=store, rank=rank, world_size=topo.world,
+                            timeout=timedelta(seconds=cfg.run.step_timeout_s))
+
+
+def rendezvous_failure(topo: Topology, rank: int, exc: BaseException) -> str:
+    text = str(exc)
+    where = f"rendezvous at {topo.endpoint}"
+    if "EADDRINUSE" in text or "address already in use" in text:
+        return f"{where}: the port is already taken on node 0 (set run.master_port / MASTER_PORT to a free port)"
+    if rank == 0:
+        joined = text.split("waiting for clients.")[-1].strip().rstrip(".") if "clients joined" in text else ""
+        return (f"{where}: not every rank joined within {topo.timeout_s:g}s ({joined or first_line(text)}): "
+                f"start every node (run.nnodes={topo.nnodes}) and let them reach this port")
+    return (f"{where}: node 0 did not answer within {topo.timeout_s:g}s: start node 0, check run.master_addr / "
+            "MASTER_ADDR and that the port is open between the nodes")
+
+
+def first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:240]
+
+
+def collective(op, *args):
+    """A torch.distributed collective whose failure (a peer ended, a connection closed, a timeout) is PeerLost."""
+    try:
+        return op(*args)
+    except (RuntimeError, dist.DistError) as exc:
+        raise PeerLost(f"{op.__name__} failed, a peer rank ended or is unreachable: {first_line(str(exc))}") from exc
+
+
 def start_step_of(cfg: Config, run_dir: Path, resume: bool) -> int:
     """0, or the resumed checkpoint's step (memory-mapped: the supervisor reads no weights)."""
     return int(load_checkpoint(run_dir, cfg.hash(), mmap=True)["step"]) if resume else 0
@@ -73,8 +155,9 @@ def start_step_of(cfg: Config, run_dir: Path, resume: bool) -> int:
 
 
 def producer_main(cfg: Config, index: int, device: str, serves: list[int], queues: list, start: int,
-                  finished) -> None:
-    """A target process: head weights first, then one batch per (step, served drafter)."""
+                  finished, rank_offset: int = 0) -> None:
+    """A target process: head weights first, then one batch per (step, served drafter); a drafter's batch is
+    its global rank's (rank_offset + local index), so nodes train on different data."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the drafters decide when to stop; we follow `finished`
     share_cpu(cfg, device)
     target = build_target(cfg, device).to(dtype=model_dtype(cfg))
@@ -84,7 +167,7 @@ def producer_main(cfg: Config, index: int, device: str, serves: list[int], queue
         put_until(queues[drafter], ("head", target.embed.weight, target.lm_head.weight), finished.is_set)
     for step in range(start, cfg.run.steps):
         for drafter in serves:
-            tokens, anchors = source.batch(step, drafter)  # (b, T), (b, A)
+            tokens, anchors = source.batch(step, rank_offset + drafter)  # (b, T), (b, A)
             tokens = tokens.to(device)
             features = target.features(tokens)  # (b, T, K*H)
             if is_cuda(device):
@@ -98,12 +181,14 @@ def producer_main(cfg: Config, index: int, device: str, serves: list[int], queue
 
 
 class DrafterProcess:
-    """Rank r's main thread: receive, train, all_reduce, and (rank 0) report and checkpoint."""
+    """Rank r's main thread: receive, train, all_reduce, and (rank 0) report and checkpoint; a node's local
+    rank 0 also writes the checkpoint on its node."""
 
     def __init__(self, cfg: Config, rank: int, world: int, device: str, inbox, run_dir: Path, start: int,
-                 stop) -> None:
+                 stop, writes_checkpoints: bool | None = None) -> None:
         self.cfg, self.rank, self.world, self.device, self.inbox = cfg, rank, world, device, inbox
         self.run_dir, self.start, self.stop = run_dir, start, stop
+        self.writes_checkpoints = rank == 0 if writes_checkpoints is None else writes_checkpoints
         self.log = MetricLog()
         self.replica = self._build()
         self.reporter = Reporter(cfg, self.log, start, world, self._queue_fill, lambda: world)
@@ -117,11 +202,20 @@ class DrafterProcess:
         del embed_w, head_w  # release the producer's IPC memory
         replica = build_replica(self.cfg, self.rank, self.device, seeded_drafter(self.cfg, self.device),
                                 embed, lm_head)
+        self._check_same_start()
         if self.start:
             restore_replica(replica, load_checkpoint(self.run_dir, self.cfg.hash()))
         for param in replica.drafter.parameters():  # identical start whatever the device's RNG did
-            dist.broadcast(param.data, src=0)
+            collective(dist.broadcast, param.data, 0)
         return replica
+
+    def _check_same_start(self) -> None:
+        """Every node resumes from its own checkpoint: they must agree on the step (else a node's is stale)."""
+        starts = [0] * self.world
+        collective(dist.all_gather_object, starts, self.start)
+        if len(set(starts)) > 1:
+            raise RuntimeError(f"ranks start at different steps {starts} (a node's checkpoint is stale): "
+                               "copy node 0's OUT/RUN/checkpoint.pt to every node, or start without --resume")
 
     def _queue_fill(self) -> float:
         try:
@@ -140,7 +234,7 @@ class DrafterProcess:
             return
         grads = [p.grad for p in self.replica.drafter.parameters()]
         flat = torch._utils._flatten_dense_tensors(grads)
-        dist.all_reduce(flat)
+        collective(dist.all_reduce, flat)
         flat /= self.world
         for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
             grad.copy_(averaged)
@@ -149,7 +243,7 @@ class DrafterProcess:
         """All ranks: mean loss/acc/accept_len and whether any rank was asked to stop."""
         stats = torch.stack([*self.replica.stats, torch.tensor(float(self.stop.is_set()), device=self.device)])
         if self.world > 1:
-            dist.all_reduce(stats)
+            collective(dist.all_reduce, stats)
         values = stats.tolist()
         return values[0] / self.world, values[1] / self.world, values[2] / self.world, values[3] > 0
 
@@ -170,9 +264,9 @@ class DrafterProcess:
             if self.rank == 0:
                 self.reporter.after_step(done, lambda: tuple(means), self.replica.scheduler.get_last_lr()[0],
                                          memory_gb([self.device]))
-                every = self.cfg.run.checkpoint_every
-                if every and done % every == 0 and done != self.cfg.run.steps:
-                    self._checkpoint(done)
+            every = self.cfg.run.checkpoint_every
+            if every and done % every == 0 and done != self.cfg.run.steps:
+                self._checkpoint(done)
             if stop_now:
                 break
         return self._finish(done, stopped=stop_now and done < self.cfg.run.steps)
@@ -184,40 +278,47 @@ class DrafterProcess:
                       seconds=seconds, pid=os.getpid())
 
     def _checkpoint(self, step: int) -> None:
+        if not self.writes_checkpoints:
+            return
         r = self.replica
         path = save_checkpoint(self.run_dir, step, self.cfg.hash(), r.drafter, r.optimizer, r.scheduler)
-        self.log.emit("checkpoint", step=step, path=str(path))
+        if self.rank == 0:
+            self.log.emit("checkpoint", step=step, path=str(path))
 
     def _finish(self, done: int, stopped: bool) -> int:
         status = EXIT_STOPPED if stopped else EXIT_OK
         digests = [""] * self.world
-        dist.all_gather_object(digests, weights_digest(self.replica.drafter))
+        collective(dist.all_gather_object, digests, weights_digest(self.replica.drafter))
+        self._checkpoint(done)
         if self.rank == 0:
-            self._checkpoint(done)
             self.log.emit("done", step=done, reason="sigterm" if stopped else "finished", exit=status,
                           **replica_fields(digests))
         return status
 
 
-def drafter_main(cfg: Config, rank: int, world: int, device: str, inbox, port: int, run_name: str,
-                 wandb_mode: str, run_dir: str, start: int, stop, first_failure) -> None:
+def drafter_main(cfg: Config, local_rank: int, topo: Topology, device: str, inbox, run_name: str,
+                 wandb_mode: str, run_dir: str, start: int, stop, failure, joined) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    share_cpu(cfg, device)
-    if is_cuda(device):
-        torch.cuda.set_device(device)
-    dist.init_process_group(dist_backend(cfg), init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+    rank = topo.rank(local_rank)
     try:
-        process = DrafterProcess(cfg, rank, world, device, inbox, Path(run_dir), start, stop)
+        share_cpu(cfg, device)
+        if is_cuda(device):
+            torch.cuda.set_device(device)
+        rendezvous(cfg, topo, rank)
+        with joined.get_lock():
+            joined.value += 1
+        process = DrafterProcess(cfg, rank, topo.world, device, inbox, Path(run_dir), start, stop,
+                                 writes_checkpoints=local_rank == 0)
         if rank == 0:
             process.log.sink = open_sink(wandb_mode, run_name, cfg.to_dict(), run_dir)
         status = process.train()
-    except BaseException:  # noqa: BLE001 - traceback to the log, then leave at once: a normal interpreter
-        with first_failure.get_lock():  # the rank that failed first, before its peers fail in the collective
-            if first_failure.value < 0:
-                first_failure.value = rank
-        print(f"Process drafter{rank}:", file=sys.stderr)  # teardown could wait on a process group
-        traceback.print_exc()  # whose other ranks sit in a collective
+    except BaseException as exc:  # noqa: BLE001 - traceback to the log, then leave at once: a normal
+        failure.record(local_rank, exc)  # interpreter teardown could wait on a process group whose other
+        print(f"Process drafter{rank}:", file=sys.stderr)  # ranks sit in a collective
+        if isinstance(exc, RendezvousError):
+            print(f"error: {exc}", file=sys.stderr)
+        else:
+            traceback.print_exc()
         sys.stderr.flush()
         os._exit(EXIT_WORKER_FAILED)
     process.log.close()
@@ -227,6 +328,32 @@ def drafter_main(cfg: Config, rank: int, world: int, device: str, inbox, port: i
 
 
 # --------------------------------------------------------------------------------------- supervisor
+
+
+class FirstFailure:
+    """Shared between a node's drafters: which local rank raised first (before its peers fail in the
+    collective), what it raised (one line) and its cause (peer_lost, rendezvous or none)."""
+
+    def __init__(self, ctx) -> None:
+        self.rank = ctx.Value("i", -1)
+        self.text = ctx.Array("c", FAILURE_TEXT_BYTES)
+        self.cause = ctx.Array("c", 32)
+
+    def record(self, local_rank: int, exc: BaseException) -> None:
+        with self.rank.get_lock():
+            if self.rank.value >= 0:
+                return
+            self.rank.value = local_rank
+            text = f"{type(exc).__name__}: {first_line(str(exc))}".encode("utf-8", "replace")
+            self.text.value = text[:FAILURE_TEXT_BYTES - 1]
+            cause = PEER_LOST if isinstance(exc, PeerLost) else RENDEZVOUS if isinstance(exc, RendezvousError) else ""
+            self.cause.value = cause.encode()
+
+    def describe(self, local_rank: int) -> tuple[str, str | None]:
+        """(the exception's line, its cause) when `local_rank` is the one that raised first, else ("", None)."""
+        if self.rank.value != local_rank:
+            return "", None
+        return self.text.value.decode("utf-8", "replace"), self.cause.value.decode() or None
 
 
 class Supervisor:
@@ -240,25 +367,28 @@ class Supervisor:
         # kept on self: Process.start() drops its args, and a collected queue unlinks its semaphores
         self.queues = queues = [ctx.Queue(maxsize=cfg.run.queue_depth) for _ in drafters]
         self.finished, self.stop = ctx.Event(), ctx.Event()
-        self.first_failure = ctx.Value("i", -1)  # rank of the drafter whose exception came first
-        start, port = start_step_of(cfg, run_dir, resume), free_port()
+        self.failure = FirstFailure(ctx)
+        self.joined = ctx.Value("i", 0)  # local drafters that have joined the process group
+        start = start_step_of(cfg, run_dir, resume)
+        self.topo = topo = Topology(cfg, single_node_port=free_port() if cfg.run.nnodes == 1 else 0)
         self.producers = [
             ctx.Process(target=producer_main, name=f"target{i}", daemon=True,
                         args=(cfg, i, device, [d for d in range(len(drafters)) if d % len(targets) == i], queues,
-                              start, self.finished))
+                              start, self.finished, topo.offset))
             for i, device in enumerate(targets)
         ]
         self.drafters = [
-            ctx.Process(target=drafter_main, name=f"drafter{rank}",
-                        args=(cfg, rank, len(drafters), device, queues[rank], port, run_name, wandb_mode,
-                              str(run_dir), start, self.stop, self.first_failure))
-            for rank, device in enumerate(drafters)
+            ctx.Process(target=drafter_main, name=f"drafter{topo.rank(local)}",
+                        args=(cfg, local, topo, device, queues[local], run_name, wandb_mode,
+                              str(run_dir), start, self.stop, self.failure, self.joined))
+            for local, device in enumerate(drafters)
         ]
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         for process in self.producers + self.drafters:
             process.start()
+        self.rendezvous_deadline = time.monotonic() + self.topo.timeout_s + RENDEZVOUS_GRACE_S
         status = EXIT_WORKER_FAILED
         try:
             status = self._watch()
@@ -275,7 +405,18 @@ class Supervisor:
                     return self._fail(*self._first_failed(process.name, code))
             if all(p.exitcode is not None for p in self.drafters):
                 return EXIT_STOPPED if any(p.exitcode == EXIT_STOPPED for p in self.drafters) else EXIT_OK
+            if self.joined.value < len(self.drafters) and time.monotonic() > self.rendezvous_deadline:
+                return self._rendezvous_timed_out()
             time.sleep(POLL_S)
+
+    def _rendezvous_timed_out(self) -> int:
+        """A rank still not in the group past the store's own timeout (e.g. it reached a foreign listener)."""
+        reason = (f"rendezvous at {self.topo.endpoint}: this node's ranks did not join within "
+                  f"{self.topo.timeout_s:g}s: start node 0 first, check run.master_addr / run.master_port and "
+                  "that nothing else listens on that port")
+        print(f"error: {reason}", file=sys.stderr, flush=True)
+        self.log.emit("error", reason=reason, cause=RENDEZVOUS, node=self.topo.node_rank)
+        return EXIT_WORKER_FAILED
 
     def _first_failed(self, name: str, code: int) -> tuple[str, int]:
         """A process killed by a signal (it raised nothing: the OOM killer, a user's kill), else the drafter
@@ -284,14 +425,20 @@ class Supervisor:
         for process in self.producers + self.drafters:
             if process.exitcode is not None and process.exitcode < 0:
                 return process.name, process.exitcode
-        rank = self.first_failure.value
+        rank = self.failure.rank.value
         if 0 <= rank < len(self.drafters) and self.drafters[rank].exitcode not in (None, EXIT_OK, EXIT_STOPPED):
             return self.drafters[rank].name, self.drafters[rank].exitcode
         return name, code
 
     def _fail(self, name: str, code: int) -> int:
+        """One `event=error` line: the process, how it ended, what it raised, and `cause=peer_lost` when that
+        was a collective failing because another node's rank went away (`cause=rendezvous`: never met)."""
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        self.log.emit("error", reason=f"{name}: process ended ({how})")
+        local = next((i for i, p in enumerate(self.drafters) if p.name == name), -1)
+        raised, cause = self.failure.describe(local) if code > 0 else ("", None)
+        reason = f"{name}: process ended ({how})" + (f": {raised}" if raised else "")
+        node = self.topo.node_rank if self.topo.nnodes > 1 else None
+        self.log.emit("error", reason=reason, cause=cause, node=node)
         return EXIT_WORKER_FAILED
 
     def _reap(self, grace_s: float) -> None:
