@@ -147,9 +147,13 @@ class Variant(_Strict):
     baseline_tok_s: Optional[float] = Field(None, gt=0)
     notify: Optional[Notify] = None  # replaces the inventory's notify: for this variant's runs
     tags: list[WandbTag] = []  # W&B tags of its built-in trainer runs (with the batch as group, the variant as job type)
+    nodes: int = Field(1, ge=1)  # > 1: a multi-node run, launched with that many --host (docs/multinode.md)
+    master_port: int = Field(29500, ge=1, le=65535)  # its rendezvous port on the first target
 
     @model_validator(mode="after")
     def _command_or_builtin(self) -> "Variant":
+        if self.nodes > 1 and (self.command is not None or self.topology != "procsplit"):
+            raise ValueError(f"nodes: {self.nodes} needs a built-in trainer variant with topology: procsplit")
         if self.command is not None:
             given = [key for key in ("compile", "preset") if getattr(self, key) is not None]
             given += ["args"] if self.args else []

@@ -298,7 +298,59 @@ def proc_state(stat: str) -> str | None:
 
 # ---------------------------------------------------------------------------------------------- launch
 
-def launch(
+def launch(target: Target, spec: RunSpec, store: Store, **options: Any) -> Launched:
+    """Start `spec` detached on `target` and record it, in one remote call (plus the push when needed); the
+    options are prepare's (name, environ, package, now, gate).
+    Refuses (RefusedError) a taken name, an existing log, a missing python or torch, and with a `gate` a
+    failed preflight (preflight.PreflightFailed, with every row); a failure halfway removes what it created
+    and records nothing as running."""
+    return prepare(target, spec, store, **options).start()
+
+
+@dataclass
+class Prepared:
+    """A launch up to its start: the name reserved (`launching` row), the call open on the target with its
+    preflight and probe passed, waiting for the word to start. `start()` pushes and starts it; `cancel()`
+    starts nothing and forgets the row. A multi-node launch prepares every node before it starts any."""
+
+    target: Target
+    spec: RunSpec
+    store: Store
+    name: str
+    opened: Opened
+    package: Package | None
+    secrets: Mapping[str, str]
+    missing: tuple[str, ...]
+
+    def start(self) -> Launched:
+        target, spec, store, name, opened, package = self.target, self.spec, self.store, self.name, self.opened, self.package
+        starting = False
+        try:
+            pushed = push(target, spec.workspace, package=package, store=store, target_name=spec.target, probe=opened.probe) if package else None
+            starting = True
+            pid, stat = _start(opened, spec, name, self.secrets)
+        except BaseException as exc:
+            opened.call.cancel()
+            _abandon(target, spec, name, store, exc, maybe_started=starting and isinstance(exc, (CommandTimeout, KeyboardInterrupt)))
+            raise
+        _test_hook("started")
+        command = _command(spec, name, package)
+        run = store.update_run(
+            name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command, owner=None
+        )
+        _test_hook("recorded")
+        store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets),
+                                           "env": dict(spec.env), "wandb": spec.wandb})
+        if spec.builtin and spec.sets:
+            _refuse_settings_the_trainer_refused(target, store, spec, run)
+        return Launched(run, pushed, self.missing, opened.report)
+
+    def cancel(self) -> None:
+        self.opened.call.cancel()
+        self.store.delete_run(self.name)
+
+
+def prepare(
     target: Target,
     spec: RunSpec,
     store: Store,
@@ -308,11 +360,8 @@ def launch(
     package: Package | None = None,
     now: datetime | None = None,
     gate: Gate | None = None,
-) -> Launched:
-    """Start `spec` detached on `target` and record it, in one remote call (plus the push when needed).
-    Refuses (RefusedError) a taken name, an existing log, a missing python or torch, and with a `gate` a
-    failed preflight (preflight.PreflightFailed, with every row); a failure halfway removes what it created
-    and records nothing as running."""
+) -> Prepared:
+    """Everything of `launch` up to the start (see Prepared); refuses as launch does, leaving nothing."""
     validate_spec(spec)
     environ = os.environ if environ is None else environ
     secrets = {key: environ[key] for key in spec.secrets if key in environ}
@@ -320,26 +369,7 @@ def launch(
     package = (package or build_package()) if spec.builtin else None
     name, opened = _reserve_name(target, spec, store, name, package, now, gate, bool(secrets))
     _test_hook("reserved")
-    starting = False
-    try:
-        pushed = push(target, spec.workspace, package=package, store=store, target_name=spec.target, probe=opened.probe) if package else None
-        starting = True
-        pid, stat = _start(opened, spec, name, secrets)
-    except BaseException as exc:
-        opened.call.cancel()
-        _abandon(target, spec, name, store, exc, maybe_started=starting and isinstance(exc, (CommandTimeout, KeyboardInterrupt)))
-        raise
-    _test_hook("started")
-    command = _command(spec, name, package)
-    run = store.update_run(
-        name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command, owner=None
-    )
-    _test_hook("recorded")
-    store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets),
-                                       "env": dict(spec.env), "wandb": spec.wandb})
-    if spec.builtin and spec.sets:
-        _refuse_settings_the_trainer_refused(target, store, spec, run)
-    return Launched(run, pushed, missing, opened.report)
+    return Prepared(target, spec, store, name, opened, package, secrets, missing)
 
 
 def _refuse_settings_the_trainer_refused(target: Target, store: Store, spec: RunSpec, run: Run) -> None:
@@ -397,7 +427,7 @@ def _reserve_name(target: Target, spec: RunSpec, store: Store, name: str | None,
     The registry row is taken first, so two dfo processes never pick the same name. An explicit name that is
     taken in the registry or has a log on the target is refused; a default name moves on to `-2`, `-3`, ..."""
     explicit = name is not None
-    candidates = [check_name(name, "run name")] if explicit else _default_names(spec.variant, now)
+    candidates = [check_name(name, "run name")] if explicit else default_names(spec.variant, now)
     for candidate in candidates:
         try:
             store.add_run(_launching_run(spec, candidate, package))
@@ -422,7 +452,8 @@ def _reserve_name(target: Target, spec: RunSpec, store: Store, name: str | None,
     raise RefusedError(f"no free run name among {candidates[0]}..{candidates[-1]}", hint="pass --name")
 
 
-def _default_names(variant: str, now: datetime | None) -> list[str]:
+def default_names(variant: str, now: datetime | None) -> list[str]:
+    """The default name, then `-2`, `-3`, ... (a launch takes the first that is free)."""
     base = default_name(variant, now)
     return [base] + [f"{base}-{i}" for i in range(2, MAX_NAME_SUFFIX + 1)]
 
@@ -569,8 +600,9 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GR
     head, _, cmdline = output.partition("cmdline=")
     info = parse_probe(head)
     stat = info.get("stat", "")
-    if not stat or proc_state(stat) == "Z":
-        return Stopped(_record_end(store, run, info.get("exit", ""), "exited on its own before stop"), None)
+    if not stat or proc_state(stat) == "Z":  # a stop asked before (a multi-node run's: all nodes at once) holds
+        state = RunState.STOPPED if run.stop_requested_at and info.get("exit", "").strip() else None
+        return Stopped(_record_end(store, run, info.get("exit", ""), "exited on its own before stop", state=state), None)
     started = proc_starttime(stat)
     if (run.proc_starttime is not None and started != run.proc_starttime) or run.exit_path not in cmdline:
         _record_end(store, run, info.get("exit", ""), "its PID was reused")

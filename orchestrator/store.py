@@ -174,12 +174,27 @@ def _m005_lifecycle(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX intents_open ON intents(subject, done_at)")
 
 
+def _m006_multinode(db: sqlite3.Connection) -> None:
+    """orchestrator/multinode.py: the nodes of a multi-node run, each a `runs` row of its own (RUN.nodeK)."""
+    db.execute(
+        """CREATE TABLE run_nodes (
+            run TEXT NOT NULL,            -- the multi-node run's name (no `runs` row of its own)
+            node_rank INTEGER NOT NULL,   -- 0 hosts the rendezvous
+            node_run TEXT NOT NULL UNIQUE, -- the node's runs row: RUN.node<rank>
+            rendezvous TEXT NOT NULL,     -- ADDR:PORT the nodes meet at
+            created_at TEXT NOT NULL,
+            PRIMARY KEY (run, node_rank)
+        )"""
+    )
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
     ("runs.log_ident: the identity of the log file read up to log_offset", _m003_log_ident),
     ("notifications: one per run, decision and channel", _m004_notifications),
     ("lifecycle: inventory per run, launcher, stop intents, claims, intents", _m005_lifecycle),
+    ("run_nodes: the nodes of a multi-node run", _m006_multinode),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 
@@ -463,6 +478,25 @@ class Store:
 
     def children(self, name: str) -> list[str]:
         return [r["name"] for r in self._query("SELECT name FROM runs WHERE parent = ? ORDER BY id", (name,))]
+
+    def add_nodes(self, run: str, node_runs: Sequence[str], rendezvous: str) -> None:
+        """Record `node_runs` (in node-rank order, already in `runs`) as the nodes of multi-node run `run`."""
+        now = utc_now()
+        try:
+            with self._write() as db:
+                db.executemany("INSERT INTO run_nodes (run, node_rank, node_run, rendezvous, created_at) VALUES (?, ?, ?, ?, ?)",
+                               [(run, rank, node_run, rendezvous, now) for rank, node_run in enumerate(node_runs)])
+        except sqlite3.IntegrityError as exc:
+            raise RefusedError(f"a multi-node run named {run!r} already exists", hint="choose another --name") from exc
+
+    def nodes_of(self, run: str) -> list[str]:
+        """The node runs of multi-node run `run`, node 0 first ([] when `run` is no multi-node run)."""
+        return [row["node_run"] for row in self._query("SELECT node_run FROM run_nodes WHERE run = ? ORDER BY node_rank", (run,))]
+
+    def node_group(self, node_run: str) -> tuple[str, int, str] | None:
+        """(multi-node run, node rank, rendezvous) of a node run; None for a single-node run."""
+        rows = self._query("SELECT run, node_rank, rendezvous FROM run_nodes WHERE node_run = ?", (node_run,))
+        return (rows[0]["run"], rows[0]["node_rank"], rows[0]["rendezvous"]) if rows else None
 
     def request_stop(self, name: str) -> Run:
         """Record that dfo was asked to stop `name` (before any signal goes out): a watch of it then reads its

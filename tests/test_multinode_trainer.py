@@ -54,7 +54,8 @@ def test_two_nodes_train_one_model_and_resume_on_every_node(tmp_path):
     start0, start1 = node0.events("start")[0].fields, node1.events("start")[0].fields
     assert (start0["node_rank"], start1["node_rank"], start0["nnodes"]) == ("0", "1", "2")
     steps = node0.steps
-    assert steps and not node1.steps  # global rank 0 alone reports, for the whole run
+    assert [s.step for s in steps] == [s.step for s in node1.steps] == [5, 10, 20, 30, 40]  # each node's lead reports
+    assert [s.loss for s in steps] == [s.loss for s in node1.steps]  # the whole run's figures
     assert all(s.active == "2/2" for s in steps)
     assert steps[-1].loss < UNIFORM_LOSS * 0.5, [s.loss for s in steps]
     done = node0.events("done")[0].fields

@@ -20,9 +20,10 @@ local drafter r is global rank k * (drafters per node) + r, its producer serves 
 The ranks meet at a c10d TCPStore on run.master_addr:run.master_port (node 0's rank 0 listens), which must
 see every rank within run.rendezvous_timeout_s; the supervisor also bounds the whole rendezvous by that
 time (a client that reached a foreign listener on the port waits past the store's own timeout). Each
-node's local rank 0 writes the checkpoint on its node (replicas are identical), so every node resumes; the
-ranks check they resumed from one step. Only global rank 0 writes step lines: their tok_s is the whole
-run's (every rank's tokens over rank 0's step time; the all_reduce keeps ranks in lockstep). A collective
+node's lead (its local rank 0) writes the step, checkpoint and done lines and the checkpoint on its node
+(replicas are identical), so every node's log shows progress and every node resumes; the ranks check they
+resumed from one step. A step line's tok_s is the whole run's (every rank's tokens over the lead's step
+time; the all_reduce keeps the ranks in lockstep, so the nodes' figures agree). A collective
 that fails because a peer ended or became unreachable is reported as `cause=peer_lost`: a consequence of
 another node's failure, not a failure of its own.
 """
@@ -181,14 +182,14 @@ def producer_main(cfg: Config, index: int, device: str, serves: list[int], queue
 
 
 class DrafterProcess:
-    """Rank r's main thread: receive, train, all_reduce, and (rank 0) report and checkpoint; a node's local
-    rank 0 also writes the checkpoint on its node."""
+    """Rank r's main thread: receive, train, all_reduce, and (the node's lead: its local rank 0, on one node
+    rank 0) report and checkpoint on its node."""
 
     def __init__(self, cfg: Config, rank: int, world: int, device: str, inbox, run_dir: Path, start: int,
-                 stop, writes_checkpoints: bool | None = None) -> None:
+                 stop, lead: bool | None = None) -> None:
         self.cfg, self.rank, self.world, self.device, self.inbox = cfg, rank, world, device, inbox
         self.run_dir, self.start, self.stop = run_dir, start, stop
-        self.writes_checkpoints = rank == 0 if writes_checkpoints is None else writes_checkpoints
+        self.lead = rank == 0 if lead is None else lead
         self.log = MetricLog()
         self.replica = self._build()
         self.reporter = Reporter(cfg, self.log, start, world, self._queue_fill, lambda: world)
@@ -261,7 +262,7 @@ class DrafterProcess:
             done = step + 1
             if self.reporter.is_log_step(done):
                 *means, stop_now = self._log_step_stats()
-            if self.rank == 0:
+            if self.lead:
                 self.reporter.after_step(done, lambda: tuple(means), self.replica.scheduler.get_last_lr()[0],
                                          memory_gb([self.device]))
             every = self.cfg.run.checkpoint_every
@@ -278,19 +279,18 @@ class DrafterProcess:
                       seconds=seconds, pid=os.getpid())
 
     def _checkpoint(self, step: int) -> None:
-        if not self.writes_checkpoints:
+        if not self.lead:
             return
         r = self.replica
         path = save_checkpoint(self.run_dir, step, self.cfg.hash(), r.drafter, r.optimizer, r.scheduler)
-        if self.rank == 0:
-            self.log.emit("checkpoint", step=step, path=str(path))
+        self.log.emit("checkpoint", step=step, path=str(path))
 
     def _finish(self, done: int, stopped: bool) -> int:
         status = EXIT_STOPPED if stopped else EXIT_OK
         digests = [""] * self.world
         collective(dist.all_gather_object, digests, weights_digest(self.replica.drafter))
         self._checkpoint(done)
-        if self.rank == 0:
+        if self.lead:
             self.log.emit("done", step=done, reason="sigterm" if stopped else "finished", exit=status,
                           **replica_fields(digests))
         return status
@@ -308,7 +308,7 @@ def drafter_main(cfg: Config, local_rank: int, topo: Topology, device: str, inbo
         with joined.get_lock():
             joined.value += 1
         process = DrafterProcess(cfg, rank, topo.world, device, inbox, Path(run_dir), start, stop,
-                                 writes_checkpoints=local_rank == 0)
+                                 lead=local_rank == 0)
         if rank == 0:
             process.log.sink = open_sink(wandb_mode, run_name, cfg.to_dict(), run_dir)
         status = process.train()

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from .. import runs as runs_lib
 from ..connections import Connections
-from ..errors import DfoError, RemoteError
+from ..errors import DfoError, RemoteError, UsageError
 from ..inventory import TargetSpec, load_inventory
 from ..launchplan import Gate
 from ..names import check_name
@@ -32,7 +32,8 @@ from .common import (InventoryOpt, JsonOpt, complete_runs, complete_targets, com
 
 EXAMPLES = {
     "push": "Example: dfo push --host ct200 -i inventory/lab.yaml",
-    "launch": "Example: dfo launch --host ct200 --variant nographs --set steps=2000   (then: dfo watch NAME)",
+    "launch": "Example: dfo launch --host ct200 --variant nographs --set steps=2000   (then: dfo watch NAME)   |   "
+              "dfo launch --host ct200 --host ct201 --variant ps-trees-2n   (one run on two nodes)",
     "runs": "Example: dfo runs --active   |   dfo runs --batch sweep1 --json   |   dfo runs train_trees_20261129-1140",
     "logs": "Example: dfo logs train_nographs_20261129-1140 -n 200 -f",
     "resume": "Example: dfo resume train_nographs_20261129-1140 --watch",
@@ -92,7 +93,9 @@ def _warn_python(spec: TargetSpec, python_found: bool | None, torch_found: bool 
 
 
 def launch_command(
-    host: str = HostOpt,
+    hosts: list[str] = typer.Option(..., "--host", metavar="TARGET", autocompletion=complete_targets,
+                                    help="Target (container name from the inventory), e.g. ct200; repeat it for a "
+                                         "multi-node run (procsplit variants; the first target hosts the rendezvous)."),
     variant: str = typer.Option(..., "--variant", help="Variant name from the inventory, e.g. nographs.", metavar="VARIANT",
                                 autocompletion=complete_variants),
     name: Optional[str] = typer.Option(None, "--name", help="Run name (default: train_<variant>_<YYYYmmdd-HHMM>)."),
@@ -106,12 +109,24 @@ def launch_command(
     until_decided: bool = typer.Option(False, "--until-decided", help="With --watch: exit once the chain is decided (0: steady/keep)."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="With --watch: only report, never stop or launch."),
     chain: Optional[str] = typer.Option(None, "--chain", help="Fallback chain for this run instead of the inventory's, e.g. trees,nographs,eager.", metavar="A,B,C"),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr", metavar="ADDR",
+                                              help="Multi-node: the first target's address as the others reach it (default: its `hostname -I`)."),
+    master_port: Optional[int] = typer.Option(None, "--master-port", min=1, max=65535, metavar="PORT",
+                                              help="Multi-node: the rendezvous port on the first target (default: the variant's master_port, 29500)."),
 ) -> None:
     from ..chains import chain_from_option, rest_of_chain
 
     if name is not None:
         check_name(name, "run name")  # before any connection: a bad name costs nothing
     inv = load_inventory(inventory)
+    if len(hosts) > 1 or inv.variant(variant).nodes > 1:
+        if chain is not None:
+            raise UsageError("--chain: a multi-node run does not fall back yet (docs/multinode.md)")
+        _launch_nodes(inv, hosts, variant, name=name, sets=sets, wandb=wandb, force=force, no_preflight=no_preflight,
+                      master_addr=master_addr, master_port=master_port, as_json=as_json, watch=watch,
+                      until_decided=until_decided)
+        return
+    host = hosts[0]
     chain_list = chain_from_option(chain, variant, inv)
     ahead = rest_of_chain(chain_list, variant) if chain_list else None  # (): a chain of one, None: the inventory's
     spec = runs_lib.spec_for(inv, host, variant, sets=runs_lib.parse_sets(sets), wandb=wandb, chain=ahead)
@@ -135,6 +150,41 @@ def launch_command(
         from .watch import watch_runs
 
         raise typer.Exit(watch_runs(inv, [run.name], until_decided=until_decided, fallback=not no_fallback, as_json=as_json))
+
+
+def _launch_nodes(inv, hosts: list[str], variant: str, *, name: Optional[str], sets: list[str], wandb: str, force: bool,
+                  no_preflight: bool, master_addr: Optional[str], master_port: Optional[int], as_json: bool, watch: bool,
+                  until_decided: bool) -> None:
+    """`dfo launch --host A --host B ...`: one run over several nodes (orchestrator/multinode.py)."""
+    from .. import multinode
+
+    specs = [runs_lib.spec_for(inv, host, variant, sets=runs_lib.parse_sets(sets), wandb=wandb, chain=()) for host in hosts]
+    multinode.check_specs(specs, inv.variant(variant), hosts)
+    targets = [inv.target(host) for host in hosts]
+    gates = [None if no_preflight else Gate(t, tolerate=TOLERABLE_WHEN_BUSY if force else ()) for t in targets]
+    port = master_port or inv.variant(variant).master_port
+    with Connections(inv) as connections, Store() as store:
+        remotes = [connections.container(host) for host in hosts]
+        rendezvous = multinode.find_rendezvous(remotes[0], specs[0], port, master_addr)
+        launched = multinode.launch_nodes(remotes, specs, store, name=name, rendezvous=rendezvous, gates=gates)
+    for node, target in zip(launched.nodes, targets):
+        _warn_tolerated(node.preflight, target)
+    if as_json:
+        print_json({"kind": "launched", "run": launched.name, "rendezvous": str(launched.rendezvous),
+                    "nodes": [{"run": n.run.name, "target": n.run.target, "pid": n.run.pid, "log": n.run.log_path,
+                               "exit": n.run.exit_path} for n in launched.nodes],
+                    "next": f"dfo watch {launched.name}"})
+    else:
+        console.print(f"launched [bold]{markup(launched.name)}[/] on {len(launched.nodes)} nodes "
+                      f"(rendezvous {markup(str(launched.rendezvous))})", highlight=False)
+        for rank, node in enumerate(launched.nodes):
+            console.print(f"  node {rank}: {markup(node.run.target)} PID {node.run.pid}  log {markup(node.run.log_path)}",
+                          highlight=False, soft_wrap=True)
+        console.print(f"  next: dfo watch {launched.name}", highlight=False)
+    if watch:
+        from .watch import watch_runs
+
+        raise typer.Exit(watch_runs(inv, [launched.name], until_decided=until_decided, as_json=as_json))
 
 
 def _warn_tolerated(report: TargetReport | None, spec: TargetSpec) -> None:
@@ -338,6 +388,9 @@ def stop_command(
     as_json: bool = JsonOpt,
 ) -> None:
     with Store() as store:
+        if store.nodes_of(name):
+            _stop_nodes(store, name, grace, inventory, as_json)
+            return
         run = store.get_run(name)
         with Connections(_inventory_of(run, inventory)) as connections:
             target = connections.container(run.target)
@@ -351,6 +404,23 @@ def stop_command(
         console.print(f"{run.name} had already ended: {run.state}, exit code {_text(run.exit_code) or 'unknown'}")
     else:
         console.print(f"stopped {run.name} (SIG{stopped.signal}): exit code {_text(run.exit_code) or 'none (killed)'}")
+
+
+def _stop_nodes(store: Store, name: str, grace: float, inventory: Optional[Path], as_json: bool) -> None:
+    from ..multinode import stop_nodes
+
+    nodes = store.nodes_of(name)
+    with Connections(_inventory_of(store.get_run(nodes[0]), inventory)) as connections:
+        stopped = stop_nodes(store, name, connections.container, grace_s=grace)
+    runs = [store.get_run(node) for node in nodes]
+    if as_json:
+        print_json({"run": name, "nodes": [{"run": r.name, "state": r.state, "exit_code": r.exit_code} for r in runs],
+                    "signals": [s.signal for s in stopped]})
+        return
+    if not stopped:
+        console.print(f"{name} had already ended on every node")
+    for run in runs:
+        console.print(f"{run.name} ({run.target}): {run.state}, exit code {_text(run.exit_code) or 'none'}")
 
 
 def resume_command(

@@ -65,12 +65,33 @@ def watch_command(
                                 fallback=not no_fallback, as_json=as_json, unreachable_s=unreachable_after))
 
 
+def resolve_nodes(store: Store, names: Sequence[str]) -> list[str]:
+    """Each multi-node run among `names` replaced by its nodes (they never fall back on their own)."""
+    return [node for name in names for node in (store.nodes_of(name) or [name])]
+
+
+def report_multinode(store: Store, runs: Sequence[str], as_json: bool) -> None:
+    """After a watch, one line per multi-node run among `runs`: its verdict, the node that failed first."""
+    from ..multinode import outcomes, summary
+    from ..decide.nodes import first_failure
+
+    groups = dict.fromkeys(group[0] for group in (store.node_group(run) for run in runs) if group)
+    for group in groups:
+        if as_json:
+            culprit = first_failure(outcomes(store, group))
+            print_json({"kind": "multinode", "run": group, "nodes": store.nodes_of(group),
+                        "first_failed": store.nodes_of(group)[culprit.rank] if culprit else None,
+                        "summary": summary(store, group)})
+        else:
+            console.print(summary(store, group), highlight=False, markup=False, soft_wrap=True)
+
+
 def resolve_names(store: Store, names: Sequence[str]) -> list[str]:
     """Named runs (each replaced by the newest run of its chain), or every active run when none is named."""
     if not names:
         return [run.name for run in store.list_runs(active=True)]
     resolved = []
-    for name in names:
+    for name in resolve_nodes(store, names):
         store.get_run(name)  # UnknownRun names the fix
         name = store.chain_runs(name)[-1]
         if name not in resolved:
@@ -97,6 +118,7 @@ def watch_runs(
     when the watch ended, drifting) or a run was given up on, else 0 (steady, exited cleanly, stopped);
     130 on Ctrl-C."""
     with Connections(inventory) as connections, Store() as store:
+        names = resolve_nodes(store, names)
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
                           on_event=(lambda event: print_json(event.to_json())) if as_json else None, unreachable_s=unreachable_s)
         try:
@@ -125,6 +147,8 @@ def watch_runs(
             print_json({"kind": "final", **decision})  # every JSON line has a kind
     else:
         summarise(decisions)
+    with Store() as store:
+        report_multinode(store, names, as_json)
     return 1 if lost else verdicts_exit_status(d.get("decision") for d in decisions)
 
 

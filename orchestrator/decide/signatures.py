@@ -92,6 +92,20 @@ BUILTIN = (
         "CUDA out of memory: a smaller batch, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
     ),
     Signature(
+        "peer_lost",
+        r"cause=peer_lost|PeerLost: ",
+        "a collective failed because a rank on another node ended or became unreachable: a consequence of "
+        "that node's failure (a multi-node run names the node that failed first)",
+        None,
+    ),
+    Signature(
+        "rendezvous",
+        r"cause=rendezvous",
+        "the nodes of a multi-node run did not meet: the rendezvous port was taken, or a node never came or "
+        "could not reach node 0 (docs/multinode.md)",
+        None,
+    ),
+    Signature(
         "nccl",
         r"NCCL error|Watchdog caught collective operation timeout",
         "a rank died or hung in a collective: stop the whole run",

@@ -1,0 +1,202 @@
+"""Multi-node runs: one built-in-trainer run over several targets, launched, stopped and judged as one.
+
+`dfo launch --host A --host B --variant V` makes run NAME of nodes NAME.node0 (on A) and NAME.node1 (on B).
+Each node is a `runs` row of its own (its log NAME.nodeK.log, exit file, PID and identity, so stop, look and
+watch work on it unchanged); the store's run_nodes table ties them to NAME. The order is what makes a
+refusal leave nothing behind anywhere:
+  1. one call to the first target: its address (`hostname -I`, unless --master-addr) and whether the
+     rendezvous port is free there;
+  2. every node prepared (runs.prepare: registry row, preflight and probe in the launch call, which then
+     waits for dfo's word): one refusal cancels the calls already open, and nothing has started;
+  3. the nodes recorded as one run, then every node started (a start that fails stops those started).
+The trainers meet on torch.distributed's TCPStore at the first target (trainer/procsplit.py). A node run
+never falls back on its own (its chain is empty): a crash anywhere is the run's, and decide/nodes.py names
+the node that failed first. This module does not judge runs and holds no SQL.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Callable, Mapping, Sequence
+
+from . import runs as runs_lib
+from .decide.nodes import NodeOutcome, describe
+from .errors import DfoError, RefusedError, RemoteError, UsageError
+from .launchplan import Gate
+from .package import Package, build_package, parse_probe
+from .remote.base import Target
+from .store import Store
+
+RENDEZVOUS_TIMEOUT = 30.0
+STOP_GRACE_S = 10.0  # stopping the nodes already started when a later one fails to start
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the nodes meet: the first target's address as the others reach it, and a port free there."""
+
+    addr: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.addr}:{self.port}"
+
+
+@dataclass(frozen=True)
+class MultiLaunched:
+    name: str
+    rendezvous: Rendezvous
+    nodes: tuple[runs_lib.Launched, ...]
+
+
+def node_name(run: str, rank: int) -> str:
+    return f"{run}.node{rank}"
+
+
+def rendezvous_script(python: str, port: int) -> str:
+    """Print `addrs=` (the target's addresses) and `port=free|taken` (a bind on every interface)."""
+    check = ("import socket, sys\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+             "try:\n    s.bind(('', int(sys.argv[1])))\nexcept OSError:\n    print('port=taken')\n"
+             "else:\n    print('port=free')")
+    return ("addrs=$(hostname -I 2>/dev/null) || addrs=$(ip -4 -o addr show scope global 2>/dev/null | "
+            "awk '{sub(\"/.*\", \"\", $4); print $4}' | tr '\\n' ' ')\n"
+            'echo "addrs=$addrs"\n'
+            f"{shlex.quote(python)} -c {shlex.quote(check)} {int(port)}\n")
+
+
+def pick_address(addrs: str) -> str | None:
+    """The first IPv4 address that is not loopback (else the first other address), from `hostname -I`."""
+    parsed = []
+    for word in addrs.split():
+        try:
+            parsed.append(ipaddress.ip_address(word))
+        except ValueError:
+            continue
+    usable = [a for a in parsed if not a.is_loopback and not a.is_link_local]
+    ordered = [a for a in usable if a.version == 4] + [a for a in usable if a.version == 6]
+    return str(ordered[0]) if ordered else None
+
+
+def find_rendezvous(target: Target, spec: runs_lib.RunSpec, port: int, addr: str | None) -> Rendezvous:
+    """One call to the first target: refuses a taken port; the address is `addr` or the target's own."""
+    result = target.run(rendezvous_script(spec.python, port), timeout=RENDEZVOUS_TIMEOUT)
+    info = parse_probe(result.stdout)
+    if info.get("port") == "taken":
+        raise RefusedError(f"rendezvous port {port} is already taken on {spec.target}; nothing was started",
+                           hint="pass --master-port with a free port (or set master_port: in the variant)")
+    if info.get("port") != "free":
+        raise RemoteError(f"cannot check rendezvous port {port} on {spec.target}: {result.tail(2) or 'no answer'}",
+                          where=spec.target, hint=f"check that {spec.python} runs there")
+    addr = addr or pick_address(info.get("addrs", ""))
+    if not addr:
+        raise RefusedError(f"cannot tell {spec.target}'s address (hostname -I printed {info.get('addrs', '')!r})",
+                           hint="pass --master-addr with the address the other nodes reach it at")
+    return Rendezvous(addr, port)
+
+
+def node_spec(spec: runs_lib.RunSpec, rank: int, nnodes: int, rendezvous: Rendezvous) -> runs_lib.RunSpec:
+    """The node's spec: the trainer's node flags added, and no fallback of its own."""
+    args = {**spec.args, "nnodes": nnodes, "node_rank": rank, "master_addr": rendezvous.addr,
+            "master_port": rendezvous.port}
+    return replace(spec, args=args, chain=())
+
+
+def check_specs(specs: Sequence[runs_lib.RunSpec], variant, hosts: Sequence[str]) -> None:
+    """Refuse what cannot be a multi-node run, before any connection."""
+    if len(set(hosts)) != len(hosts):
+        raise UsageError(f"--host {', '.join(hosts)}: a target may be one node only")
+    if variant.command is not None or variant.topology != "procsplit":
+        raise UsageError(f"variant {specs[0].variant!r} cannot run on {len(hosts)} nodes: multi-node runs need a "
+                         "built-in trainer variant with topology: procsplit")
+    if variant.nodes not in (1, len(hosts)):
+        raise UsageError(f"variant {specs[0].variant!r} asks for {variant.nodes} nodes, got {len(hosts)} --host")
+
+
+def free_name(store: Store, variant: str, nnodes: int, name: str | None, now: datetime | None) -> str:
+    """`name` if neither it nor a node name of it is taken (else RefusedError), or the first free default."""
+    def taken(candidate: str) -> bool:
+        return bool(store.nodes_of(candidate)) or store.find_run(candidate) is not None or any(
+            store.find_run(node_name(candidate, rank)) is not None for rank in range(nnodes))
+
+    if name is not None:
+        if taken(name):
+            raise RefusedError(f"a run named {name!r} (or one of its nodes) already exists", hint="choose another --name")
+        return name
+    for candidate in runs_lib.default_names(variant, now):
+        if not taken(candidate):
+            return candidate
+    raise RefusedError(f"no free run name for variant {variant}", hint="pass --name")
+
+
+def launch_nodes(
+    targets: Sequence[Target],
+    specs: Sequence[runs_lib.RunSpec],
+    store: Store,
+    *,
+    name: str | None,
+    rendezvous: Rendezvous,
+    gates: Sequence[Gate | None],
+    environ: Mapping[str, str] | None = None,
+    package: Package | None = None,
+    now: datetime | None = None,
+) -> MultiLaunched:
+    """Prepare every node, then start them all (module docstring); refuses as runs.launch does, naming the node."""
+    nnodes = len(specs)
+    name = free_name(store, specs[0].variant, nnodes, name, now)
+    package = package or build_package()
+    prepared: list[runs_lib.Prepared] = []
+    try:
+        for rank, (target, spec, gate) in enumerate(zip(targets, specs, gates)):
+            prepared.append(runs_lib.prepare(target, node_spec(spec, rank, nnodes, rendezvous), store,
+                                             name=node_name(name, rank), environ=environ, package=package, gate=gate))
+        store.add_nodes(name, [p.name for p in prepared], str(rendezvous))
+    except BaseException:
+        for ready in prepared:
+            ready.cancel()
+        raise
+    launched: list[runs_lib.Launched] = []
+    for index, ready in enumerate(prepared):
+        try:
+            launched.append(ready.start())
+        except BaseException:
+            for later in prepared[index + 1:]:
+                later.cancel()
+            for started in launched:
+                _stop_quietly(started.run.name, prepared[launched.index(started)].target, store)
+            raise
+    return MultiLaunched(name, rendezvous, tuple(launched))
+
+
+def _stop_quietly(node_run: str, target: Target, store: Store) -> None:
+    try:
+        runs_lib.stop(target, store, node_run, grace_s=STOP_GRACE_S)
+    except DfoError:
+        pass  # it ended meanwhile, or its target went away: the registry says which
+
+
+def stop_nodes(store: Store, run: str, target_of: Callable[[str], Target], *, grace_s: float) -> list[runs_lib.Stopped]:
+    """Stop every node of `run` that is still active (identity-checked, as runs.stop does), node 0 first: its
+    SIGTERM alone already makes every rank stop at the next logging step."""
+    active = [node for node in (store.get_run(name) for name in store.nodes_of(run)) if node.active]
+    for node in active:  # asked of all first: a node that ends because node 0 stopped it ended on request
+        store.request_stop(node.name)
+    return [runs_lib.stop(target_of(node.target), store, node.name, grace_s=grace_s) for node in active]
+
+
+def outcomes(store: Store, run: str) -> list[NodeOutcome]:
+    """Each node's decision from the registry (as the watch left it)."""
+    result = []
+    for rank, node_run in enumerate(store.nodes_of(run)):
+        node = store.get_run(node_run)
+        decision = node.decision or {}
+        result.append(NodeOutcome(rank, node.target, decision.get("decision"), decision.get("signature"),
+                                  decision.get("at_ts"), node.exit_code))
+    return result
+
+
+def summary(store: Store, run: str) -> str:
+    """One line on the whole run (decide/nodes.describe)."""
+    return describe(run, outcomes(store, run))

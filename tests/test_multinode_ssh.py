@@ -1,0 +1,152 @@
+"""`dfo launch --host A --host B` through two real sshd "hosts" on loopback: one run on two nodes (tiny-cpu
+procsplit over gloo), stopped as one, watched as one (the node that failed first named), and refusals that
+leave nothing started anywhere. The targets are the hosts themselves (`ctid: null`): harness containers
+have no network of their own (`lxc.net.0.type = empty`), so two of them cannot meet (docs/multinode.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import write_inventory
+from harness.sshd import SshServer
+
+DFO = str(Path(sys.executable).parent / "dfo")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class TwoHosts:
+    def __init__(self, tmp_path: Path, inventory: Path, port: int) -> None:
+        self.tmp, self.inventory, self.port, self.state = tmp_path, inventory, port, tmp_path / "state"
+
+    def dfo(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        env = {**os.environ, "DFO_HOME": str(self.state)}
+        env.pop("DFO_INVENTORY", None)
+        return subprocess.run([DFO, *args, "-i", str(self.inventory)], capture_output=True, text=True,
+                              timeout=timeout, env=env)
+
+    def launch(self, *args: str) -> subprocess.CompletedProcess:
+        return self.dfo("launch", "--name", "mn", "--master-addr", "127.0.0.1", "--master-port", str(self.port),
+                        "--json", *args)
+
+    def log(self, node: int) -> Path:
+        return self.tmp / f"ws{node}" / "logs" / f"mn.node{node}.log"
+
+    def runs(self) -> list[dict]:
+        env = {**os.environ, "DFO_HOME": str(self.state)}
+        return json.loads(subprocess.run([DFO, "runs", "--json"], capture_output=True, text=True, timeout=60, env=env).stdout)
+
+
+@pytest.fixture
+def hosts(tmp_path, sshd, ssh_home, pct_standin_env):
+    second = SshServer(tmp_path / "sshd2", env=dict(pct_standin_env)).start()
+    down = SshServer(tmp_path / "sshd3", env=dict(pct_standin_env)).start()
+    ssh_home.add_host("testhost2", second)
+    ssh_home.add_host("testhost3", down)
+    down.stop()  # a host whose ssh is down: its node's preflight fails
+    node = {"python": sys.executable}
+    inventory = write_inventory(tmp_path, {
+        "defaults": {"min_free_disk_gb": 0},
+        "hosts": {
+            "pve0": {"address": "testhost", "containers": {"n0": {"ctid": None, "workspace": str(tmp_path / "ws0"), **node}}},
+            "pve1": {"address": "testhost2", "containers": {"n1": {"ctid": None, "workspace": str(tmp_path / "ws1"), **node}}},
+            "pve2": {"address": "testhost3", "containers": {"n2": {"ctid": None, "workspace": str(tmp_path / "ws2"), **node}}},
+        },
+        "variants": {
+            "ps2": {"compile": "eager", "preset": "tiny-cpu", "topology": "procsplit", "nodes": 2,
+                    "args": {"steps": 100000, "log_every": 5, "debug.step_sleep_s": 0.05}},
+            "ps2fail": {"compile": "eager", "preset": "tiny-cpu", "topology": "procsplit",
+                        "args": {"steps": 100000, "log_every": 5, "debug.step_sleep_s": 0.05,
+                                 "debug.fail_at_step": 30, "debug.fail_drafter": 1}},
+            "threaded": {"compile": "eager", "preset": "tiny-cpu"},
+        },
+    })
+    yield TwoHosts(tmp_path, inventory, free_port())
+    second.kill_sessions()
+    second.stop()
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def has_steps(path: Path) -> bool:
+    return path.exists() and "event=step" in path.read_text()
+
+
+@pytest.mark.slow
+def test_two_nodes_start_as_one_run_and_stop_as_one(hosts):
+    launched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2")
+    assert launched.returncode == 0, launched.stderr
+    answer = json.loads(launched.stdout.splitlines()[0])
+    assert answer["run"] == "mn" and answer["rendezvous"] == f"127.0.0.1:{hosts.port}"
+    assert [(n["run"], n["target"]) for n in answer["nodes"]] == [("mn.node0", "n0"), ("mn.node1", "n1")]
+    try:
+        wait_for(lambda: has_steps(hosts.log(0)) and has_steps(hosts.log(1)), 120, "both nodes' step lines")
+        start = hosts.log(1).read_text().split("event=start", 1)[1].splitlines()[0]
+        assert "nnodes=2 node_rank=1" in start and f"rendezvous=127.0.0.1:{hosts.port}" in start
+        assert {r["name"]: r["state"] for r in hosts.runs()} == {"mn.node0": "running", "mn.node1": "running"}
+    finally:
+        stopped = hosts.dfo("stop", "mn", "--grace", "30", "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    nodes = json.loads(stopped.stdout)["nodes"]
+    assert [(n["run"], n["state"]) for n in nodes] == [("mn.node0", "stopped"), ("mn.node1", "stopped")]
+    for node in (0, 1):  # every node checkpointed on SIGTERM: the stop reached all of them as one
+        exit_file = Path(f"{hosts.log(node)}.exit")
+        wait_for(exit_file.exists, 30, f"node {node}'s exit file")
+        assert exit_file.read_text().strip() == "75"
+        assert (hosts.tmp / f"ws{node}" / "runs" / f"mn.node{node}" / "checkpoint.pt").is_file()
+
+
+@pytest.mark.slow
+def test_a_crash_on_one_node_is_the_runs_crash_naming_that_node(hosts):
+    launched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail")
+    assert launched.returncode == 0, launched.stderr
+    watched = hosts.dfo("watch", "mn", "--until-decided", "--no-fallback", timeout=240)
+    assert watched.returncode == 1, watched.stdout + watched.stderr
+    summary = watched.stdout.strip().splitlines()[-1]
+    assert summary.startswith("mn: crash on node 1 (n1) first"), watched.stdout
+    assert "node 0 (n0): peer_lost, a consequence" in summary
+
+
+def test_a_node_whose_preflight_fails_starts_nothing_anywhere(hosts):
+    refused = hosts.launch("--host", "n0", "--host", "n2", "--variant", "ps2")
+    assert refused.returncode != 0
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert any("n2" in line or "testhost3" in line for line in lines), refused.stderr
+    assert len(lines) <= 3, refused.stderr  # the error and its hint, no traceback
+    assert not hosts.log(0).exists() and hosts.runs() == []
+
+
+def test_a_taken_rendezvous_port_is_refused_before_anything_starts(hosts):
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", hosts.port))
+        squatter.listen()
+        refused = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2")
+    assert refused.returncode == 1
+    assert f"rendezvous port {hosts.port} is already taken on n0" in refused.stderr
+    assert "--master-port" in refused.stderr
+    assert not hosts.log(0).exists() and not hosts.log(1).exists() and hosts.runs() == []
+
+
+def test_a_variant_that_cannot_span_nodes_is_a_usage_error(hosts):
+    refused = hosts.launch("--host", "n0", "--host", "n1", "--variant", "threaded")
+    assert refused.returncode == 2 and "topology: procsplit" in refused.stderr
+    refused = hosts.launch("--host", "n0", "--variant", "ps2")
+    assert refused.returncode == 2 and "asks for 2 nodes, got 1 --host" in refused.stderr
