@@ -123,10 +123,58 @@ def probe_drafter(args, cfg, out: Path) -> None:
     emit(out, part="drafter", mode=args.mode, strategy=args.strategy, kernels=top_kernels(step))
 
 
+def probe_region(args, cfg, out: Path) -> None:
+    """Compile one region alone (forward + backward, bf16 autocast): a drafter layer with its FlexAttention
+    mask, or the head loss; first call = its compile."""
+    from trainer.model import BlockLayout, Drafter, FlexMaskBuilder, HeadLoss
+
+    device, b, seq = "cuda:0", cfg.data.batch, cfg.data.seq_len
+    hidden, block, anchors_n = cfg.target.hidden, cfg.drafter.block_size, cfg.drafter.anchors
+    torch.manual_seed(0)
+    _, anchors = build_source(cfg).batch(0, 0)
+    layout = BlockLayout(anchors.to(device), block, seq)
+    if args.part == "layer":
+        with torch.device(device):
+            drafter = Drafter(cfg.target, cfg.drafter)
+        layer = drafter.layers[0]
+        mask = FlexMaskBuilder()(layout)
+        x = torch.randn(b, anchors_n * block, hidden, device=device, requires_grad=True)
+        context = torch.randn(b, seq, hidden, device=device)
+        block_pos = layout.positions()
+        ctx_pos = torch.arange(seq, device=device).expand(b, -1)
+        rope_q, rope_kv = drafter.rotary(block_pos), drafter.rotary(torch.cat((ctx_pos, block_pos), dim=1))
+        layer.compile(dynamic=False, options={"triton.cudagraphs": False})
+
+        def call() -> None:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out_ = layer(x, context, rope_q, rope_kv, mask)
+            out_.float().pow(2).mean().backward()
+    else:
+        head = torch.nn.Linear(hidden, cfg.target.vocab_size, bias=False, device=device, dtype=torch.bfloat16)
+        loss_fn = HeadLoss(head, cfg.drafter.loss_chunk)
+        rows = b * anchors_n * (block - 1)
+        predicted = torch.randn(rows, hidden, device=device, requires_grad=True)
+        labels = torch.randint(0, cfg.target.vocab_size, (rows,), device=device)
+        weights = torch.full((rows,), 1.0 / rows, device=device)
+        loss_fn.compile(dynamic=False, options={"triton.cudagraphs": False})
+
+        def call() -> None:
+            loss, _ = loss_fn(predicted, labels, weights)
+            loss.backward()
+
+    start = time.perf_counter()
+    call()
+    torch.cuda.synchronize()
+    first = time.perf_counter() - start
+    ms = statistics.median(timed(call, args.steps)[2:])
+    emit(out, part=args.part, first_s=round(first, 1), ms=round(ms, 2), phases=compile_phases())
+    emit(out, part=args.part, kernels=top_kernels(call))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--part", choices=("target", "drafter"), required=True)
+    parser.add_argument("--part", choices=("target", "drafter", "layer", "head"), required=True)
     parser.add_argument("--mode", default="whole", help="drafter: whole | layers (drafter.compile_scope)")
     parser.add_argument("--strategy", default="nographs")
     parser.add_argument("--preset", default="qwen3-8b-shape")
@@ -136,7 +184,8 @@ def main() -> None:
     cfg = preset(args.preset)
     emit(args.out, part=args.part, preset=args.preset, taps=tap_layers(cfg.target.layers, cfg.drafter.taps),
          torch=torch.__version__, gpu=torch.cuda.get_device_name(0))
-    (probe_target if args.part == "target" else probe_drafter)(args, cfg, args.out)
+    parts = {"target": probe_target, "drafter": probe_drafter, "layer": probe_region, "head": probe_region}
+    parts[args.part](args, cfg, args.out)
 
 
 if __name__ == "__main__":

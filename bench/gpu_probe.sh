@@ -1,28 +1,50 @@
 #!/usr/bin/env bash
-# Issue 16's probe, one call on nvidia-h200-x2 (~9 min), every result written under $OUT as it comes:
-#   GPU 0: bench/gpu_probe.py --part target (eager vs compiled layers), then the trainer's qwen3-8b-shape
-#          threads nographs with drafter.compile_scope=layers and target.compile=layers;
-#   GPU 1: bench/gpu_probe.py --part drafter, scope layers then scope whole (today's default).
-# Each process has its own inductor cache directory, so every compile figure is a cold one.
+# Issue 16's measurements on nvidia-h200-x2, one device call each (~9 min), from the repository root;
+# every result lands under $OUT as it comes (a call that runs out of time keeps what it measured):
+#   bash bench/gpu_probe.sh probe   GPU 0: bench/gpu_probe.py --part target (eager vs compiled layers), then
+#                                   qwen3-8b-shape threads nographs, drafter.compile_scope=layers and
+#                                   target.compile=layers; GPU 1: --part drafter, scope layers then whole.
+#   bash bench/gpu_probe.sh scale   qwen3-8b-shape procsplit nographs (scope layers, target compiled):
+#                                   1 GPU on each GPU at once (cold; the cache of each device index), then
+#                                   both GPUs as one run (cache-warm), then --part layer and --part head
+#                                   (one region alone each, cold) to see which compile takes the time.
+# Probe processes get their own inductor cache (cold figures); the scale runs share one, named in rc.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-run() {  # run NAME GPU SECONDS CMD...: one cold-cache process, output in $OUT/NAME.log
-    local name=$1 gpu=$2 secs=$3; shift 3
-    CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/ind-$name timeout -s TERM "$secs" "$@" \
-        >"$OUT/$name.log" 2>&1
-    echo "$name rc=$? cache=$(du -sm /tmp/ind-$name 2>/dev/null | cut -f1)MB" | tee -a "$OUT/rc.txt"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$OUT/meta.txt"
+run() {  # run NAME GPUS SECONDS CACHE CMD...: output in $OUT/NAME.log
+    local name=$1 gpus=$2 secs=$3 cache=$4; shift 4
+    local t0=$SECONDS
+    CUDA_VISIBLE_DEVICES=$gpus TORCHINDUCTOR_CACHE_DIR=$cache timeout -s TERM "$secs" "$@" >"$OUT/$name.log" 2>&1
+    echo "$name rc=$? wall=$((SECONDS - t0))s cache=$cache ($(du -sm "$cache" 2>/dev/null | cut -f1)MB)" | tee -a "$OUT/rc.txt"
 }
-(
-    run target 0 150 python3 bench/gpu_probe.py --out "$OUT/p-target" --part target
-    run thr-layers 0 "${THR_S:-330}" python3 -m trainer --preset qwen3-8b-shape --variant nographs \
-        --steps 1000000 --wandb off --run-name thr-layers --out /tmp/qruns \
-        --set drafter.compile_scope=layers --set target.compile=layers
-) &
-(
-    run d-layers 1 220 python3 bench/gpu_probe.py --out "$OUT/p-layers" --part drafter --mode layers
-    run d-whole 1 "${WHOLE_S:-260}" python3 bench/gpu_probe.py --out "$OUT/p-whole" --part drafter --mode whole
-) &
-wait
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$OUT/gpu.txt" 2>&1
+QWEN=(python3 -m trainer --preset qwen3-8b-shape --steps 1000000 --wandb off --out /tmp/qruns)
+REGIONAL=(--set drafter.compile_scope=layers --set target.compile=layers)
+case "${1:-}" in
+probe)
+    (
+        run target 0 150 /tmp/ind-target python3 bench/gpu_probe.py --out "$OUT/p-target" --part target
+        run thr-layers 0 "${THR_S:-330}" /tmp/ind-thr "${QWEN[@]}" --variant nographs --run-name thr-layers "${REGIONAL[@]}"
+    ) &
+    (
+        run d-layers 1 220 /tmp/ind-dl python3 bench/gpu_probe.py --out "$OUT/p-layers" --part drafter --mode layers
+        run d-whole 1 "${WHOLE_S:-260}" /tmp/ind-dw python3 bench/gpu_probe.py --out "$OUT/p-whole" --part drafter --mode whole
+    ) &
+    wait ;;
+scale)
+    C=/tmp/ind-scale
+    run ps-1g-gpu0 0,1 "${P1_S:-270}" $C "${QWEN[@]}" --variant nographs --topology procsplit --run-name ps-1g-gpu0 \
+        --targets cuda:0 --drafters cuda:0 "${REGIONAL[@]}" &
+    run ps-1g-gpu1 0,1 "${P1_S:-270}" $C "${QWEN[@]}" --variant nographs --topology procsplit --run-name ps-1g-gpu1 \
+        --targets cuda:1 --drafters cuda:1 "${REGIONAL[@]}" &
+    wait
+    run ps-2g 0,1 "${P2_S:-120}" $C "${QWEN[@]}" --variant nographs --topology procsplit --run-name ps-2g \
+        --targets cuda:0,cuda:1 --drafters cuda:0,cuda:1 "${REGIONAL[@]}"
+    python3 bench/qwen_summary.py "$OUT"/ps-*.log | tee "$OUT/summary.md"
+    run layer 0 "${PIECE_S:-200}" /tmp/ind-layer python3 bench/gpu_probe.py --out "$OUT/p-layer" --part layer &
+    run head 1 "${PIECE_S:-200}" /tmp/ind-head python3 bench/gpu_probe.py --out "$OUT/p-head" --part head &
+    wait ;;
+*) echo "usage: bash bench/gpu_probe.sh probe|scale" >&2; exit 2 ;;
+esac

@@ -6,8 +6,8 @@ worker thread (../shared/crash-signatures.md); here every drafter trains in its 
     supervisor (python -m trainer)        spawns, watches, forwards SIGTERM, ends the run
       +-- target<i>  process              frozen target on its device; batches -> torch.multiprocessing
       |                                   queues (CUDA tensors travel by IPC handle, no host copy)
-      +-- drafter<r> process (rank r)     one replica; gradients averaged with torch.distributed
-                                          all_reduce (NCCL when every drafter has its own GPU, else gloo)
+      +-- drafter<r> process (rank r)     one replica; gradients averaged by DistributedDataParallel
+                                          (NCCL when every drafter has its own GPU, else gloo)
 
 The first message a producer sends each drafter is the target's embedding and lm_head (the drafter's frozen
 input and output layers), so drafters never build the target. Rank 0 writes the step lines, checkpoints
@@ -95,6 +95,9 @@ class Topology:
         return f"{self.addr}:{self.port}"
 
 
+DDP_BUCKET_MB = 100  # gradient all_reduce granularity: ~10 buckets per qwen3-8b-shape drafter layer
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -137,6 +140,14 @@ def rendezvous_failure(topo: Topology, rank: int, exc: BaseException) -> str:
 
 def first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")[:240]
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """A torch.distributed failure (its own error type, or the backend's words in a RuntimeError)."""
+    return isinstance(exc, dist.DistError) or any(word in str(exc) for word in COLLECTIVE_WORDS)
+
+
+COLLECTIVE_WORDS = ("gloo", "Gloo", "NCCL", "Connection", "connection", "ProcessGroup")
 
 
 def collective(op, *args):
@@ -206,8 +217,8 @@ class DrafterProcess:
         self._check_same_start()
         if self.start:
             restore_replica(replica, load_checkpoint(self.run_dir, self.cfg.hash()))
-        for param in replica.drafter.parameters():  # identical start whatever the device's RNG did
-            collective(dist.broadcast, param.data, 0)
+        if self.world > 1:
+            self._average_with_ddp(replica)
         return replica
 
     def _check_same_start(self) -> None:
@@ -217,6 +228,22 @@ class DrafterProcess:
         if len(set(starts)) > 1:
             raise RuntimeError(f"ranks start at different steps {starts} (a node's checkpoint is stale): "
                                "copy node 0's OUT/RUN/checkpoint.pt to every node, or start without --resume")
+
+    def _average_with_ddp(self, replica) -> None:
+        """DistributedDataParallel around the drafter, inside the training forward: it broadcasts rank 0's
+        weights (an identical start whatever the device's RNG did) and averages gradients in buckets while
+        the backward still runs (under drafter.compile_scope=layers each layer's backward is a region of its
+        own, so the all_reduce of the last layers overlaps the backward of the first). The replica keeps
+        the bare drafter for checkpoints and digests."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        objective = replica.compiled.module
+        def broadcast_and_wrap(drafter):
+            return DistributedDataParallel(
+                drafter, device_ids=[self.device] if is_cuda(self.device) else None, broadcast_buffers=False,
+                gradient_as_bucket_view=True, bucket_cap_mb=DDP_BUCKET_MB)
+
+        objective.drafter = collective(broadcast_and_wrap, objective.drafter)
 
     def _queue_fill(self) -> float:
         try:
@@ -230,15 +257,15 @@ class DrafterProcess:
         del tokens, features, anchors
         return step, received
 
-    def _average_gradients(self) -> None:
-        if self.world == 1:
-            return
-        grads = [p.grad for p in self.replica.drafter.parameters()]
-        flat = torch._utils._flatten_dense_tensors(grads)
-        collective(dist.all_reduce, flat)
-        flat /= self.world
-        for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            grad.copy_(averaged)
+    def _forward_backward(self, tokens, features, anchors) -> None:
+        """The step; DDP averages the gradients during its backward, so a peer lost there is PeerLost too."""
+        try:
+            forward_backward(self.cfg, self.replica, tokens, features, anchors)
+        except (RuntimeError, dist.DistError) as exc:
+            if self.world > 1 and is_collective_failure(exc):
+                raise PeerLost("the gradient all_reduce failed, a peer rank ended or is unreachable: "
+                               f"{first_line(str(exc))}") from exc
+            raise
 
     def _log_step_stats(self) -> tuple[float, float, float, bool]:
         """All ranks: mean loss/acc/accept_len and whether any rank was asked to stop."""
@@ -254,8 +281,7 @@ class DrafterProcess:
             started = time.monotonic()
             debug_hooks(self.cfg, self.rank, step)
             _, (tokens, features, anchors) = self._receive()
-            forward_backward(self.cfg, self.replica, tokens, features, anchors)
-            self._average_gradients()
+            self._forward_backward(tokens, features, anchors)
             if step == self.start:
                 self._log_compile(time.monotonic() - started)
             optimizer_step(self.cfg, self.replica)
