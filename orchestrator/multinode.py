@@ -11,7 +11,10 @@ refusal leave nothing behind anywhere:
   3. the nodes recorded as one run, then every node started (a start that fails stops those started).
 The trainers meet on torch.distributed's TCPStore at the first target (trainer/procsplit.py). A node run
 never falls back on its own (its chain is empty): a crash anywhere is the run's, and decide/nodes.py names
-the node that failed first. This module does not judge runs and holds no SQL.
+the node that failed first. fall_back() relaunches all nodes with the next variant of the inventory's
+fallback chain that the first failure's signature allows (`NAME.<n>-<variant>`, each node the child of
+its predecessor on the same target), once the watch of the run has ended. This module does not judge
+runs and holds no SQL.
 """
 
 from __future__ import annotations
@@ -22,11 +25,16 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Callable, Mapping, Sequence
 
+import time
+
 from . import runs as runs_lib
-from .decide.nodes import NodeOutcome, describe
+from .chains import RELEASE_CHECKS, WATCH_POLICY, catalogue_for, first_launch, next_variant_after
+from .decide.policy import rest_of_chain
+from .decide.nodes import NodeOutcome, describe, first_failure
 from .errors import DfoError, RefusedError, RemoteError, UsageError
 from .launchplan import Gate
 from .package import Package, build_package, parse_probe
+from .preflight import PreflightFailed
 from .remote.base import Target
 from .store import Store
 
@@ -183,7 +191,15 @@ def stop_nodes(store: Store, run: str, target_of: Callable[[str], Target], *, gr
     active = [node for node in (store.get_run(name) for name in store.nodes_of(run)) if node.active]
     for node in active:  # asked of all first: a node that ends because node 0 stopped it ended on request
         store.request_stop(node.name)
-    return [runs_lib.stop(target_of(node.target), store, node.name, grace_s=grace_s) for node in active]
+    stopped, errors = [], []
+    for node in active:  # one node out of reach does not keep the others running
+        try:
+            stopped.append(runs_lib.stop(target_of(node.target), store, node.name, grace_s=grace_s))
+        except DfoError as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+    return stopped
 
 
 def outcomes(store: Store, run: str) -> list[NodeOutcome]:
@@ -200,3 +216,50 @@ def outcomes(store: Store, run: str) -> list[NodeOutcome]:
 def summary(store: Store, run: str) -> str:
     """One line on the whole run (decide/nodes.describe)."""
     return describe(run, outcomes(store, run))
+
+
+def root_of(store: Store, run: str) -> str:
+    """The multi-node run a fallback chain started from (`mn` for `mn.3-ps-b`), through node 0's parents."""
+    first_node = store.lineage(store.nodes_of(run)[0])[0]
+    group = store.node_group(first_node)
+    return group[0] if group else run
+
+
+def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: float = 30.0,
+              gpu_poll_s: float = 1.0) -> MultiLaunched | None:
+    """After the watch of multi-node `run`: if its first failure falls back (watch's policy) and the chain
+    has a next variant that can span nodes, stop what still runs and launch it on the same targets; None
+    when there is nothing to do. Waits up to `gpu_release_s` for the nodes' GPUs to read idle."""
+    culprit = first_failure(outcomes(store, run))
+    if culprit is None or not WATCH_POLICY.falls_back(culprit.decision):
+        return None
+    nodes = [store.get_run(name) for name in store.nodes_of(run)]
+    chain = [name for name in inventory.fallback
+             if inventory.variants[name].topology == "procsplit" and inventory.variants[name].command is None]
+    topologies = {name: v.topology for name, v in inventory.variants.items()}
+    decision = {**(nodes[culprit.rank].decision or {}), "next_variant": None}
+    variant = next_variant_after(chain, nodes[culprit.rank], decision, catalogue_for(inventory), topologies)
+    if variant is None:
+        return None
+    stop_nodes(store, run, connections.container, grace_s=STOP_GRACE_S)
+    root = root_of(store, run)
+    name = f"{root}.{len(store.lineage(nodes[0].name)) + 1}-{variant}"
+    first = first_launch(store, store.lineage(nodes[0].name)[0])
+    specs = [runs_lib.spec_for(inventory, node.target, variant, sets=dict(first.get("sets") or {}),
+                               wandb=first.get("wandb") or "off", parent=node.name, chain=()) for node in nodes]
+    addr, _, port = store.node_group(nodes[0].name)[2].rpartition(":")
+    targets = [connections.container(node.target) for node in nodes]
+    rendezvous = find_rendezvous(targets[0], specs[0], int(port), addr)
+    gates = [Gate(inventory.target(node.target), judged=RELEASE_CHECKS) for node in nodes]
+    deadline = time.monotonic() + gpu_release_s
+    while True:
+        try:
+            launched = launch_nodes(targets, specs, store, name=name, rendezvous=rendezvous, gates=gates)
+            break
+        except PreflightFailed as exc:
+            if any(check.name not in RELEASE_CHECKS for check in exc.failed) or time.monotonic() >= deadline:
+                raise
+        time.sleep(gpu_poll_s)
+    store.add_event(run, "fell_back", {"to": launched.name, "variant": variant, "first_failed": nodes[culprit.rank].name,
+                                       "rest": list(rest_of_chain(chain, variant))})
+    return launched

@@ -89,7 +89,8 @@ def container(containers) -> LxcContainer:
 def netns_hosts(ssh_home, pct_standin_env, tmp_path_factory):
     """Factory: `netns_hosts(n) -> list[NetnsHost]`, n hosts in network namespaces (198.18.0.0/15), each with
     its own sshd on port 22, trusted and listed in ~/.ssh/config as `nshost0`, `nshost1`, ... (also after
-    earlier calls). All are torn down at teardown, even when the test failed."""
+    earlier calls); `netns_hosts.link(a, b)` cables two of them together. All are torn down at teardown, even
+    when the test failed."""
     _require_root("network namespaces")
     if not shutil.which("ip"):
         pytest.skip("iproute2 is not installed (scripts/test.sh installs it)")
@@ -102,5 +103,6 @@ def netns_hosts(ssh_home, pct_standin_env, tmp_path_factory):
             ssh_home.add_host(f"nshost{factory.hosts.index(host)}", host.server)
         return hosts
 
+    make.link = factory.link  # netns_hosts.link(a, b): a direct cable between two hosts (harness/netns.py)
     yield make
     factory.destroy_all()

@@ -38,9 +38,9 @@ class TwoHosts:
         return subprocess.run([DFO, *args, "-i", str(self.inventory)], capture_output=True, text=True,
                               timeout=timeout, env=env)
 
-    def launch(self, *args: str) -> subprocess.CompletedProcess:
+    def launch(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return self.dfo("launch", "--name", "mn", "--master-addr", "127.0.0.1", "--master-port", str(self.port),
-                        "--json", *args)
+                        "--json", *args, timeout=timeout)
 
     def log(self, node: int) -> Path:
         return self.tmp / f"ws{node}" / "logs" / f"mn.node{node}.log"
@@ -71,8 +71,12 @@ def hosts(tmp_path, sshd, ssh_home, pct_standin_env):
             "ps2fail": {"compile": "eager", "preset": "tiny-cpu", "topology": "procsplit",
                         "args": {"steps": 100000, "log_every": 5, "debug.step_sleep_s": 0.05,
                                  "debug.fail_at_step": 30, "debug.fail_drafter": 1}},
+            "ps2ok": {"compile": "eager", "preset": "tiny-cpu", "topology": "procsplit",
+                      "args": {"steps": 30, "log_every": 5}},
             "threaded": {"compile": "eager", "preset": "tiny-cpu"},
         },
+        "fallback": ["ps2fail", "threaded", "ps2ok"],
+        "signatures": [{"id": "injected", "pattern": "injected failure in drafter", "meaning": "a test's fault"}],
     })
     yield TwoHosts(tmp_path, inventory, free_port())
     second.kill_sessions()
@@ -102,6 +106,8 @@ def test_two_nodes_start_as_one_run_and_stop_as_one(hosts):
         start = hosts.log(1).read_text().split("event=start", 1)[1].splitlines()[0]
         assert "nnodes=2 node_rank=1" in start and f"rendezvous=127.0.0.1:{hosts.port}" in start
         assert {r["name"]: r["state"] for r in hosts.runs()} == {"mn.node0": "running", "mn.node1": "running"}
+        shown = hosts.dfo("runs", "mn", "--json")
+        assert [n["target"] for n in json.loads(shown.stdout)["nodes"]] == ["n0", "n1"], shown.stderr
     finally:
         stopped = hosts.dfo("stop", "mn", "--grace", "30", "--json")
     assert stopped.returncode == 0, stopped.stderr
@@ -123,6 +129,23 @@ def test_a_crash_on_one_node_is_the_runs_crash_naming_that_node(hosts):
     summary = watched.stdout.strip().splitlines()[-1]
     assert summary.startswith("mn: crash on node 1 (n1) first"), watched.stdout
     assert "node 0 (n0): peer_lost, a consequence" in summary
+
+
+@pytest.mark.slow
+def test_a_crashed_multinode_run_falls_back_on_every_node(hosts):
+    watched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail", "--watch", "--until-decided",
+                           timeout=300)
+    kinds = [json.loads(line) for line in watched.stdout.splitlines() if line.startswith("{")]
+    fell = [k for k in kinds if k.get("kind") == "multinode_fell_back"]
+    assert fell and fell[0]["next_run"] == "mn.2-ps2ok", watched.stdout[-3000:] + watched.stderr  # threaded skipped
+    assert fell[0]["nodes"] == ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1"]
+    assert watched.returncode == 0, watched.stdout[-3000:] + watched.stderr  # the successor finished on both
+    for node in (0, 1):
+        log = hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok.node{node}.log"
+        assert Path(f"{log}.exit").read_text().strip() == "0"
+        assert "event=done step=30" in log.read_text()
+    runs = {r["name"]: r for r in hosts.runs()}
+    assert runs["mn.2-ps2ok.node1"]["parent"] == "mn.node1"  # each node the child of its predecessor
 
 
 def test_a_node_whose_preflight_fails_starts_nothing_anywhere(hosts):
@@ -150,3 +173,57 @@ def test_a_variant_that_cannot_span_nodes_is_a_usage_error(hosts):
     assert refused.returncode == 2 and "topology: procsplit" in refused.stderr
     refused = hosts.launch("--host", "n0", "--variant", "ps2")
     assert refused.returncode == 2 and "asks for 2 nodes, got 1 --host" in refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.lxc
+def test_containers_on_two_netns_hosts_refuse_then_train_one_run_and_a_killed_node_is_named(tmp_path, netns_hosts, ssh_home):
+    host0, host1 = netns_hosts(2)
+    addr0, _ = netns_hosts.link(host0, host1)
+    ct0, ct1 = host0.containers(network="none"), host1.containers(network="none")
+    container = {"python": sys.executable}
+    inventory = write_inventory(tmp_path, {
+        "defaults": {"min_free_disk_gb": 0},
+        "hosts": {"pve0": {"address": "nshost0", "containers": {"ct0": {"ctid": ct0.vmid, **container}}},
+                  "pve1": {"address": "nshost1", "containers": {"ct1": {"ctid": ct1.vmid, **container}}}},
+        "variants": {"ps2": {"compile": "eager", "preset": "tiny-cpu", "topology": "procsplit", "nodes": 2,
+                             "env": {"GLOO_SOCKET_IFNAME": "dfolink"},
+                             "args": {"steps": 100000, "log_every": 5, "debug.step_sleep_s": 0.05}}},
+    })
+    lab = TwoHosts(tmp_path, inventory, 29500)
+    launch = ("launch", "--host", "ct0", "--host", "ct1", "--variant", "ps2", "--name", "mn", "--master-addr", addr0)
+    logs = [ct0.path("/workspace/logs/mn.node0.log"), ct1.path("/workspace/logs/mn.node1.log")]
+
+    ct1.stop()  # node 1's container is down: its preflight refuses, and nothing starts on node 0 either
+    refused = lab.dfo(*launch)
+    assert refused.returncode == 1 and "ct1" in refused.stderr, refused.stderr
+    assert not logs[0].exists() and lab.runs() == []
+    ct1.start()
+
+    squatter = subprocess.Popen(["ip", "netns", "exec", host0.ns, sys.executable, "-c",
+                                 "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 29500)); s.listen(); "
+                                 "print('up', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "up"
+        refused = lab.dfo(*launch)
+    finally:
+        squatter.kill()
+        squatter.wait(timeout=10)
+    assert refused.returncode == 1 and "rendezvous port 29500 is already taken on ct0" in refused.stderr
+    assert not logs[0].exists() and lab.runs() == []
+
+    launched = lab.dfo(*launch, "--json")
+    assert launched.returncode == 0, launched.stderr
+    try:
+        wait_for(lambda: all(has_steps(log) for log in logs), 120, "both containers' step lines")
+    except AssertionError:
+        raise AssertionError("\n".join(log.read_text()[-1500:] if log.exists() else f"{log}: none" for log in logs))
+    node1 = logs[1].read_text()
+    assert f"rendezvous={addr0}:29500" in node1 and "active=2/2" in node1
+    drafter = next(line for line in node1.splitlines() if "event=compile" in line).split(" pid=")[1].split()[0]
+    ct1.attach("kill", "-KILL", drafter)  # node 1's drafter dies mid-run
+    watched = lab.dfo("watch", "mn", "--until-decided", "--no-fallback", timeout=240)
+    assert watched.returncode == 1, watched.stdout + watched.stderr
+    summary = watched.stdout.strip().splitlines()[-1]
+    assert summary.startswith("mn: crash on node 1 (ct1) first"), watched.stdout
+    assert "node 0 (ct0): peer_lost, a consequence" in summary

@@ -121,10 +121,11 @@ def launch_command(
     inv = load_inventory(inventory)
     if len(hosts) > 1 or inv.variant(variant).nodes > 1:
         if chain is not None:
-            raise UsageError("--chain: a multi-node run does not fall back yet (docs/multinode.md)")
+            raise UsageError("--chain: a multi-node run falls back along the inventory's fallback: list only "
+                             "(docs/multinode.md)")
         _launch_nodes(inv, hosts, variant, name=name, sets=sets, wandb=wandb, force=force, no_preflight=no_preflight,
                       master_addr=master_addr, master_port=master_port, as_json=as_json, watch=watch,
-                      until_decided=until_decided)
+                      until_decided=until_decided, fallback=not no_fallback)
         return
     host = hosts[0]
     chain_list = chain_from_option(chain, variant, inv)
@@ -154,7 +155,7 @@ def launch_command(
 
 def _launch_nodes(inv, hosts: list[str], variant: str, *, name: Optional[str], sets: list[str], wandb: str, force: bool,
                   no_preflight: bool, master_addr: Optional[str], master_port: Optional[int], as_json: bool, watch: bool,
-                  until_decided: bool) -> None:
+                  until_decided: bool, fallback: bool) -> None:
     """`dfo launch --host A --host B ...`: one run over several nodes (orchestrator/multinode.py)."""
     from .. import multinode
 
@@ -184,7 +185,8 @@ def _launch_nodes(inv, hosts: list[str], variant: str, *, name: Optional[str], s
     if watch:
         from .watch import watch_runs
 
-        raise typer.Exit(watch_runs(inv, [launched.name], until_decided=until_decided, as_json=as_json))
+        raise typer.Exit(watch_runs(inv, [launched.name], until_decided=until_decided, fallback=fallback,
+                                    as_json=as_json))
 
 
 def _warn_tolerated(report: TargetReport | None, spec: TargetSpec) -> None:
@@ -210,6 +212,12 @@ def runs_command(
     as_json: bool = JsonOpt,
 ) -> None:
     with Store() as store:
+        if name is not None and store.nodes_of(name):  # a multi-node run: its nodes
+            nodes = [store.get_run(node) for node in store.nodes_of(name)]
+            if not no_refresh and any(node.active for node in nodes):
+                _refresh(store, nodes, inventory)
+            show_nodes(store, name, as_json)
+            return
         runs = [store.get_run(name)] if name is not None else store.list_runs(batch=batch, active=True if active else None)
         if not no_refresh and any(run.active for run in runs):
             _refresh(store, runs, inventory)
@@ -225,6 +233,18 @@ def runs_command(
         console.print(f"no {what} (registry: {store.path})", highlight=False, markup=False)
         return
     console.print(runs_table(runs, console.width))
+
+
+def show_nodes(store: Store, name: str, as_json: bool) -> None:
+    """`dfo runs NAME` of a multi-node run: its nodes' rows and the run's verdict in one line."""
+    from ..multinode import summary
+
+    nodes = [store.get_run(node) for node in store.nodes_of(name)]
+    if as_json:
+        print_json({"run": name, "nodes": [node.as_dict() for node in nodes], "summary": summary(store, name)})
+        return
+    console.print(runs_table(nodes, console.width))
+    console.print(summary(store, name), highlight=False, markup=False, soft_wrap=True)
 
 
 def show_run(name: str, as_json: bool) -> None:

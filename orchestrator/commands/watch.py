@@ -15,6 +15,7 @@ from rich.live import Live
 
 from ..chains import inventory_for
 from ..connections import Connections
+from ..errors import DfoError
 from ..events import DecisionMade, Event, GpuError
 from ..inventory import Inventory
 from ..states import Verdict
@@ -149,7 +150,36 @@ def watch_runs(
         summarise(decisions)
     with Store() as store:
         report_multinode(store, names, as_json)
+    followers = fall_back_groups(inventory, names, as_json) if fallback else []
+    if followers:  # a multi-node run fell back: watch its successor on every node
+        return watch_runs(inventory, followers, interval=interval, poll=poll, until_decided=until_decided,
+                          fallback=fallback, as_json=as_json, unreachable_s=unreachable_s)
     return 1 if lost else verdicts_exit_status(d.get("decision") for d in decisions)
+
+
+def fall_back_groups(inventory: Inventory, names: Sequence[str], as_json: bool) -> list[str]:
+    """Relaunch, with the next variant, each multi-node run among `names` whose first failure falls back
+    (multinode.fall_back); the names of the runs launched."""
+    from ..multinode import fall_back
+
+    launched_names = []
+    with Connections(inventory) as connections, Store() as store:
+        for group in dict.fromkeys(group[0] for group in (store.node_group(run) for run in names) if group):
+            try:
+                launched = fall_back(inventory, connections, store, group)
+            except DfoError as exc:
+                err_console.print(f"{group}: falling back failed: {exc}", highlight=False, markup=False)
+                continue
+            if launched is None:
+                continue
+            launched_names.append(launched.name)
+            if as_json:
+                print_json({"kind": "multinode_fell_back", "run": group, "next_run": launched.name,
+                            "nodes": [node.run.name for node in launched.nodes]})
+            else:
+                console.print(f"{group}: fell back on all {len(launched.nodes)} nodes to {launched.name}",
+                              highlight=False, markup=False, soft_wrap=True)
+    return launched_names
 
 
 def drive(watcher: Watcher, until_decided: bool, interval: float, refresh) -> None:

@@ -41,11 +41,17 @@ class LxcContainer:
     """One container `vmid` under `lxcpath` (LXCPATH/VMID/config and LXCPATH/VMID/rootfs).
 
     `netns`: the network namespace of the "host" that owns it (lxc reaches a container's monitor through
-    an abstract socket, which only that namespace sees); None for the test machine itself."""
+    an abstract socket, which only that namespace sees); None for the test machine itself.
+    `network`: lxc.net.0.type: `empty` (default: a namespace of its own with only loopback) or `none` (the
+    owning host's network namespace and addresses: a stand-in for a Proxmox container's own bridged
+    address, used by the multi-node tests, whose containers must reach each other)."""
 
-    def __init__(self, lxcpath: Path, vmid: int, hostname: str | None = None, netns: str | None = None) -> None:
+    def __init__(self, lxcpath: Path, vmid: int, hostname: str | None = None, netns: str | None = None,
+                 network: str = "empty") -> None:
+        assert network in ("empty", "none"), network
         self.lxcpath = Path(lxcpath)
         self.netns = netns
+        self.network = network
         self.vmid = vmid
         self.hostname = hostname or f"ct{vmid}"
         self.dir = self.lxcpath / str(vmid)
@@ -90,10 +96,12 @@ class LxcContainer:
         lines = [
             f"lxc.uts.name = {self.hostname}",
             f"lxc.rootfs.path = dir:{self.rootfs}",
-            "lxc.net.0.type = empty",
+            f"lxc.net.0.type = {self.network}",
             "lxc.apparmor.profile = unconfined",
             "lxc.autodev = 1",
             "lxc.mount.auto = cgroup:mixed proc:mixed sys:ro",
+            # as in a Proxmox container: POSIX semaphores and shared memory (procsplit's queues need them)
+            "lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777,create=dir 0 0",
             "lxc.mount.entry = /usr usr none ro,bind 0 0",
             "lxc.mount.entry = /etc/alternatives etc/alternatives none ro,bind,create=dir 0 0",  # awk, which, ...
             f"lxc.mount.entry = {STANDIN_BIN} usr/local/sbin none ro,bind 0 0",
@@ -154,8 +162,8 @@ class ContainerFactory:
         taken = {int(p.name) for p in self.lxcpath.iterdir() if p.name.isdigit()}
         return next(vmid for vmid in range(200, 1_000_000) if vmid not in taken)
 
-    def __call__(self, vmid: int | None = None, *, start: bool = True, gpus=None) -> LxcContainer:
-        container = LxcContainer(self.lxcpath, vmid or self.next_vmid(), netns=self.netns).create()
+    def __call__(self, vmid: int | None = None, *, start: bool = True, gpus=None, network: str = "empty") -> LxcContainer:
+        container = LxcContainer(self.lxcpath, vmid or self.next_vmid(), netns=self.netns, network=network).create()
         self.containers.append(container)
         container.nvidia_smi(gpus)
         if start:

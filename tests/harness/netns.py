@@ -98,6 +98,27 @@ class NetnsHosts:
             made.append(host.create())
         return made
 
+    def link(self, a: NetnsHost, b: NetnsHost, name: str = "dfolink") -> tuple[str, str]:
+        """A direct cable between two hosts: a veth pair whose ends are called `name` inside both namespaces,
+        with addresses 198.19.<pid>.1/30 and .2/30 (the root namespace does not forward between hosts, so
+        only such a link lets them, and their `network="none"` containers, reach each other). Returns the
+        two addresses. The link goes with the namespaces."""
+        tag = os.getpid()
+        ends = [f"{PREFIX}{tag % 100000}a", f"{PREFIX}{tag % 100000}b"]
+        addrs = [f"198.19.{tag % 250}.1", f"198.19.{tag % 250}.2"]
+        ip("link", "add", ends[0], "type", "veth", "peer", "name", ends[1])
+        try:
+            for end, host, addr in zip(ends, (a, b), addrs):
+                ip("link", "set", end, "netns", host.ns)
+                ip("-n", host.ns, "link", "set", end, "name", name)
+                ip("-n", host.ns, "addr", "add", f"{addr}/30", "dev", name)
+                ip("-n", host.ns, "link", "set", name, "up")
+        except Exception:
+            for end in ends:
+                ip("link", "del", end, check=False)
+            raise
+        return addrs[0], addrs[1]
+
     def destroy_all(self) -> None:
         for host in reversed(self.hosts):
             with contextlib.suppress(Exception):
