@@ -156,10 +156,17 @@ def launch_nodes(
     name = free_name(store, specs[0].variant, nnodes, name, now)
     package = package or build_package()
     prepared: list[runs_lib.Prepared] = []
+    refusals: list[tuple[str, DfoError]] = []
     try:
         for rank, (target, spec, gate) in enumerate(zip(targets, specs, gates)):
-            prepared.append(runs_lib.prepare(target, node_spec(spec, rank, nnodes, rendezvous), store,
-                                             name=node_name(name, rank), environ=environ, package=package, gate=gate))
+            try:  # every node is asked, so one answer names every node that refuses
+                prepared.append(runs_lib.prepare(target, node_spec(spec, rank, nnodes, rendezvous), store,
+                                                 name=node_name(name, rank), environ=environ, package=package,
+                                                 gate=gate))
+            except DfoError as exc:
+                refusals.append((spec.target, exc))
+        if refusals:
+            raise refused_nodes(refusals, nnodes)
         store.add_nodes(name, [p.name for p in prepared], str(rendezvous))
     except BaseException:
         for ready in prepared:
@@ -176,6 +183,15 @@ def launch_nodes(
                 _stop_quietly(started.run.name, prepared[launched.index(started)].target, store)
             raise
     return MultiLaunched(name, rendezvous, tuple(launched))
+
+
+def refused_nodes(refusals: list[tuple[str, DfoError]], nnodes: int) -> DfoError:
+    """One error for the nodes that refused: the only one as it is, several in one line (first one's hint)."""
+    if len(refusals) == 1:
+        return refusals[0][1]
+    what = "; ".join(f"{target}: {exc.message}" for target, exc in refusals)
+    return RefusedError(f"{len(refusals)} of {nnodes} nodes refused, nothing was started: {what}",
+                        hint=refusals[0][1].hint)
 
 
 def _stop_quietly(node_run: str, target: Target, store: Store) -> None:

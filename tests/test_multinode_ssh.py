@@ -157,6 +157,17 @@ def test_a_node_whose_preflight_fails_starts_nothing_anywhere(hosts):
     assert not hosts.log(0).exists() and hosts.runs() == []
 
 
+def test_every_node_that_refuses_is_named_in_one_line(hosts):
+    (hosts.tmp / "ws1" / "logs").mkdir(parents=True)
+    (hosts.tmp / "ws1" / "logs" / "mn.node2.log").write_text("")  # n1 would be node 2: its log exists
+    refused = hosts.launch("--host", "n0", "--host", "n2", "--host", "n1", "--variant", "ps2fail")
+    assert refused.returncode == 1
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "2 of 3 nodes refused, nothing was started: n2: " in lines[0], refused.stderr
+    assert "; n1: " in lines[0] and "mn.node2.log already exists" in lines[0]
+    assert not hosts.log(0).exists() and hosts.runs() == []
+
+
 def test_a_taken_rendezvous_port_is_refused_before_anything_starts(hosts):
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", hosts.port))
