@@ -5,8 +5,10 @@
 #     bash bench/gpu_all.sh qwen     # qwen3-8b-shape: threads nographs + procsplit trees (1 GPU, cold), then
 #                                    # procsplit trees on 2 GPUs (bench/gpu_qwen.sh; ~9 min)
 #     bash bench/gpu_all.sh small    # h200-small 1 vs 2 GPUs, both topologies (bench/gpu_multi.sh; ~5 min)
+#     bash bench/gpu_all.sh regional # qwen3-8b-shape procsplit, regional compile: 1 GPU on each GPU, then 2
+#                                    # GPUs as one run, then the compile of one layer / the head alone (~10 min)
 #     bash bench/gpu_all.sh e2e      # dfo end to end (bench/gpu_dfo_e2e.sh --procsplit) on GPU 0 while GPU 1
-#                                    # re-measures qwen3-8b-shape threads nographs alone (~6 min)
+#                                    # compiles one drafter layer alone; then h200-small 1 vs 2 nodes (~9 min)
 # Everything lands in $OUT as it is measured (a call that runs out of time still returns what it has);
 # summary.md there holds the tables (bench/qwen_summary.py), with the commit measured. Then
 # `python bench/stale.py` here says which rows of docs/benchmarks.md the new figures replace.
@@ -20,16 +22,17 @@ fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 OUT
 case "${1:-}" in
-    qwen) bash bench/gpu_qwen.sh "${QWEN_P1:-290}" "${QWEN_P2:-235}" ;;
+    qwen) bash bench/gpu_qwen.sh "${QWEN_P1:-290}" "${QWEN_P2:-235}" ;;  # history: whole-scope figures
     small) GPU_MULTI_BUDGET=${GPU_MULTI_BUDGET:-280} timeout 330 bash bench/gpu_multi.sh ;;
+    regional) timeout 590 bash bench/gpu_probe.sh scale ;;
     e2e)
-        mkdir -p "$OUT/qwen"
-        ( CUDA_VISIBLE_DEVICES=1 timeout -s TERM "${QWEN_S:-300}" python3 -m trainer --preset qwen3-8b-shape \
-              --variant nographs --steps 1000000 --wandb off --run-name thr-nographs-1g --out /tmp/qruns \
-              >"$OUT/qwen/thr-nographs-1g.log" 2>&1 ) &
-        CUDA_VISIBLE_DEVICES=0 CHAIN_TIMEOUT=${CHAIN_TIMEOUT:-150} E2E_EXTRA=--force timeout 320 \
+        # GPU 0: dfo end to end, both chains; GPU 1 meanwhile: one drafter layer's compile alone (cold);
+        # then both GPUs: h200-small procsplit as 1 node vs 2 nodes (bench/gpu_multinode.sh)
+        ( CUDA_VISIBLE_DEVICES=1 TORCHINDUCTOR_CACHE_DIR=/tmp/ind-layer timeout -s TERM "${LAYER_S:-300}" \
+              python3 bench/gpu_probe.py --out "$OUT/p-layer" --part layer >"$OUT/layer.log" 2>&1 ) &
+        CUDA_VISIBLE_DEVICES=0 CHAIN_TIMEOUT=${CHAIN_TIMEOUT:-150} timeout 330 \
             bash bench/gpu_dfo_e2e.sh --procsplit 2>&1 | tee "$OUT/e2e.txt"
         wait
-        python3 bench/qwen_summary.py "$OUT"/qwen/*.log | tee "$OUT/summary.md" ;;
-    *) echo "usage: bash bench/gpu_all.sh qwen|small|e2e" >&2; exit 2 ;;
+        mkdir -p "$OUT/mn" && OUT=$OUT/mn ONE_S=${ONE_S:-80} TWO_S=${TWO_S:-100} timeout 230 bash bench/gpu_multinode.sh ;;
+    *) echo "usage: bash bench/gpu_all.sh qwen|small|regional|e2e" >&2; exit 2 ;;
 esac
