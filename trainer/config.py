@@ -287,8 +287,8 @@ def _h200_small() -> Config:
 def _qwen3_8b_shape() -> Config:
     return Config(
         target=TargetConfig(vocab_size=151936, hidden=4096, layers=36, intermediate=12288, heads=32,
-                            kv_heads=8, qk_norm=True, rope_theta=1000000.0),
-        drafter=DrafterConfig(layers=5, taps=5, anchors=512),
+                            kv_heads=8, qk_norm=True, rope_theta=1000000.0, compile="layers"),
+        drafter=DrafterConfig(layers=5, taps=5, anchors=512, compile_scope="layers"),
         data=DataConfig(seq_len=2048, batch=1),
         optim=OptimConfig(lr=6e-4, warmup_steps=50),
         run=RunConfig(dtype="bf16", targets="cuda:0", drafters="cuda:0", log_every=5, warmup_log_steps=5),

@@ -248,8 +248,11 @@ class FlexMaskBuilder:
 
     Its mask_mod is created once and reads a persistent per-query anchor buffer that each step overwrites in
     place: the compiled layers see the same function every step (no guard failure, no recompilation) and
-    CUDA graphs read the anchors at a fixed address. The block tables come from create_block_mask's own
-    compiled path."""
+    CUDA graphs read the anchors at a fixed address. The block tables are computed eagerly (a few
+    elementwise passes over the T+A*B by A*B mask, about a millisecond on an H200): compiling
+    create_block_mask (its `_compile=True`, or tracing it inside a compiled forward as scope `whole` does)
+    took ~165 s of Triton compilation for qwen3-8b-shape on the H200 (bench/gpu_probe.py --part layer), most
+    of that preset's first-step time."""
 
     def __init__(self) -> None:
         self.query_anchor: torch.Tensor | None = None  # (b, A*B)
@@ -268,7 +271,7 @@ class FlexMaskBuilder:
         self.query_anchor.copy_(query_anchor)
         b, num_queries = query_anchor.shape
         return create_block_mask(self.mask_mod, b, None, num_queries, layout.context_len + num_queries,
-                                 device=query_anchor.device, _compile=True)
+                                 device=query_anchor.device)
 
 
 def flex_attention(q, k, v, block_mask):
