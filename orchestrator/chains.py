@@ -360,6 +360,24 @@ def resume(inventory: Inventory, connections: Any, store: Store, name: str, *, f
     new run's directory and the trainer starts with --resume. Refuses a run still going, one that finished,
     one without a checkpoint, and (unless `force`) one whose trainer package has changed since."""
     run = store.get_run(name)
+    package = build_package()
+    check_resumable(inventory, run, package, force=force)
+    root = store.lineage(name)[0]
+    spec = replace(next_spec(inventory, store, run, run.variant, chain_variants(store, root, inventory)), resume=True)
+    new_name = next(iter(next_run_names(store, root, run.variant)), None)
+    if new_name is None:
+        raise RefusedError(f"no free run name to resume {name} under", hint="remove old runs of this chain")
+    target = connections.container(run.target)
+    old = carry_checkpoint(target, spec, name, new_name)
+    launched = launch_run(target, spec, store, name=new_name, package=package)
+    store.add_event(new_name, "resumed", {"from": name, "checkpoint": old})
+    return launched
+
+
+def check_resumable(inventory: Inventory, run: Run, package, *, force: bool) -> None:
+    """Refuse (RefusedError) a run still going, one that finished, a user's own command, and (unless `force`) a
+    run whose trainer package has changed since."""
+    name = run.name
     if run.active:
         raise RefusedError(f"run {name} is still {run.state}; dfo resume continues a stopped or crashed run",
                            hint=f"dfo stop {name} first (the trainer writes a checkpoint on SIGTERM)")
@@ -368,23 +386,19 @@ def resume(inventory: Inventory, connections: Any, store: Store, name: str, *, f
                            hint="dfo resume continues a stopped or crashed run")
     if inventory.variant(run.variant).command is not None:
         raise RefusedError(f"run {name} ran its own command (variant {run.variant}); dfo resume needs the built-in trainer")
-    package = build_package()
     if run.trainer_hash and run.trainer_hash != package.sha256 and not force:
         raise RefusedError(f"the trainer package changed since {name} ran ({run.trainer_hash[:12]} then, "
                            f"{package.sha256[:12]} now); its checkpoint may not load",
                            hint=f"dfo resume {name} --force to try anyway")
-    root = store.lineage(name)[0]
-    spec = replace(next_spec(inventory, store, run, run.variant, chain_variants(store, root, inventory)), resume=True)
-    new_name = next(iter(next_run_names(store, root, run.variant)), None)
-    if new_name is None:
-        raise RefusedError(f"no free run name to resume {name} under", hint="remove old runs of this chain")
-    target = connections.container(run.target)
-    old, new = f"{out_dir(spec, name)}/{CHECKPOINT}", out_dir(spec, new_name)
+
+
+def carry_checkpoint(target, spec: RunSpec, old_name: str, new_name: str) -> str:
+    """Copy run `old_name`'s checkpoint into run `new_name`'s directory on `target` (where the trainer's
+    --resume reads it); RefusedError when there is none. Returns the old checkpoint's path."""
+    old, new = f"{out_dir(spec, old_name)}/{CHECKPOINT}", out_dir(spec, new_name)
     copied = target.run(f"if [ -f {shlex.quote(old)} ]; then mkdir -p {shlex.quote(new)} && cp -p {shlex.quote(old)} {shlex.quote(new)}/ && echo copied; "
                         f"else echo missing; fi", timeout=60, check=True).stdout.strip()
     if copied != "copied":
-        raise RefusedError(f"run {name} left no checkpoint ({old} is not on {run.target})",
+        raise RefusedError(f"run {old_name} left no checkpoint ({old} is not on {spec.target})",
                            hint="the built-in trainer writes one when stopped (exit 75) or every run.checkpoint_every steps")
-    launched = launch_run(target, spec, store, name=new_name, package=package)
-    store.add_event(new_name, "resumed", {"from": name, "checkpoint": old})
-    return launched
+    return old

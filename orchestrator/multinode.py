@@ -28,7 +28,9 @@ from typing import Callable, Mapping, Sequence
 import time
 
 from . import runs as runs_lib
-from .chains import RELEASE_CHECKS, WATCH_POLICY, catalogue_for, first_launch, next_variant_after
+from .chains import (
+    RELEASE_CHECKS, WATCH_POLICY, carry_checkpoint, catalogue_for, check_resumable, first_launch, next_variant_after,
+)
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
 from .errors import DfoError, RefusedError, RemoteError, UsageError
@@ -258,24 +260,48 @@ def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: 
     if variant is None:
         return None
     stop_nodes(store, run, connections.container, grace_s=STOP_GRACE_S)
-    root = root_of(store, run)
-    name = f"{root}.{len(store.lineage(nodes[0].name)) + 1}-{variant}"
+    launched = successor(inventory, connections, store, run, variant, gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s)
+    store.add_event(run, "fell_back", {"to": launched.name, "variant": variant, "first_failed": nodes[culprit.rank].name,
+                                       "rest": list(rest_of_chain(chain, variant))})
+    return launched
+
+
+def resume(inventory, connections, store: Store, run: str, *, force: bool = False) -> MultiLaunched:
+    """`dfo resume NAME` of a multi-node run: every node checked as chains.resume checks a run, each node's
+    checkpoint copied into its successor's directory on its own target, then all nodes launched with
+    --resume (the trainer refuses nodes whose checkpoints are at different steps)."""
+    nodes = [store.get_run(name) for name in store.nodes_of(run)]
+    package = build_package()
+    for node in nodes:
+        check_resumable(inventory, node, package, force=force)
+    launched = successor(inventory, connections, store, run, nodes[0].variant, resume=True, package=package)
+    store.add_event(run, "resumed", {"to": launched.name})
+    return launched
+
+
+def successor(inventory, connections, store: Store, run: str, variant: str, *, resume: bool = False,
+              package: Package | None = None, gpu_release_s: float = 0.0, gpu_poll_s: float = 1.0) -> MultiLaunched:
+    """The next run of multi-node `run`'s chain on the same targets and rendezvous: `NAME.<n>-<variant>`, the
+    first launch's --set and W&B mode, each node the child of its predecessor; with `resume`, each node's
+    checkpoint carried over first. A preflight that only finds the GPUs busy is retried for `gpu_release_s`."""
+    nodes = [store.get_run(name) for name in store.nodes_of(run)]
+    name = f"{root_of(store, run)}.{len(store.lineage(nodes[0].name)) + 1}-{variant}"
     first = first_launch(store, store.lineage(nodes[0].name)[0])
-    specs = [runs_lib.spec_for(inventory, node.target, variant, sets=dict(first.get("sets") or {}),
-                               wandb=first.get("wandb") or "off", parent=node.name, chain=()) for node in nodes]
-    addr, _, port = store.node_group(nodes[0].name)[2].rpartition(":")
+    specs = [replace(runs_lib.spec_for(inventory, node.target, variant, sets=dict(first.get("sets") or {}),
+                                       wandb=first.get("wandb") or "off", parent=node.name, chain=()), resume=resume)
+             for node in nodes]
     targets = [connections.container(node.target) for node in nodes]
+    if resume:
+        for target, spec, node in zip(targets, specs, nodes):
+            carry_checkpoint(target, spec, node.name, node_name(name, nodes.index(node)))
+    addr, _, port = store.node_group(nodes[0].name)[2].rpartition(":")
     rendezvous = find_rendezvous(targets[0], specs[0], int(port), addr)
     gates = [Gate(inventory.target(node.target), judged=RELEASE_CHECKS) for node in nodes]
     deadline = time.monotonic() + gpu_release_s
     while True:
         try:
-            launched = launch_nodes(targets, specs, store, name=name, rendezvous=rendezvous, gates=gates)
-            break
+            return launch_nodes(targets, specs, store, name=name, rendezvous=rendezvous, gates=gates, package=package)
         except PreflightFailed as exc:
             if any(check.name not in RELEASE_CHECKS for check in exc.failed) or time.monotonic() >= deadline:
                 raise
         time.sleep(gpu_poll_s)
-    store.add_event(run, "fell_back", {"to": launched.name, "variant": variant, "first_failed": nodes[culprit.rank].name,
-                                       "rest": list(rest_of_chain(chain, variant))})
-    return launched

@@ -95,7 +95,7 @@ def has_steps(path: Path) -> bool:
 
 
 @pytest.mark.slow
-def test_two_nodes_start_as_one_run_and_stop_as_one(hosts):
+def test_two_nodes_start_stop_and_resume_as_one_run(hosts):
     launched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2")
     assert launched.returncode == 0, launched.stderr
     answer = json.loads(launched.stdout.splitlines()[0])
@@ -118,6 +118,19 @@ def test_two_nodes_start_as_one_run_and_stop_as_one(hosts):
         wait_for(exit_file.exists, 30, f"node {node}'s exit file")
         assert exit_file.read_text().strip() == "75"
         assert (hosts.tmp / f"ws{node}" / "runs" / f"mn.node{node}" / "checkpoint.pt").is_file()
+
+    resumed = hosts.dfo("resume", "mn", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    answer = json.loads(resumed.stdout)
+    assert answer["run"] == "mn.2-ps2" and [n["run"] for n in answer["nodes"]] == ["mn.2-ps2.node0", "mn.2-ps2.node1"]
+    logs = [hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2.node{node}.log" for node in (0, 1)]
+    try:
+        wait_for(lambda: all(has_steps(log) for log in logs), 120, "the resumed nodes' step lines")
+        stopped_at = int(hosts.log(0).read_text().split("event=done step=")[1].split()[0])
+        first = int(logs[0].read_text().split("event=step step=")[1].split()[0])
+        assert stopped_at < first <= stopped_at + 5  # every node went on from its own checkpoint
+    finally:
+        assert hosts.dfo("stop", "mn.2-ps2", "--grace", "30").returncode == 0
 
 
 @pytest.mark.slow

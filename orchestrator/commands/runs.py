@@ -450,21 +450,27 @@ def resume_command(
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
+    from .. import multinode
     from ..chains import resume
 
     with Store() as store:
-        inv = _inventory_of(store.get_run(name), inventory)
+        nodes = store.nodes_of(name)  # a multi-node run: every node from its own checkpoint
+        inv = _inventory_of(store.get_run(nodes[0] if nodes else name), inventory)
         with Connections(inv) as connections:
-            launched = resume(inv, connections, store, name, force=force)
-    run = launched.run
+            if nodes:
+                group = multinode.resume(inv, connections, store, name, force=force)
+                new, where = group.name, f"{len(group.nodes)} nodes"
+                extra = {"nodes": [{"run": n.run.name, "target": n.run.target, "pid": n.run.pid} for n in group.nodes]}
+            else:
+                run = resume(inv, connections, store, name, force=force).run
+                new, where = run.name, f"{markup(run.target)} (PID {run.pid})"
+                extra = {"target": run.target, "pid": run.pid, "log": run.log_path}
     if as_json:
-        print_json({"kind": "resumed", "run": run.name, "resumed_from": name, "target": run.target, "pid": run.pid, "log": run.log_path,
-                    "next": f"dfo watch {run.name}"})
+        print_json({"kind": "resumed", "run": new, "resumed_from": name, **extra, "next": f"dfo watch {new}"})
     else:
-        console.print(f"resumed {markup(name)} as [bold]{markup(run.name)}[/] on {markup(run.target)} (PID {run.pid})",
-                      highlight=False)
-        console.print(f"  next: dfo watch {markup(run.name)}", highlight=False)
+        console.print(f"resumed {markup(name)} as [bold]{markup(new)}[/] on {where}", highlight=False)
+        console.print(f"  next: dfo watch {markup(new)}", highlight=False)
     if watch:
         from .watch import watch_runs
 
-        raise typer.Exit(watch_runs(inv, [run.name], as_json=as_json))
+        raise typer.Exit(watch_runs(inv, [new], as_json=as_json))
