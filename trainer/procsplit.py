@@ -330,9 +330,9 @@ def drafter_main(cfg: Config, local_rank: int, topo: Topology, device: str, inbo
         share_cpu(cfg, device)
         if is_cuda(device):
             torch.cuda.set_device(device)
+        joined.begin()
         rendezvous(cfg, topo, rank)
-        with joined.get_lock():
-            joined.value += 1
+        joined.done()
         process = DrafterProcess(cfg, rank, topo.world, device, inbox, Path(run_dir), start, stop,
                                  lead=local_rank == 0)
         if rank == 0:
@@ -382,6 +382,29 @@ class FirstFailure:
         return self.text.value.decode("utf-8", "replace"), self.cause.value.decode() or None
 
 
+class RendezvousProgress:
+    """Shared between a node's drafters and its supervisor: when the last of them began the rendezvous (on
+    the system-wide monotonic clock) and how many have joined. The supervisor's deadline counts from that
+    start, not from the spawn: importing torch can take longer than the rendezvous on a loaded machine."""
+
+    def __init__(self, ctx) -> None:
+        self.since = ctx.Value("d", 0.0)
+        self.joined = ctx.Value("i", 0)
+
+    def begin(self) -> None:
+        with self.since.get_lock():
+            self.since.value = max(self.since.value, time.monotonic())
+
+    def done(self) -> None:
+        with self.joined.get_lock():
+            self.joined.value += 1
+
+    def overdue(self, ranks: int, limit_s: float) -> bool:
+        """Not all `ranks` joined `limit_s` after the last one began."""
+        since = self.since.value
+        return self.joined.value < ranks and since > 0 and time.monotonic() > since + limit_s
+
+
 class Supervisor:
     """Starts the processes, forwards SIGTERM, and turns their exits into the run's exit status."""
 
@@ -394,7 +417,7 @@ class Supervisor:
         self.queues = queues = [ctx.Queue(maxsize=cfg.run.queue_depth) for _ in drafters]
         self.finished, self.stop = ctx.Event(), ctx.Event()
         self.failure = FirstFailure(ctx)
-        self.joined = ctx.Value("i", 0)  # local drafters that have joined the process group
+        self.joined = RendezvousProgress(ctx)
         start = start_step_of(cfg, run_dir, resume)
         self.topo = topo = Topology(cfg, single_node_port=free_port() if cfg.run.nnodes == 1 else 0)
         self.producers = [
@@ -414,7 +437,6 @@ class Supervisor:
         signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
         for process in self.producers + self.drafters:
             process.start()
-        self.rendezvous_deadline = time.monotonic() + self.topo.timeout_s + RENDEZVOUS_GRACE_S
         status = EXIT_WORKER_FAILED
         try:
             status = self._watch()
@@ -431,7 +453,7 @@ class Supervisor:
                     return self._fail(*self._first_failed(process.name, code))
             if all(p.exitcode is not None for p in self.drafters):
                 return EXIT_STOPPED if any(p.exitcode == EXIT_STOPPED for p in self.drafters) else EXIT_OK
-            if self.joined.value < len(self.drafters) and time.monotonic() > self.rendezvous_deadline:
+            if self.joined.overdue(len(self.drafters), self.topo.timeout_s + RENDEZVOUS_GRACE_S):
                 return self._rendezvous_timed_out()
             time.sleep(POLL_S)
 
