@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/decide_traces.py                 # real logs + synthetic report set: seeds 500-529
     .venv/bin/python bench/decide_traces.py --seeds 0-29    # ... the synthetic tuning set
+    .venv/bin/python bench/decide_traces.py --timeline LOG [--precision 0.10] [--min-steady-seconds 40]
 
 Real logs: per log the labelled verdict and level against what decide/ says, the level error, and the
 seconds from the first step line to the first steady declaration (and to the declaration of the level held
@@ -10,6 +11,9 @@ at the end, when a shift re-opened it).
 Per trace kind: verdicts right, premature steady declarations (before the true warm-up end), false
 fallbacks, detection delay after the true warm-up end (steps, seconds), truncation-point error and the
 steady figure's error; then the judge's cost per log line. Figures, not pass/fail.
+--timeline: one log replayed up to each of its step lines (O(lines^2): ~30 s of CPU for 650 lines), printing
+what holds the verdict back each time that changes (the trend check, the level's interval, the minimums or
+confirming blocks, no warm-up end yet), then per check the seconds after the first step line it failed.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "decide"))  # tracegen, reallogs
 
-from reallogs import labelled, judge  # noqa: E402
+from reallogs import first_step_ts, labelled, judge  # noqa: E402
 from reallogs import score as score_real  # noqa: E402
 from tracegen import KINDS, score, suite  # noqa: E402
 
-from orchestrator.decide import replay  # noqa: E402
+from orchestrator.decide import DecideConfig, replay  # noqa: E402
+from orchestrator.logfmt import StepRecord, parse_logfmt  # noqa: E402
 
 
 def seed_range(text: str) -> range:
@@ -71,10 +76,61 @@ def real_table() -> None:
     print("  (noise = IQR / median of the interval throughputs; * = flagged noisy)\n")
 
 
+def held_back_by(checks: dict) -> str:
+    """What keeps an undecided verdict undecided, from its evidence's checks."""
+    if not checks:
+        return "no warm-up end yet"
+    failing = [name for name, key in (("trend", "no_trend_beyond_precision"), ("interval", "interval_within_precision"))
+               if not checks.get(key)]
+    return " + ".join(failing) or "minimums / confirming blocks"
+
+
+def timeline(path: Path, config: DecideConfig) -> None:
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    t0 = first_step_ts(lines)
+    print(f"{path.name} at precision {config.precision:.0%}, minimums {config.min_steady_steps} steps / "
+          f"{config.min_steady_seconds:.0f} s; seconds after the first step line")
+    previous, failed, analysed = None, defaultdict(list), 0
+    decision = None
+    for index, text in enumerate(lines):
+        record = parse_logfmt(text)
+        if not isinstance(record, StepRecord) or record.ts is None:
+            continue
+        decision = replay(lines[: index + 1], run=path.stem, config=config)
+        seconds = record.ts - t0
+        checks = (decision.evidence.get("steady") or {}).get("checks") or {}
+        state = decision.decision if decision.decision != "undecided" else held_back_by(checks)
+        if checks and decision.decision == "undecided":
+            analysed += 1
+            for name, key in (("trend", "no_trend_beyond_precision"), ("interval", "interval_within_precision")):
+                if not checks.get(key):
+                    failed[name].append(seconds)
+        if state != previous:
+            figure = f" at {decision.steady_tok_s:,.0f}" if decision.steady_tok_s is not None else ""
+            trend_95 = checks.get("trend_rel_95")
+            detail = (f"  trend 95% {trend_95[0] or 0:+.1%}..{trend_95[1] or 0:+.1%}, level +/-"
+                      f"{checks.get('interval_half_width_rel') or 0:.1%}") if trend_95 else ""
+            print(f"  {seconds:6.1f} s  step {record.step:>7}  {state}{figure}{detail}")
+            previous = state
+    for name in ("trend", "interval"):
+        times = failed[name]
+        span = f", first at {times[0]:.1f} s, last at {times[-1]:.1f} s" if times else ""
+        print(f"  {name} check failed on {len(times)} of {analysed} analysed undecided step lines{span}")
+    if decision is not None:
+        print(f"  end: {decision.decision}: {decision.reason}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="500-529", help="seed range, e.g. 500-529 (report) or 0-29 (tuning)")
-    seeds = seed_range(parser.parse_args().seeds)
+    parser.add_argument("--timeline", type=Path, help="one log: what holds its verdict back, and from when")
+    parser.add_argument("--precision", type=float, default=DecideConfig.precision, help="with --timeline")
+    parser.add_argument("--min-steady-seconds", type=float, default=DecideConfig.min_steady_seconds, help="with --timeline")
+    args = parser.parse_args()
+    if args.timeline:
+        timeline(args.timeline, DecideConfig(precision=args.precision, min_steady_seconds=args.min_steady_seconds))
+        return
+    seeds = seed_range(args.seeds)
     real_table()
     traces = suite(seeds)
     rows_by_kind: dict[str, list[dict]] = defaultdict(list)
