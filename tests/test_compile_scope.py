@@ -79,11 +79,16 @@ def test_unknown_scope_names_the_choices():
 
 
 @pytest.mark.slow
-def test_run_with_both_scopes_trains_and_says_so_on_its_start_line(tmp_path):
-    result = run_trainer(tmp_path, "regional", "--variant", "nographs", "--steps", "40", "--log-every", "10",
-                         "--set", "drafter.compile_scope=layers", "--set", "target.compile=layers", timeout=240)
+@pytest.mark.parametrize("topology", ["threads", "procsplit"])
+def test_run_with_both_scopes_trains_and_says_so_on_its_start_line(tmp_path, topology):
+    """Two replicas: in-process averaging (threads) or DistributedDataParallel over gloo (procsplit) around
+    layers compiled as regions; the replicas end bit-identical."""
+    result = run_trainer(tmp_path, "regional", "--variant", "nographs", "--topology", topology, "--steps", "40",
+                         "--log-every", "10", "--set", "run.drafters=cpu,cpu", "--set", "drafter.compile_scope=layers",
+                         "--set", "target.compile=layers", timeout=300)
     assert result.code == 0, result.stderr[-2000:]
     settings = result.events("start")[0].fields["compile_settings"]
     assert "scope=layers" in settings and "target.compile=layers" in settings
     losses = [s.loss for s in result.steps]
     assert losses[-1] < 0.5 * losses[0]
+    assert result.events("done")[0].fields["replicas"] == "identical"
