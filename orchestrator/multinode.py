@@ -20,6 +20,7 @@ runs and holds no SQL.
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -114,8 +115,24 @@ def node_spec(spec: runs_lib.RunSpec, rank: int, nnodes: int, rendezvous: Rendez
     return replace(spec, args=args, chain=())
 
 
-def check_specs(specs: Sequence[runs_lib.RunSpec], variant, hosts: Sequence[str]) -> None:
+HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+def check_master_addr(addr: str | None) -> None:
+    """--master-addr must be an IP address or a DNS host name (it reaches every node's command line)."""
+    if addr is None:
+        return
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        if not HOSTNAME_RE.fullmatch(addr):
+            raise UsageError(f"--master-addr {addr!r}: expected an IP address or a host name (letters, digits, "
+                             "'-' and '.'), the address the other nodes reach the first one at") from None
+
+
+def check_specs(specs: Sequence[runs_lib.RunSpec], variant, hosts: Sequence[str], master_addr: str | None = None) -> None:
     """Refuse what cannot be a multi-node run, before any connection."""
+    check_master_addr(master_addr)
     if len(set(hosts)) != len(hosts):
         raise UsageError(f"--host {', '.join(hosts)}: a target may be one node only")
     if variant.command is not None or variant.topology != "procsplit":

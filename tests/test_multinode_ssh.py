@@ -199,6 +199,14 @@ def test_a_variant_that_cannot_span_nodes_is_a_usage_error(hosts):
     assert refused.returncode == 2 and "asks for 2 nodes, got 1 --host" in refused.stderr
 
 
+def test_a_master_addr_with_shell_metacharacters_is_refused_before_any_connection(hosts):
+    refused = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2", "--master-addr", "n0;touch /tmp/x")
+    assert refused.returncode == 2
+    assert "--master-addr 'n0;touch /tmp/x': expected an IP address or a host name" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) <= 2
+    assert not hosts.log(0).exists() and not hosts.log(1).exists() and hosts.runs() == []
+
+
 @pytest.mark.slow
 @pytest.mark.lxc
 def test_containers_on_two_netns_hosts_refuse_then_train_one_run_and_a_killed_node_is_named(tmp_path, netns_hosts, ssh_home):

@@ -160,7 +160,7 @@ def _launch_nodes(inv, hosts: list[str], variant: str, *, name: Optional[str], s
     from .. import multinode
 
     specs = [runs_lib.spec_for(inv, host, variant, sets=runs_lib.parse_sets(sets), wandb=wandb, chain=()) for host in hosts]
-    multinode.check_specs(specs, inv.variant(variant), hosts)
+    multinode.check_specs(specs, inv.variant(variant), hosts, master_addr)
     targets = [inv.target(host) for host in hosts]
     gates = [None if no_preflight else Gate(t, tolerate=TOLERABLE_WHEN_BUSY if force else ()) for t in targets]
     port = master_port or inv.variant(variant).master_port
