@@ -64,6 +64,8 @@ FAILURE_TEXT_BYTES = 800
 RENDEZVOUS_GRACE_S = 5.0  # beyond the store's own timeout, before the supervisor gives up on a rendezvous
 PEER_LOST = "peer_lost"
 RENDEZVOUS = "rendezvous"
+DDP_BUCKET_MB = 100  # gradient all_reduce granularity: ~10 buckets per qwen3-8b-shape drafter layer
+COLLECTIVE_WORDS = ("gloo", "Gloo", "NCCL", "Connection", "connection", "ProcessGroup")  # in a backend's errors
 
 
 class RendezvousError(RuntimeError):
@@ -93,9 +95,6 @@ class Topology:
     @property
     def endpoint(self) -> str:
         return f"{self.addr}:{self.port}"
-
-
-DDP_BUCKET_MB = 100  # gradient all_reduce granularity: ~10 buckets per qwen3-8b-shape drafter layer
 
 
 def free_port() -> int:
@@ -145,9 +144,6 @@ def first_line(text: str) -> str:
 def is_collective_failure(exc: BaseException) -> bool:
     """A torch.distributed failure (its own error type, or the backend's words in a RuntimeError)."""
     return isinstance(exc, dist.DistError) or any(word in str(exc) for word in COLLECTIVE_WORDS)
-
-
-COLLECTIVE_WORDS = ("gloo", "Gloo", "NCCL", "Connection", "connection", "ProcessGroup")
 
 
 def collective(op, *args):
