@@ -49,6 +49,9 @@ RELEASE_CHECKS = ("nvidia_smi", "gpus_idle")
 MAX_NAME_TRIES = 5
 LEASE_S = 15.0  # a claim not renewed for this long is free: its owner died (kill -9) or hangs
 FALLBACK = "fallback"
+MULTINODE_FALLBACK = "multinode_fallback"  # subject: the multi-node run a chain started from (multinode.py)
+INTENT_WAIT_S = 600.0  # how long a dfo waits for another live one to finish an intent it is carrying out
+INTENT_POLL_S = 0.5
 
 
 # ---------------------------------------------------------------------------------------------- policy
@@ -193,6 +196,40 @@ class Claims:
 
 def chain_key(root: str) -> str:
     return f"chain:{root}"
+
+
+def carry_out_once(store: Store, intent: Intent, carry: Callable[[dict], dict], *, ttl_s: float = LEASE_S,
+                   wait_s: float = INTENT_WAIT_S) -> dict:
+    """Carry out a recorded intent once among every dfo that tries: the one holding the claim `intent:<id>`
+    (renewed on a thread while `carry` runs) calls carry(data) and closes the intent with what it returns;
+    the others wait until it is closed and return its data. A holder that dies (kill -9) stops renewing:
+    once its lease runs out one of the others takes over. An exception from `carry` leaves the intent open."""
+    key, claims = f"intent:{intent.id}", Claims(store, ttl_s=ttl_s)
+    deadline = time.monotonic() + wait_s
+    while not claims.holds(key):
+        if store.get_intent(intent.id).done_at is not None:
+            return store.get_intent(intent.id).data
+        holder = claims.holder(key)
+        if time.monotonic() >= deadline:
+            raise RefusedError(f"another dfo (pid {holder.pid if holder else '?'} on {holder.host if holder else '?'}) "
+                               f"is still carrying out {intent.kind} of {intent.data.get('run')}",
+                               hint="dfo runs shows what it launched; try again once it is done")
+        time.sleep(INTENT_POLL_S)
+    done = threading.Event()
+    renewer = threading.Thread(target=lambda: [claims.holds(key) for _ in iter(lambda: done.wait(ttl_s / 4), True)],
+                               daemon=True)
+    renewer.start()
+    try:
+        current = store.get_intent(intent.id)  # the holder before us may have closed it just before we took it
+        if current.done_at is not None:
+            return current.data
+        data = carry(dict(current.data))
+        store.update_intent(intent.id, data, done=True)
+        return data
+    finally:
+        done.set()
+        renewer.join(5)
+        claims.release_all()
 
 
 # ---------------------------------------------------------------------------------------------- acting

@@ -30,7 +30,8 @@ import time
 
 from . import runs as runs_lib
 from .chains import (
-    RELEASE_CHECKS, WATCH_POLICY, carry_checkpoint, catalogue_for, check_resumable, first_launch, next_variant_after,
+    MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, carry_checkpoint, carry_out_once, catalogue_for, check_resumable,
+    first_launch, next_variant_after,
 )
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
@@ -261,10 +262,10 @@ def root_of(store: Store, run: str) -> str:
 
 
 def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: float = 30.0,
-              gpu_poll_s: float = 1.0) -> MultiLaunched | None:
+              gpu_poll_s: float = 1.0) -> dict | None:
     """After the watch of multi-node `run`: if its first failure falls back (watch's policy) and the chain
-    has a next variant that can span nodes, stop what still runs and launch it on the same targets; None
-    when there is nothing to do. Waits up to `gpu_release_s` for the nodes' GPUs to read idle."""
+    has a next variant that can span nodes, record the intent (once: two dfo deciding it share it), then
+    finish it (finish_fallback). None when there is nothing to do, else the closed intent's data."""
     culprit = first_failure(outcomes(store, run))
     if culprit is None or not WATCH_POLICY.falls_back(culprit.decision):
         return None
@@ -276,11 +277,71 @@ def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: 
     variant = next_variant_after(chain, nodes[culprit.rank], decision, catalogue_for(inventory), topologies)
     if variant is None:
         return None
-    stop_nodes(store, run, connections.container, grace_s=STOP_GRACE_S)
-    launched = successor(inventory, connections, store, run, variant, gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s)
-    store.add_event(run, "fell_back", {"to": launched.name, "variant": variant, "first_failed": nodes[culprit.rank].name,
-                                       "rest": list(rest_of_chain(chain, variant))})
-    return launched
+    intent = store.add_intent_once(root_of(store, run), MULTINODE_FALLBACK, {
+        "run": run, "variant": variant, "first_failed": nodes[culprit.rank].name,
+        "rest": list(rest_of_chain(chain, variant)), "reason": culprit.decision})
+    runs_lib._test_hook("recorded", FALLBACK_HOOK)
+    return finish_fallback(inventory, connections, store, intent, gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s)
+
+
+FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"
+MAX_TRIES = 5
+
+
+def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release_s: float = 30.0,
+                    gpu_poll_s: float = 1.0) -> dict:
+    """Carry out a recorded multi-node fallback once (chains.carry_out_once): stop what still runs of the
+    run, then launch its successor on every node. A successor a dfo that died left fully started is adopted;
+    one it left partly started has its started nodes stopped and is launched again as `-2`. Returns the
+    intent's data: `next_run` and `nodes`, or `error` when the launch failed (closed: not tried again). A stop that fails leaves the intent open for the next watch (DfoError)."""
+    def carry(data: dict) -> dict:
+        stop_nodes(store, data["run"], connections.container, grace_s=STOP_GRACE_S)
+        runs_lib._test_hook("stopped", FALLBACK_HOOK)
+        nnodes = len(store.nodes_of(data["run"]))
+        for suffix in range(1, MAX_TRIES + 1):  # a name a dfo that died began launching: adopt it or pass it by
+            name = next_name(store, data["run"], data["variant"], suffix=suffix)
+            if store.nodes_of(name):  # recorded as one run: nodes may have started
+                refresh_nodes(connections, store, name)
+                if all(store.get_run(node).pid is not None for node in store.nodes_of(name)):
+                    return {**data, "name": name, "next_run": name, "nodes": store.nodes_of(name), "error": None}
+                stop_nodes(store, name, connections.container, grace_s=STOP_GRACE_S)  # partly started
+            elif not any(store.find_run(node_name(name, rank)) for rank in range(nnodes)):
+                break  # a free name (prepared rows never recorded as a run had nothing started: passed by)
+        else:
+            return {**data, "next_run": None, "nodes": [], "error": f"no free run name for the fallback of {data['run']}"}
+        store.update_intent(intent.id, {**data, "name": name})  # what a dfo that dies from here on started
+        try:
+            launched = successor(inventory, connections, store, data["run"], data["variant"], name=name,
+                                 gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s)
+        except DfoError as exc:
+            return {**data, "name": name, "next_run": None, "nodes": [], "error": f"launching {data['variant']} failed: {exc}"}
+        store.add_event(data["run"], "fell_back", {"to": launched.name, "variant": data["variant"],
+                                                   "first_failed": data["first_failed"], "rest": data["rest"]})
+        return {**data, "name": name, "next_run": launched.name, "nodes": [n.run.name for n in launched.nodes],
+                "error": None}
+
+    return carry_out_once(store, intent, carry)
+
+
+def finish_open(inventory, connections, store: Store, runs, **waits) -> list[dict]:
+    """Finish the multi-node fallbacks a dfo that died left open in the chains of the multi-node `runs`."""
+    roots = dict.fromkeys(root_of(store, run) for run in runs)
+    return [finish_fallback(inventory, connections, store, intent, **waits)
+            for root in roots for intent in store.open_intents(root) if intent.kind == MULTINODE_FALLBACK]
+
+
+def refresh_nodes(connections, store: Store, run: str) -> None:
+    """Bring `run`'s nodes' rows up to date (a launch a dfo did not finish recording is found or marked failed)."""
+    for name in store.nodes_of(run):
+        node = store.get_run(name)
+        if node.active:
+            runs_lib.look(connections.container(node.target), store, [node])
+
+
+def next_name(store: Store, run: str, variant: str, *, suffix: int = 1) -> str:
+    """`<root>.<n>-<variant>` for the successor of multi-node `run` (n = its place in the chain), `-2`... after."""
+    base = f"{root_of(store, run)}.{len(store.lineage(store.nodes_of(run)[0])) + 1}-{variant}"
+    return base if suffix == 1 else f"{base}-{suffix}"
 
 
 def resume(inventory, connections, store: Store, run: str, *, force: bool = False) -> MultiLaunched:
@@ -297,12 +358,13 @@ def resume(inventory, connections, store: Store, run: str, *, force: bool = Fals
 
 
 def successor(inventory, connections, store: Store, run: str, variant: str, *, resume: bool = False,
-              package: Package | None = None, gpu_release_s: float = 0.0, gpu_poll_s: float = 1.0) -> MultiLaunched:
+              package: Package | None = None, gpu_release_s: float = 0.0, gpu_poll_s: float = 1.0,
+              name: str | None = None) -> MultiLaunched:
     """The next run of multi-node `run`'s chain on the same targets and rendezvous: `NAME.<n>-<variant>`, the
     first launch's --set and W&B mode, each node the child of its predecessor; with `resume`, each node's
     checkpoint carried over first. A preflight that only finds the GPUs busy is retried for `gpu_release_s`."""
     nodes = [store.get_run(name) for name in store.nodes_of(run)]
-    name = f"{root_of(store, run)}.{len(store.lineage(nodes[0].name)) + 1}-{variant}"
+    name = name or next_name(store, run, variant)
     first = first_launch(store, store.lineage(nodes[0].name)[0])
     specs = [replace(runs_lib.spec_for(inventory, node.target, variant, sets=dict(first.get("sets") or {}),
                                        wandb=first.get("wandb") or "off", parent=node.name, chain=()), resume=resume)

@@ -261,6 +261,7 @@ class Intent:
     kind: str
     data: dict[str, Any]
     created_at: str
+    done_at: str | None = None
 
 
 RUN_COLUMNS = tuple(f.name for f in fields(Run) if f.name != "id")
@@ -567,6 +568,21 @@ class Store:
                                 (subject, kind, json.dumps(dict(data)), utc_now()))
         return int(cursor.lastrowid)
 
+    def add_intent_once(self, subject: str, kind: str, data: Mapping[str, Any]) -> "Intent":
+        """The intent of `kind` on `subject` about run `data["run"]` recorded before (open or done), else a new
+        one: in one transaction, so two dfo deciding the same action at once record it once."""
+        with self._write() as db:
+            for row in db.execute("SELECT * FROM intents WHERE subject = ? AND kind = ? ORDER BY id", (subject, kind)):
+                if json.loads(row["data"]).get("run") == data["run"]:
+                    return _intent(row)
+            cursor = db.execute("INSERT INTO intents (subject, kind, data, created_at) VALUES (?, ?, ?, ?)",
+                                (subject, kind, json.dumps(dict(data)), utc_now()))
+            row = db.execute("SELECT * FROM intents WHERE id = ?", (cursor.lastrowid,)).fetchone()
+        return _intent(row)
+
+    def get_intent(self, intent_id: int) -> "Intent":
+        return _intent(self._query("SELECT * FROM intents WHERE id = ?", (intent_id,))[0])
+
     def update_intent(self, intent_id: int, data: Mapping[str, Any], *, done: bool = False) -> None:
         with self._write() as db:
             db.execute("UPDATE intents SET data = ?, done_at = ? WHERE id = ?",
@@ -577,7 +593,7 @@ class Store:
         clause, params = _where(subject=subject)
         clause = f"{clause} AND done_at IS NULL" if clause else " WHERE done_at IS NULL"
         rows = self._query(f"SELECT * FROM intents{clause} ORDER BY id", params)
-        return [Intent(r["id"], r["subject"], r["kind"], json.loads(r["data"]), r["created_at"]) for r in rows]
+        return [_intent(r) for r in rows]
 
     def set_offset(self, run: str, offset: int) -> None:
         """Remember how far into the run's log the watcher has read."""
@@ -687,6 +703,10 @@ class Store:
         rows = self._query(f"SELECT run, key, channel, claimed_at, done_at, ok, detail FROM notifications{clause}"
                            " ORDER BY claimed_at, rowid", params)
         return [{**dict(r), "ok": None if r["ok"] is None else bool(r["ok"])} for r in rows]
+
+
+def _intent(row: sqlite3.Row) -> Intent:
+    return Intent(row["id"], row["subject"], row["kind"], json.loads(row["data"]), row["created_at"], row["done_at"])
 
 
 def _extra(sample: Mapping[str, Any], known: Sequence[str]) -> str | None:

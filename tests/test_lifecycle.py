@@ -136,3 +136,42 @@ def test_a_fallback_left_half_done_by_a_dead_dfo_is_finished_by_the_next_watch_a
     assert lab.store.open_intents("h1") == []
     [chain] = watcher.chains()
     assert chain["runs"] == ["h1", "h1.2-nographs"] and chain["decision"]["decision"] == "steady"
+
+
+def test_an_intent_is_recorded_once_carried_out_once_by_racing_dfo_and_taken_over_when_its_holder_dies(tmp_path) -> None:
+    import threading
+    import time
+
+    from orchestrator.chains import Claims, carry_out_once
+    from orchestrator.store import Store
+
+    db = tmp_path / "dfo.db"
+    with Store(db) as store:
+        intent = store.add_intent_once("mn", "multinode_fallback", {"run": "mn", "variant": "b"})
+        again = store.add_intent_once("mn", "multinode_fallback", {"run": "mn", "variant": "b"})
+        assert again.id == intent.id  # a second dfo deciding the same fallback shares the first one's intent
+    calls, results = [], []
+
+    def carry(data: dict) -> dict:
+        calls.append(data)
+        time.sleep(1.0)
+        return {**data, "next_run": "mn.2-b"}
+
+    def racer() -> None:
+        with Store(db) as own:  # each racer its own connection and claim owner, as two dfo processes
+            results.append(carry_out_once(own, intent, carry))
+
+    racers = [threading.Thread(target=racer) for _ in range(3)]
+    for thread in racers:
+        thread.start()
+    for thread in racers:
+        thread.join(30)
+    assert len(calls) == 1 and [r["next_run"] for r in results] == ["mn.2-b"] * 3
+    with Store(db) as store:
+        assert store.open_intents() == [] and store.get_intent(intent.id).data["next_run"] == "mn.2-b"
+        orphan = store.add_intent_once("mn9", "multinode_fallback", {"run": "mn9", "variant": "b"})
+        Claims(store, ttl_s=1.5).holds(f"intent:{orphan.id}")  # taken by a dfo that then died (no renewal)
+        started = time.monotonic()
+        data = carry_out_once(store, orphan, lambda d: {**d, "next_run": "mn9.2-b"}, ttl_s=1.5)
+        assert data["next_run"] == "mn9.2-b" and time.monotonic() - started > 0.5  # after its lease ran out
+        assert store.open_intents() == []

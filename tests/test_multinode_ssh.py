@@ -32,15 +32,15 @@ class TwoHosts:
     def __init__(self, tmp_path: Path, inventory: Path, port: int) -> None:
         self.tmp, self.inventory, self.port, self.state = tmp_path, inventory, port, tmp_path / "state"
 
-    def dfo(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        env = {**os.environ, "DFO_HOME": str(self.state)}
+    def dfo(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+        env = {**os.environ, "DFO_HOME": str(self.state), **(env or {})}
         env.pop("DFO_INVENTORY", None)
         return subprocess.run([DFO, *args, "-i", str(self.inventory)], capture_output=True, text=True,
                               timeout=timeout, env=env)
 
-    def launch(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    def launch(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
         return self.dfo("launch", "--name", "mn", "--master-addr", "127.0.0.1", "--master-port", str(self.port),
-                        "--json", *args, timeout=timeout)
+                        "--json", *args, timeout=timeout, env=env)
 
     def log(self, node: int) -> Path:
         return self.tmp / f"ws{node}" / "logs" / f"mn.node{node}.log"
@@ -259,3 +259,52 @@ def test_containers_on_two_netns_hosts_refuse_then_train_one_run_and_a_killed_no
     summary = watched.stdout.strip().splitlines()[-1]
     assert summary.startswith("mn: crash on node 1 (ct1) first"), watched.stdout
     assert "node 0 (ct0): peer_lost, a consequence" in summary
+
+
+def popen_dfo(hosts: TwoHosts, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "DFO_HOME": str(hosts.state)}
+    env.pop("DFO_INVENTORY", None)
+    return subprocess.Popen([DFO, *args, "-i", str(hosts.inventory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def fell_back(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines()
+            if line.startswith("{") and json.loads(line).get("kind") == "multinode_fell_back"]
+
+
+def open_intents(hosts: TwoHosts) -> list:
+    from orchestrator.store import Store
+    with Store(hosts.state / "dfo.db") as store:
+        return store.open_intents()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["recorded", "stopped"])
+def test_a_multinode_fallback_left_half_done_by_a_killed_dfo_is_finished_once_by_two_racing_watches(hosts, point):
+    killed = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail", "--watch", "--until-decided",
+                          "--json", timeout=300, env={"DFO_TEST_FALLBACK_EXIT_AT": point})
+    assert killed.returncode == 137, killed.stdout[-3000:] + killed.stderr  # dfo died inside the fallback
+    assert not fell_back(killed.stdout)
+    assert sorted(r["name"] for r in hosts.runs()) == ["mn.node0", "mn.node1"]  # nothing launched yet
+    [intent] = open_intents(hosts)
+    assert (intent.subject, intent.data["run"], intent.data["variant"]) == ("mn", "mn", "ps2ok")
+
+    # two dfo finish it at once (one names the run, one watches "every active run"): one fallback, both follow it
+    racers = [popen_dfo(hosts, "watch", "mn", "--until-decided", "--json"),
+              popen_dfo(hosts, "watch", "--until-decided", "--json")]
+    outs = [racer.communicate(timeout=300) for racer in racers]
+    for racer, (out, err) in zip(racers, outs):
+        assert racer.returncode == 0, out[-3000:] + err
+        [told] = fell_back(out)
+        assert (told["next_run"], told["nodes"]) == ("mn.2-ps2ok", ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1"]), out
+    runs = {r["name"]: r for r in hosts.runs()}
+    assert sorted(runs) == ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1", "mn.node0", "mn.node1"]  # each node once
+    assert runs["mn.2-ps2ok.node1"]["parent"] == "mn.node1"
+    for node in (0, 1):
+        log = hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok.node{node}.log"
+        assert log.read_text().count("event=start") == 1 and Path(f"{log}.exit").read_text().strip() == "0"
+    assert open_intents(hosts) == []
+    again = hosts.dfo("watch", "mn", "--until-decided", "--json", timeout=120)  # done: nothing more launches
+    assert again.returncode == 0 and not fell_back(again.stdout), again.stdout[-2000:] + again.stderr
+    assert len(hosts.runs()) == 4

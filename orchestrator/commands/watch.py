@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import typer
 from rich.live import Live
 
-from ..chains import inventory_for
+from ..chains import MULTINODE_FALLBACK, inventory_for
 from ..connections import Connections
 from ..errors import DfoError
 from ..events import DecisionMade, Event, GpuError
@@ -76,8 +76,7 @@ def report_multinode(store: Store, runs: Sequence[str], as_json: bool) -> None:
     from ..multinode import outcomes, summary
     from ..decide.nodes import first_failure
 
-    groups = dict.fromkeys(group[0] for group in (store.node_group(run) for run in runs) if group)
-    for group in groups:
+    for group in groups_of(store, runs):
         if as_json:
             culprit = first_failure(outcomes(store, group))
             print_json({"kind": "multinode", "run": group, "nodes": store.nodes_of(group),
@@ -89,8 +88,10 @@ def report_multinode(store: Store, runs: Sequence[str], as_json: bool) -> None:
 
 def resolve_names(store: Store, names: Sequence[str]) -> list[str]:
     """Named runs (each replaced by the newest run of its chain), or every active run when none is named."""
-    if not names:
-        return [run.name for run in store.list_runs(active=True)]
+    if not names:  # and the nodes of multi-node runs whose fallback a dfo that died left half done
+        return list(dict.fromkeys([run.name for run in store.list_runs(active=True)] + [
+            node for intent in store.open_intents() if intent.kind == MULTINODE_FALLBACK
+            for node in store.nodes_of(intent.data["run"])]))
     resolved = []
     for name in resolve_nodes(store, names):
         store.get_run(name)  # UnknownRun names the fix
@@ -118,6 +119,8 @@ def watch_runs(
     Returns the exit status: 1 when a chain's final verdict is a failure (crash, stall, too slow, undecided
     when the watch ended, drifting) or a run was given up on, else 0 (steady, exited cleanly, stopped);
     130 on Ctrl-C."""
+    if fallback:  # a multi-node fallback a dfo that died left half done: finished first, then its successor watched
+        names = finish_open_groups(inventory, names, as_json)
     with Connections(inventory) as connections, Store() as store:
         names = resolve_nodes(store, names)
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
@@ -157,6 +160,31 @@ def watch_runs(
     return 1 if lost else verdicts_exit_status(d.get("decision") for d in decisions)
 
 
+def finish_open_groups(inventory: Inventory, names: Sequence[str], as_json: bool) -> list[str]:
+    """`names` with each multi-node run whose chain has a fallback left half done (multinode.finish_open)
+    replaced by the newest run of its chain once that fallback is finished."""
+    from ..multinode import finish_open
+
+    with Store() as store:
+        groups = groups_of(store, resolve_nodes(store, names))
+        if not any(intent.kind == MULTINODE_FALLBACK for intent in store.open_intents()) or not groups:
+            return list(names)
+    with Connections(inventory) as connections, Store() as store:
+        try:
+            finished = finish_open(inventory, connections, store, groups)
+        except DfoError as exc:
+            err_console.print(f"finishing a half-done fallback failed: {exc}", highlight=False, markup=False)
+            return list(names)
+        for data in finished:
+            tell_fell_back(data, as_json)
+        return resolve_names(store, names) if finished else list(names)
+
+
+def groups_of(store: Store, names: Sequence[str]) -> list[str]:
+    """The multi-node runs the node runs among `names` belong to, once each."""
+    return list(dict.fromkeys(group[0] for group in (store.node_group(run) for run in names) if group))
+
+
 def fall_back_groups(inventory: Inventory, names: Sequence[str], as_json: bool) -> list[str]:
     """Relaunch, with the next variant, each multi-node run among `names` whose first failure falls back
     (multinode.fall_back); the names of the runs launched."""
@@ -164,22 +192,29 @@ def fall_back_groups(inventory: Inventory, names: Sequence[str], as_json: bool) 
 
     launched_names = []
     with Connections(inventory) as connections, Store() as store:
-        for group in dict.fromkeys(group[0] for group in (store.node_group(run) for run in names) if group):
+        for group in groups_of(store, names):
             try:
-                launched = fall_back(inventory, connections, store, group)
+                data = fall_back(inventory, connections, store, group)
             except DfoError as exc:
                 err_console.print(f"{group}: falling back failed: {exc}", highlight=False, markup=False)
                 continue
-            if launched is None:
-                continue
-            launched_names.append(launched.name)
-            if as_json:
-                print_json({"kind": "multinode_fell_back", "run": group, "next_run": launched.name,
-                            "nodes": [node.run.name for node in launched.nodes]})
-            else:
-                console.print(f"{group}: fell back on all {len(launched.nodes)} nodes to {launched.name}",
-                              highlight=False, markup=False, soft_wrap=True)
+            if data is not None and tell_fell_back(data, as_json):
+                launched_names.append(data["next_run"])
     return launched_names
+
+
+def tell_fell_back(data: dict, as_json: bool) -> bool:
+    """One line on a multi-node fallback (a closed intent's data); False when its launch failed."""
+    if data.get("error"):
+        err_console.print(f"{data['run']}: falling back failed: {data['error']}", highlight=False, markup=False)
+        return False
+    if as_json:
+        print_json({"kind": "multinode_fell_back", "run": data["run"], "next_run": data["next_run"],
+                    "nodes": data["nodes"]})
+    else:
+        console.print(f"{data['run']}: fell back on all {len(data['nodes'])} nodes to {data['next_run']}",
+                      highlight=False, markup=False, soft_wrap=True)
+    return True
 
 
 def drive(watcher: Watcher, until_decided: bool, interval: float, refresh) -> None:
