@@ -44,6 +44,12 @@ from .store import Store
 
 RENDEZVOUS_TIMEOUT = 30.0
 STOP_GRACE_S = 10.0  # stopping the nodes already started when a later one fails to start
+MAX_TRIES = 5  # successor names a fallback tries (`-2`, ...) past ones a dfo that died began launching
+FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"  # tests: recorded | stopped | nodeK_started (runs._test_hook)
+
+
+class PortTaken(RefusedError):
+    """The rendezvous port is in use on the first target."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,7 @@ def find_rendezvous(target: Target, spec: runs_lib.RunSpec, port: int, addr: str
     result = target.run(rendezvous_script(spec.python, port), timeout=RENDEZVOUS_TIMEOUT)
     info = parse_probe(result.stdout)
     if info.get("port") == "taken":
-        raise RefusedError(f"rendezvous port {port} is already taken on {spec.target}; nothing was started",
+        raise PortTaken(f"rendezvous port {port} is already taken on {spec.target}; nothing was started",
                            hint="pass --master-port with a free port (or set master_port: in the variant)")
     if info.get("port") != "free":
         raise RemoteError(f"cannot check rendezvous port {port} on {spec.target}: {result.tail(2) or 'no answer'}",
@@ -196,6 +202,7 @@ def launch_nodes(
     for index, ready in enumerate(prepared):
         try:
             launched.append(ready.start())
+            runs_lib._test_hook(f"node{index}_started", FALLBACK_HOOK)
         except BaseException:
             for later in prepared[index + 1:]:
                 later.cancel()
@@ -284,8 +291,6 @@ def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: 
     return finish_fallback(inventory, connections, store, intent, gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s)
 
 
-FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"
-MAX_TRIES = 5
 
 
 def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release_s: float = 30.0,
@@ -362,7 +367,8 @@ def successor(inventory, connections, store: Store, run: str, variant: str, *, r
               name: str | None = None) -> MultiLaunched:
     """The next run of multi-node `run`'s chain on the same targets and rendezvous: `NAME.<n>-<variant>`, the
     first launch's --set and W&B mode, each node the child of its predecessor; with `resume`, each node's
-    checkpoint carried over first. A preflight that only finds the GPUs busy is retried for `gpu_release_s`."""
+    checkpoint carried over first. A preflight that only finds the GPUs busy, or the rendezvous port still
+    taken (by the nodes just stopped), is retried for `gpu_release_s`."""
     nodes = [store.get_run(name) for name in store.nodes_of(run)]
     name = name or next_name(store, run, variant)
     first = first_launch(store, store.lineage(nodes[0].name)[0])
@@ -374,12 +380,15 @@ def successor(inventory, connections, store: Store, run: str, variant: str, *, r
         for target, spec, node in zip(targets, specs, nodes):
             carry_checkpoint(target, spec, node.name, node_name(name, nodes.index(node)))
     addr, _, port = store.node_group(nodes[0].name)[2].rpartition(":")
-    rendezvous = find_rendezvous(targets[0], specs[0], int(port), addr)
     gates = [Gate(inventory.target(node.target), judged=RELEASE_CHECKS) for node in nodes]
     deadline = time.monotonic() + gpu_release_s
-    while True:
+    while True:  # the nodes just stopped may hold their GPUs and the rendezvous port a moment longer
         try:
+            rendezvous = find_rendezvous(targets[0], specs[0], int(port), addr)
             return launch_nodes(targets, specs, store, name=name, rendezvous=rendezvous, gates=gates, package=package)
+        except PortTaken:
+            if time.monotonic() >= deadline:
+                raise
         except PreflightFailed as exc:
             if any(check.name not in RELEASE_CHECKS for check in exc.failed) or time.monotonic() >= deadline:
                 raise

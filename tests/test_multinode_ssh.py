@@ -273,6 +273,10 @@ def fell_back(stdout: str) -> list[dict]:
             if line.startswith("{") and json.loads(line).get("kind") == "multinode_fell_back"]
 
 
+def events_but_steps(stdout: str) -> str:
+    return "\n".join(line[:300] for line in stdout.splitlines() if '"step"' not in line and '"sample"' not in line)[:6000]
+
+
 def open_intents(hosts: TwoHosts) -> list:
     from orchestrator.store import Store
     with Store(hosts.state / "dfo.db") as store:
@@ -308,3 +312,25 @@ def test_a_multinode_fallback_left_half_done_by_a_killed_dfo_is_finished_once_by
     again = hosts.dfo("watch", "mn", "--until-decided", "--json", timeout=120)  # done: nothing more launches
     assert again.returncode == 0 and not fell_back(again.stdout), again.stdout[-2000:] + again.stderr
     assert len(hosts.runs()) == 4
+
+
+@pytest.mark.slow
+def test_a_multinode_fallback_killed_between_starting_its_nodes_is_relaunched_whole_once(hosts):
+    launched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail")
+    assert launched.returncode == 0, launched.stderr
+    killed = hosts.dfo("watch", "mn", "--until-decided", "--json", timeout=300,
+                       env={"DFO_TEST_FALLBACK_EXIT_AT": "node0_started"})
+    assert killed.returncode == 137, killed.stdout[-3000:] + killed.stderr  # node 0 of the successor started, not 1
+    partial = hosts.tmp / "ws0" / "logs" / "mn.2-ps2ok.node0.log"
+    wait_for(lambda: partial.exists(), 30, "the half-launched successor's node 0")
+    finished = hosts.dfo("watch", "mn", "--until-decided", "--json", timeout=300)
+    assert finished.returncode == 0, events_but_steps(finished.stdout) + finished.stderr
+    [told] = fell_back(finished.stdout)
+    assert (told["next_run"], told["nodes"]) == ("mn.2-ps2ok-2", ["mn.2-ps2ok-2.node0", "mn.2-ps2ok-2.node1"])
+    runs = {r["name"]: r for r in hosts.runs()}
+    assert runs["mn.2-ps2ok.node0"]["state"] in ("stopped", "crashed")  # the half-launched one: stopped or ended
+    assert runs["mn.2-ps2ok.node1"]["state"] == "failed" and runs["mn.2-ps2ok.node1"]["pid"] is None  # never started
+    for node in (0, 1):  # the whole successor trained to its end, each node started once
+        log = hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok-2.node{node}.log"
+        assert log.read_text().count("event=start") == 1 and Path(f"{log}.exit").read_text().strip() == "0"
+    assert open_intents(hosts) == []

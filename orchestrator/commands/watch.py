@@ -177,7 +177,9 @@ def finish_open_groups(inventory: Inventory, names: Sequence[str], as_json: bool
             return list(names)
         for data in finished:
             tell_fell_back(data, as_json)
-        return resolve_names(store, names) if finished else list(names)
+        if not finished:
+            return list(names)
+        return resolve_names(store, [store.lineage(node)[0] for node in resolve_nodes(store, names)])  # newest of each chain
 
 
 def groups_of(store: Store, names: Sequence[str]) -> list[str]:
