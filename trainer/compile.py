@@ -139,7 +139,6 @@ def apply_strategy(name: str, module: nn.Module, localtls_mode: str = "share",
     for region in regions:
         region.compile(**COMPILE_KWARGS[name])
     compiled.step_fn = module
-    compiled.settings = {**compiled.settings, "scope": f"layers x{len(regions)}"}
     return compiled
 
 

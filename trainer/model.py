@@ -257,16 +257,16 @@ class FlexMaskBuilder:
     def __init__(self) -> None:
         self.query_anchor: torch.Tensor | None = None  # (b, A*B)
         self.mask_mod = None
-        self.shape: tuple[int, int, int] = (0, 0, 0)
+        self.layout_key: tuple[int, ...] = ()  # (b, A*B, T, B) the buffer and mask_mod were made for
 
     def __call__(self, layout: BlockLayout):
         from torch.nn.attention.flex_attention import create_block_mask
 
         query_anchor = layout.query_anchor()  # (b, A*B)
-        shape = (*query_anchor.shape, layout.context_len)
-        if self.query_anchor is None or shape != self.shape or layout.block_size != self.block_size:
+        layout_key = (*query_anchor.shape, layout.context_len, layout.block_size)
+        if layout_key != self.layout_key:
             self.query_anchor = torch.empty_like(query_anchor)
-            self.shape, self.block_size = shape, layout.block_size
+            self.layout_key = layout_key
             self.mask_mod = _block_mask_mod(self.query_anchor, layout.context_len, layout.block_size)
         self.query_anchor.copy_(query_anchor)
         b, num_queries = query_anchor.shape

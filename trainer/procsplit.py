@@ -234,6 +234,7 @@ class DrafterProcess:
         from torch.nn.parallel import DistributedDataParallel
 
         objective = replica.compiled.module
+
         def broadcast_and_wrap(drafter):
             return DistributedDataParallel(
                 drafter, device_ids=[self.device] if is_cuda(self.device) else None, broadcast_buffers=False,
