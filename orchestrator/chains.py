@@ -318,18 +318,38 @@ class Supervisor:
         target_spec = self.inventory.target(spec.target)
         gpus = visible_gpus(spec, target_spec)
         gate = Gate(replace(target_spec, gpus=gpus), judged=RELEASE_CHECKS) if gpus else None
-        deadline = time.monotonic() + self.gpu_release_s
-        while True:
-            try:
-                return launch_run(target, spec, self.store, name=name, gate=gate).run
-            except PreflightFailed as exc:
-                if any(check.name not in RELEASE_CHECKS for check in exc.failed):
-                    raise  # ssh or container: not something waiting mends
-                if time.monotonic() >= deadline:
-                    raise GpusStillBusy(f"not launching {spec.variant}: the GPUs of {spec.target} are still busy "
-                                        f"{self.gpu_release_s:g} s after {after} ended "
-                                        f"({'; '.join(check.detail for check in exc.failed)})") from None
-            time.sleep(GPU_POLL_S)
+        try:
+            return until_released(lambda: launch_run(target, spec, self.store, name=name, gate=gate).run,
+                                  self.gpu_release_s, GPU_POLL_S)
+        except PreflightFailed as exc:
+            if not only_release_checks(exc):
+                raise  # ssh or container: not something waiting mends
+            raise GpusStillBusy(f"not launching {spec.variant}: the GPUs of {spec.target} are still busy "
+                                f"{self.gpu_release_s:g} s after {after} ended "
+                                f"({'; '.join(check.detail for check in exc.failed)})") from None
+
+
+def only_release_checks(exc: PreflightFailed) -> bool:
+    """The preflight failed only on what a run just stopped may still hold a moment (its GPUs)."""
+    return all(check.name in RELEASE_CHECKS for check in exc.failed)
+
+
+def until_released(attempt: Callable[[], Any], release_s: float, poll_s: float, *,
+                   also: tuple[type[Exception], ...] = ()) -> Any:
+    """`attempt()` for a successor of runs just stopped: again every `poll_s` while it fails only on the
+    release checks (or with one of `also`), for up to `release_s`; then that last error. Any other failure
+    is raised at once."""
+    deadline = time.monotonic() + release_s
+    while True:
+        try:
+            return attempt()
+        except PreflightFailed as exc:
+            if not only_release_checks(exc) or time.monotonic() >= deadline:
+                raise
+        except also:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(poll_s)
 
 
 # ---------------------------------------------------------------------------------------------- where runs came from

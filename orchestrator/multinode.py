@@ -26,19 +26,16 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Callable, Mapping, Sequence
 
-import time
-
 from . import runs as runs_lib
 from .chains import (
     MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, carry_checkpoint, carry_out_once, catalogue_for, check_resumable,
-    first_launch, next_variant_after,
+    first_launch, next_variant_after, until_released,
 )
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
 from .errors import DfoError, RefusedError, RemoteError, UsageError
 from .launchplan import Gate
 from .package import Package, build_package, parse_probe
-from .preflight import PreflightFailed
 from .remote.base import Target
 from .store import Store
 
@@ -206,8 +203,8 @@ def launch_nodes(
         except BaseException:
             for later in prepared[index + 1:]:
                 later.cancel()
-            for started in launched:
-                _stop_quietly(started.run.name, prepared[launched.index(started)].target, store)
+            for started, ready_before in zip(launched, prepared):
+                _stop_quietly(started.run.name, ready_before.target, store)
             raise
     return MultiLaunched(name, rendezvous, tuple(launched))
 
@@ -291,14 +288,13 @@ def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: 
     return finish_fallback(inventory, connections, store, intent, gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s)
 
 
-
-
 def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release_s: float = 30.0,
                     gpu_poll_s: float = 1.0) -> dict:
     """Carry out a recorded multi-node fallback once (chains.carry_out_once): stop what still runs of the
     run, then launch its successor on every node. A successor a dfo that died left fully started is adopted;
     one it left partly started has its started nodes stopped and is launched again as `-2`. Returns the
-    intent's data: `next_run` and `nodes`, or `error` when the launch failed (closed: not tried again). A stop that fails leaves the intent open for the next watch (DfoError)."""
+    intent's data: `next_run` and `nodes`, or `error` when the launch failed (closed: not tried again). A
+    stop that fails leaves the intent open for the next watch (DfoError)."""
     def carry(data: dict) -> dict:
         stop_nodes(store, data["run"], connections.container, grace_s=STOP_GRACE_S)
         runs_lib._test_hook("stopped", FALLBACK_HOOK)
@@ -377,19 +373,14 @@ def successor(inventory, connections, store: Store, run: str, variant: str, *, r
              for node in nodes]
     targets = [connections.container(node.target) for node in nodes]
     if resume:
-        for target, spec, node in zip(targets, specs, nodes):
-            carry_checkpoint(target, spec, node.name, node_name(name, nodes.index(node)))
+        for rank, (target, spec, node) in enumerate(zip(targets, specs, nodes)):
+            carry_checkpoint(target, spec, node.name, node_name(name, rank))
     addr, _, port = store.node_group(nodes[0].name)[2].rpartition(":")
     gates = [Gate(inventory.target(node.target), judged=RELEASE_CHECKS) for node in nodes]
-    deadline = time.monotonic() + gpu_release_s
-    while True:  # the nodes just stopped may hold their GPUs and the rendezvous port a moment longer
-        try:
-            rendezvous = find_rendezvous(targets[0], specs[0], int(port), addr)
-            return launch_nodes(targets, specs, store, name=name, rendezvous=rendezvous, gates=gates, package=package)
-        except PortTaken:
-            if time.monotonic() >= deadline:
-                raise
-        except PreflightFailed as exc:
-            if any(check.name not in RELEASE_CHECKS for check in exc.failed) or time.monotonic() >= deadline:
-                raise
-        time.sleep(gpu_poll_s)
+
+    def launch() -> MultiLaunched:
+        rendezvous = find_rendezvous(targets[0], specs[0], int(port), addr)
+        return launch_nodes(targets, specs, store, name=name, rendezvous=rendezvous, gates=gates, package=package)
+
+    # the nodes just stopped may hold their GPUs and the rendezvous port a moment longer
+    return until_released(launch, gpu_release_s, gpu_poll_s, also=(PortTaken,))
