@@ -8,6 +8,9 @@
 #                                   1 GPU on each GPU at once (cold; the cache of each device index), then
 #                                   both GPUs as one run (cache-warm), then --part layer and --part head
 #                                   (one region alone each, cold) to see which compile takes the time.
+#   bash bench/gpu_probe.sh cold    one GPU (nvidia-h200): qwen3-8b-shape threads, the preset's defaults
+#                                   (scope layers, target compiled), each strategy from a cold inductor
+#                                   cache of its own: nographs, trees, notrees, eager; then the summary.
 # Probe processes get their own inductor cache (cold figures); the scale runs share one, named in rc.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,5 +49,12 @@ scale)
     run layer 0 "${PIECE_S:-200}" /tmp/ind-layer python3 bench/gpu_probe.py --out "$OUT/p-layer" --part layer &
     run head 1 "${PIECE_S:-200}" /tmp/ind-head python3 bench/gpu_probe.py --out "$OUT/p-head" --part head &
     wait ;;
-*) echo "usage: bash bench/gpu_probe.sh probe|scale" >&2; exit 2 ;;
+cold)
+    for strategy in nographs trees notrees eager; do
+        case $strategy in nographs) secs=${NOGRAPHS_S:-170} ;; eager) secs=${EAGER_S:-75} ;; *) secs=${GRAPHS_S:-135} ;; esac
+        run "cold-$strategy" 0 "$secs" "/tmp/ind-cold-$strategy" "${QWEN[@]}" --variant "$strategy" --run-name "cold-$strategy"
+        python3 bench/qwen_summary.py "$OUT"/cold-*.log >"$OUT/summary.md" 2>&1
+    done
+    cat "$OUT/summary.md" ;;
+*) echo "usage: bash bench/gpu_probe.sh probe|scale|cold" >&2; exit 2 ;;
 esac
