@@ -17,9 +17,12 @@ the evidence). With p = `precision` (default 5%):
    `confirm_blocks` consecutive new blocks. The dispersion of the interval throughputs (IQR / median,
    `noise_rel`) is reported, with `noisy` when it exceeds `noisy_rel`; it never blocks the verdict.
 4. The figure is the mean of the batch means, the centre of its own interval.
-5. Once steady, the median of the newest m blocks (m = shift_blocks, 2x, 4x, ... ) further than p from the
-   level before them, and further than SHIFT_Z standard errors, is a level shift: the verdict re-opens,
-   the analysis restarts at the shift, and `level_shifts` records both levels (the new one once declared).
+5. Once steady, the median of the newest m blocks (m, 2m, 4m: m spans the minimum steps and seconds) further
+   than min(3 p, 15%) from the median of the blocks before them, and further than SHIFT_Z standard errors,
+   is a level shift: the verdict re-opens, the analysis restarts at the shift, and `level_shifts` records
+   both levels (the new one once declared). 3 p keeps a slow swing of a noisy run from being a shift at a
+   fine precision; the 15% cap makes a move a person calls a shift one at a coarse precision too (at 10%,
+   3 p would be 30%: a 20% drop would move the figure with no shift recorded).
 6. Never undecided forever: after `max_undecided_s` of steps (since the first step, or since a shift
    re-opened the verdict) the answer is final: steady, flagged noisy, with its wide interval when there is no
    trend (Mann-Kendall p >= 0.05, or a trend smaller than p), else drifting with the slope.
@@ -45,8 +48,9 @@ TREND_HORIZON = 0.5  # the trend is projected from the window's centre (where it
 MSER_LATEST = 0.75  # MSER's truncation point is accepted in the first 3/4 of the series (White: the first half)
 Z_975 = 1.959964
 SHIFT_Z = 4.0  # a level shift must stand this many standard errors out (checked on every block) ...
-SHIFT_PRECISIONS = 3.0  # ... and move the level by more than 3x the precision (a slow swing is not a shift)
-SHIFT_BEFORE_BLOCKS = 100  # the level a shift is measured from: at most the 200 blocks before it
+SHIFT_PRECISIONS = 3.0  # ... and move the level by more than 3x the precision (a slow swing is not a shift) ...
+SHIFT_REL_MAX = 0.15  # ... or by 15%, whichever is less: a move a person calls a shift is one at every precision
+SHIFT_BEFORE_BLOCKS = 100  # the level a shift is measured from: at most the 100 blocks before it
 REFINE_BLOCKS = 2000  # once steady, the figure is the level of the (at most 2,000) blocks since the warm-up
 TREND_P = 0.05  # Mann-Kendall: a trend is plausible at p < 0.05
 MIN_BATCHES = 10  # batches are as long as the autocorrelation time, but there are at least 10 of them
@@ -203,6 +207,12 @@ def trend(values: list[float]) -> Trend:
     return Trend(slope, lo, hi, z, math.erfc(abs(z) / math.sqrt(2)))
 
 
+def shift_threshold(precision: float) -> float:
+    """The smallest move of the level (relative) that can be a level shift at this precision: 3 p up to
+    p = 5%, 15% from there on (docs/decisions.md: the real logs' slow swings reach 14.5%, their shifts 17%+)."""
+    return min(SHIFT_PRECISIONS * precision, SHIFT_REL_MAX)
+
+
 def noise_of(values: list[float]) -> float:
     """IQR / median of the interval throughputs: how much one logging interval varies from the next."""
     if len(values) < 4:
@@ -280,7 +290,7 @@ class SteadyDetector:
     # ---- level shifts ----------------------------------------------------------------------------
     def _level_shifted(self) -> bool:
         n, d = len(self._medians), self._truncation
-        precision = self.config.precision
+        threshold = shift_threshold(self.config.precision)
         shortest = self._blocks_holding_minimums()
         if shortest is None:
             return False
@@ -291,7 +301,7 @@ class SteadyDetector:
             level, recent = median(before), median(self._medians[n - m :])
             se = 1.25 * stdev(before) * math.sqrt(autocorrelation_time(before)) * math.sqrt(1 / m + 1 / len(before))
             gap = abs(recent - level)
-            if gap > SHIFT_PRECISIONS * precision * level and gap > SHIFT_Z * se:
+            if gap > threshold * level and gap > SHIFT_Z * se:
                 self._reopen(self._change_point(max(d, n - 2 * m), n))
                 return True
         return False

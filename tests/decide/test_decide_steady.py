@@ -94,6 +94,31 @@ def test_a_level_shift_after_steady_reopens_the_verdict_and_settles_on_the_new_l
     assert abs(shift["from_tok_s"] / 100_000 - 1) < 0.01 and abs(shift["declared_tok_s"] / 70_000 - 1) < 0.01
 
 
+def test_a_20_percent_shift_is_recorded_at_a_coarse_precision():
+    rng = np.random.default_rng(10)
+    values = np.concatenate([noisy(rng, 100_000, 200), noisy(rng, 80_000, 300)])
+    detector, declared = run_detector(values, config=DecideConfig(precision=0.10))
+    assert declared is not None and declared <= 200
+    (shift,) = detector.estimate.evidence["level_shifts"]
+    assert 200 <= shift["at_step"] <= 230
+    assert abs(shift["from_tok_s"] / 100_000 - 1) < 0.01 and abs(shift["declared_tok_s"] / 80_000 - 1) < 0.01
+    assert detector.estimate.steady and abs(detector.estimate.tok_s / 80_000 - 1) < 0.01
+
+
+@pytest.mark.parametrize("precision", [0.05, 0.10, 0.20])
+def test_slow_swings_of_a_noisy_run_are_not_level_shifts(precision):
+    """A launch-bound run on a busy host for 12 minutes: stretches of 10-30 s each at its own level within
+    +/-10% (moves of up to 20% from one stretch to the next), 8% noise from one step to the next: steady,
+    and no swing is a shift at any precision (a threshold of 10% records 1-3 shifts on this trace)."""
+    from tracegen import ar1, slow_swings
+
+    rng = np.random.default_rng(2)
+    values = 60_000 * (1 + slow_swings(rng, 3000, 0.25, 0.10, 10, 30)) * (1 + ar1(rng, 3000, 0.08, 0.5))
+    detector, declared = run_detector(values, step_s=0.25, config=DecideConfig(precision=precision))
+    assert declared is not None and detector.estimate.steady
+    assert "level_shifts" not in detector.estimate.evidence, detector.estimate.evidence["level_shifts"]
+
+
 def test_incremental_cost_stays_small_on_long_runs():
     rng = np.random.default_rng(8)
     values = 100_000 * (1 - 0.3 * np.exp(-np.arange(20_000) / 50)) * (1 + rng.normal(0, 0.03, 20_000))

@@ -73,6 +73,18 @@ def ar1(rng: np.random.Generator, n: int, sigma: float, phi: float) -> np.ndarra
     return noise
 
 
+def slow_swings(rng: np.random.Generator, n: int, step_s: float, amplitude: float, shortest_s: float, longest_s: float) -> np.ndarray:
+    """Relative offsets of a launch-bound run's slow swings on a busy host: stretches of shortest_s to
+    longest_s seconds, each at its own offset uniform in +/-amplitude (the real logs swing 10-30% over
+    10-30 s); multiply by the level and by (1 + step-to-step noise)."""
+    out, i = np.empty(n), 0
+    while i < n:
+        length = max(1, int(rng.uniform(shortest_s, longest_s) / step_s))
+        out[i : i + length] = rng.uniform(-amplitude, amplitude)
+        i += length
+    return out
+
+
 def shape_exponential(rng, n):
     amplitude, tau = rng.uniform(0.3, 0.8), rng.uniform(10, 60)
     steps = np.arange(1, n + 1)
