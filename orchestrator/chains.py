@@ -7,6 +7,8 @@
         4. launch the next variant as `<root>.<n>-<variant>` with the first launch's    of the chain finishes
            settings (--set, wandb), env (CUDA_VISIBLE_DEVICES) and GPUs, parent linked  it (never repeats it)
         5. intent closed
+    1 is record_fallback (once, however many dfo decide it), 2-5 carry_out_fallback under the intent's own
+    lease (one dfo acts, the others wait and follow): a multi-node run's fallback is the same two calls
     claims: one owner per chain (a lease row, renewed); the others observe and show, never store or act
 
 A Policy says what differs between the two callers: `dfo watch` falls back on crash, stall and too slow;
@@ -36,7 +38,7 @@ from .inventory import Inventory, TargetSpec, load_inventory
 from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
-from .runs import LOOK_TIMEOUT, Launched, RunSpec, look, out_dir, spec_for
+from .runs import LOOK_TIMEOUT, Launched, RunSpec, _test_hook, look, out_dir, spec_for
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
@@ -52,6 +54,7 @@ FALLBACK = "fallback"
 MULTINODE_FALLBACK = "multinode_fallback"  # subject: the multi-node run a chain started from (multinode.py)
 INTENT_WAIT_S = 600.0  # how long a dfo waits for another live one to finish an intent it is carrying out
 INTENT_POLL_S = 0.5
+FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"  # tests: recorded | stopped (| nodeK_started, multinode.py): runs._test_hook
 
 
 # ---------------------------------------------------------------------------------------------- policy
@@ -232,10 +235,36 @@ def carry_out_once(store: Store, intent: Intent, carry: Callable[[dict], dict], 
         claims.release_all()
 
 
+def record_fallback(store: Store, subject: str, kind: str, data: Mapping[str, Any]) -> Intent:
+    """Record a fallback of run `data["run"]` before anything is done about it (store.add_intent_once: two dfo
+    deciding it share one intent, and one recorded before, open or done, is the one returned)."""
+    intent = store.add_intent_once(subject, kind, data)
+    _test_hook("recorded", FALLBACK_HOOK)
+    return intent
+
+
+def carry_out_fallback(store: Store, intent: Intent, stop: Callable[[dict], Mapping[str, Any]],
+                       launch: Callable[[dict], dict]) -> dict:
+    """The one way a recorded fallback, of a single run or of a multi-node one, is carried out: once among every
+    dfo that tries (carry_out_once), `stop(data)` (what still runs of the run; what it returns is added to the
+    data), then `launch(data)` (the successor; a dfo that died after launching it left it to be adopted), whose
+    data closes the intent. A `stop` that raises leaves the intent open for the next watch."""
+    def carry(data: dict) -> dict:
+        data = {**data, **stop(data)}
+        _test_hook("stopped", FALLBACK_HOOK)
+        return launch(data)
+
+    return carry_out_once(store, intent, carry)
+
+
 # ---------------------------------------------------------------------------------------------- acting
 
 class GpusStillBusy(RefusedError):
     """A successor not started: the GPUs of the run it follows did not go idle within gpu_release_s."""
+
+
+class StopFailed(DfoError):
+    """A fallback's stop failed (its target out of reach): the fallback stays open for the next watch."""
 
 
 @dataclass(frozen=True)
@@ -276,39 +305,51 @@ class Supervisor:
         return Outcome(name, stopped=result.signal is not None, signal=result.signal, reason=reason)
 
     def fall_back(self, run: Run, variant: str, chain: Sequence[str], reason: str, *, subject: str | None = None) -> Outcome:
-        """Steps 1-5 for `run`: record the intent, stop it, wait for its GPUs, launch `variant`, close."""
+        """Steps 1-5 for `run`: record the intent (once), stop it, wait for its GPUs, launch `variant`, close."""
         root = self.store.lineage(run.name)[0]
         name = next(iter(next_run_names(self.store, root, variant)), None)
         if name is None:
             return Outcome(run.name, reason=reason, error=f"no free run name for the fallback of {run.name}")
         data = {"run": run.name, "variant": variant, "name": name, "chain": list(chain), "reason": reason}
-        intent_id = self.store.add_intent(subject or root, FALLBACK, data)
-        return self._carry_out(Intent(intent_id, subject or root, FALLBACK, data, ""))
+        return self._carry_out(record_fallback(self.store, subject or root, FALLBACK, data))
 
     def finish_open(self, subject: str) -> list[Outcome]:
-        """Finish the intents a dfo that died left open for `subject` (a chain root or a batch cell)."""
-        return [self._carry_out(intent) for intent in self.store.open_intents(subject)]
+        """Finish the fallbacks a dfo that died left open for `subject` (a chain root or a batch cell)."""
+        return [self._carry_out(intent) for intent in self.store.open_intents(subject) if intent.kind == FALLBACK]
 
     def _carry_out(self, intent: Intent) -> Outcome:
-        data = dict(intent.data)
-        run = self.store.get_run(data["run"])
-        stop = self.stop(run.name, data["reason"]) if run.active else Outcome(run.name, reason=data["reason"])
-        if stop.error:
-            return stop  # the intent stays open: the next watch of the chain tries again
-        self.on_step("stopped", data)
-        launched, error = self.store.find_run(data["name"]), None
-        if launched is None:  # not launched yet (a dfo that died after launching left the run: adopted)
-            try:
-                spec = next_spec(self.inventory, self.store, self.store.get_run(run.name), data["variant"], data["chain"])
-                target = self.connections.container(run.target)
-                self.on_step("launching", data)
-                launched = self.launch_when_released(target, spec, data["name"], after=run.name)
-            except GpusStillBusy as exc:
-                error = str(exc)
-            except DfoError as exc:
-                error = f"launching {data['variant']} failed: {exc}"
-        self.store.update_intent(intent.id, {**data, "error": error}, done=True)
-        return replace(stop, launched=launched, error=error)
+        """Steps 2-5 of a recorded fallback, once among every dfo (carry_out_fallback); the name it launches
+        under is the intent's. An Outcome with `error` and the intent still open when the stop failed."""
+        def stop(data: dict) -> dict:
+            if not self.store.get_run(data["run"]).active:
+                return {}  # it had ended (a crash), or the dfo that died had stopped it
+            stopped = self.stop(data["run"], data["reason"])
+            if stopped.error:
+                raise StopFailed(stopped.error)
+            self.on_step("stopped", data)
+            return {"signal": stopped.signal, "note": stopped.note}
+
+        def launch(data: dict) -> dict:
+            launched, error = self.store.find_run(data["name"]), None
+            if launched is None:  # not launched yet (a dfo that died after launching left the run: adopted)
+                try:
+                    spec = next_spec(self.inventory, self.store, self.store.get_run(data["run"]), data["variant"], data["chain"])
+                    self.on_step("launching", data)
+                    launched = self.launch_when_released(self.connections.container(spec.target), spec, data["name"],
+                                                         after=data["run"])
+                except GpusStillBusy as exc:
+                    error = str(exc)
+                except DfoError as exc:
+                    error = f"launching {data['variant']} failed: {exc}"
+            return {**data, "next_run": launched.name if launched else None, "error": error}
+
+        try:
+            data = carry_out_fallback(self.store, intent, stop, launch)
+        except DfoError as exc:  # the intent stays open: the next watch of the chain tries again
+            return Outcome(intent.data["run"], reason=intent.data["reason"], error=str(exc))
+        launched = self.store.find_run(data["next_run"]) if data.get("next_run") else None
+        return Outcome(data["run"], stopped=data.get("signal") is not None, signal=data.get("signal"),
+                       launched=launched, error=data.get("error"), reason=data["reason"], note=data.get("note"))
 
     def launch_when_released(self, target, spec: RunSpec, name: str, *, after: str) -> Run:
         """Launch the successor of run `after` with the preflight's GPU checks on its GPUs in the same remote

@@ -28,8 +28,8 @@ from typing import Callable, Mapping, Sequence
 
 from . import runs as runs_lib
 from .chains import (
-    MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, carry_checkpoint, carry_out_once, catalogue_for, check_resumable,
-    first_launch, next_variant_after, until_released,
+    FALLBACK_HOOK, MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, carry_checkpoint, carry_out_fallback, catalogue_for,
+    check_resumable, first_launch, next_variant_after, record_fallback, until_released,
 )
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
@@ -42,7 +42,6 @@ from .store import Store
 RENDEZVOUS_TIMEOUT = 30.0
 STOP_GRACE_S = 10.0  # stopping the nodes already started when a later one fails to start
 MAX_TRIES = 5  # successor names a fallback tries (`-2`, ...) past ones a dfo that died began launching
-FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"  # tests: recorded | stopped | nodeK_started (runs._test_hook)
 
 
 class PortTaken(RefusedError):
@@ -281,23 +280,24 @@ def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: 
     variant = next_variant_after(chain, nodes[culprit.rank], decision, catalogue_for(inventory), topologies)
     if variant is None:
         return None
-    intent = store.add_intent_once(root_of(store, run), MULTINODE_FALLBACK, {
+    intent = record_fallback(store, root_of(store, run), MULTINODE_FALLBACK, {
         "run": run, "variant": variant, "first_failed": nodes[culprit.rank].name,
         "rest": list(rest_of_chain(chain, variant)), "reason": culprit.decision})
-    runs_lib._test_hook("recorded", FALLBACK_HOOK)
     return finish_fallback(inventory, connections, store, intent, gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s)
 
 
 def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release_s: float = 30.0,
                     gpu_poll_s: float = 1.0) -> dict:
-    """Carry out a recorded multi-node fallback once (chains.carry_out_once): stop what still runs of the
-    run, then launch its successor on every node. A successor a dfo that died left fully started is adopted;
-    one it left partly started has its started nodes stopped and is launched again as `-2`. Returns the
-    intent's data: `next_run` and `nodes`, or `error` when the launch failed (closed: not tried again). A
-    stop that fails leaves the intent open for the next watch (DfoError)."""
-    def carry(data: dict) -> dict:
+    """Carry out a recorded multi-node fallback once (chains.carry_out_fallback, as a single run's): stop what
+    still runs of the run, then launch its successor on every node. A successor a dfo that died left fully
+    started is adopted; one it left partly started has its started nodes stopped and is launched again as `-2`.
+    Returns the intent's data: `next_run` and `nodes`, or `error` when the launch failed (closed: not tried
+    again). A stop that fails leaves the intent open for the next watch (DfoError)."""
+    def stop(data: dict) -> dict:
         stop_nodes(store, data["run"], connections.container, grace_s=STOP_GRACE_S)
-        runs_lib._test_hook("stopped", FALLBACK_HOOK)
+        return {}
+
+    def launch(data: dict) -> dict:
         nnodes = len(store.nodes_of(data["run"]))
         for suffix in range(1, MAX_TRIES + 1):  # a name a dfo that died began launching: adopt it or pass it by
             name = next_name(store, data["run"], data["variant"], suffix=suffix)
@@ -321,7 +321,7 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
         return {**data, "name": name, "next_run": launched.name, "nodes": [n.run.name for n in launched.nodes],
                 "error": None}
 
-    return carry_out_once(store, intent, carry)
+    return carry_out_fallback(store, intent, stop, launch)
 
 
 def finish_open(inventory, connections, store: Store, runs, **waits) -> list[dict]:

@@ -395,7 +395,7 @@ def _refuse_settings_the_trainer_refused(target: Target, store: Store, spec: Run
 
 def _test_hook(point: str, variable: str = "DFO_TEST_LAUNCH_EXIT_AT") -> None:
     """Tests kill dfo at a named point of a launch (DFO_TEST_LAUNCH_EXIT_AT=reserved|started|recorded) or of a
-    multi-node fallback (DFO_TEST_FALLBACK_EXIT_AT=recorded|stopped|nodeK_started, multinode.py) to show that the next
+    fallback (DFO_TEST_FALLBACK_EXIT_AT=recorded|stopped, chains.py; nodeK_started, multinode.py) to show that the next
     `dfo runs` or `dfo watch` resolves what it left. Nothing else sets them."""
     if os.environ.get(variable) == point:
         os._exit(137)

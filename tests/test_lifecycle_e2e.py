@@ -258,3 +258,38 @@ def test_two_batch_processes_run_a_cell_once_and_the_second_takes_over_a_killed_
     with lab.store() as store:
         stored = [s["step"] for s in store.samples("b2.longrun.ct_a.r1")]
     assert stored == sorted(set(stored)) and stored[-1] >= 900  # no step stored twice
+
+
+def open_intents(lab: Lab) -> list:
+    with lab.store() as store:
+        return store.open_intents()
+
+
+@pytest.mark.parametrize("variant, point", [("failing", "recorded"), ("trees", "stopped")])
+def test_a_fallback_left_half_done_by_a_killed_dfo_is_finished_once_by_two_racing_watches(lab: Lab, variant: str,
+                                                                                          point: str) -> None:
+    # failing: exits 3 by itself, dfo killed once the fallback is recorded; trees: crashes and lives on, dfo
+    # killed once it has stopped it. Either way the run has ended and its successor is not launched yet.
+    killed = lab.dfo("launch", "--host", "ct_a", "--variant", variant, "--name", "hk", "--no-preflight",
+                     "--chain", f"{variant},nographs", "--watch", "--until-decided", "--json", timeout=120,
+                     DFO_TEST_FALLBACK_EXIT_AT=point)
+    assert killed.returncode == 137, killed.stderr + killed.stdout[-2000:]  # dfo died inside the fallback
+    runs = lab.runs()
+    assert list(runs) == ["hk"] and runs["hk"]["state"] == {"recorded": "crashed", "stopped": "stopped"}[point]
+    [intent] = open_intents(lab)
+    assert (intent.subject, intent.data["run"], intent.data["name"]) == ("hk", "hk", "hk.2-nographs")
+
+    # two dfo finish it at once (one names the run, one watches "every active run"): one successor, both follow it
+    racers = [lab.popen("watch", "hk", "--until-decided", "--json"), lab.popen("watch", "--until-decided", "--json")]
+    outs = [racer.communicate(timeout=180) for racer in racers]
+    for racer, (out, err) in zip(racers, outs):
+        assert racer.returncode == 0, err[-2000:] + out[-3000:]
+        final = json.loads(out.splitlines()[-1])
+        assert (final["run"], final["decision"]) == ("hk.2-nographs", "steady"), out[-3000:]
+    runs = lab.runs()
+    assert list(runs) == ["hk", "hk.2-nographs"] and runs["hk.2-nographs"]["parent"] == "hk"  # launched once
+    assert lab.container.path("/workspace/logs/hk.2-nographs.log").read_text().count("event=start") == 1
+    assert open_intents(lab) == []
+    again = lab.dfo("watch", "hk", "--until-decided", "--json", timeout=120)  # done: nothing more launches
+    assert again.returncode == 0, again.stderr + again.stdout[-2000:]
+    assert list(lab.runs()) == ["hk", "hk.2-nographs"]

@@ -13,13 +13,13 @@ from typing import Optional, Sequence
 import typer
 from rich.live import Live
 
-from ..chains import MULTINODE_FALLBACK, inventory_for
+from ..chains import FALLBACK, MULTINODE_FALLBACK, Outcome, Supervisor, inventory_for
 from ..connections import Connections
 from ..errors import DfoError
-from ..events import DecisionMade, Event, GpuError
+from ..events import ActionError, DecisionMade, Event, FellBack, GpuError
 from ..inventory import Inventory
 from ..states import Verdict
-from ..store import Store
+from ..store import Store, utc_now
 from ..view import render
 from ..watch import Watcher
 from .common import InventoryOpt, complete_runs, console, err_console, print_json, verdicts_exit_status
@@ -88,10 +88,10 @@ def report_multinode(store: Store, runs: Sequence[str], as_json: bool) -> None:
 
 def resolve_names(store: Store, names: Sequence[str]) -> list[str]:
     """Named runs (each replaced by the newest run of its chain), or every active run when none is named."""
-    if not names:  # and the nodes of multi-node runs whose fallback a dfo that died left half done
+    if not names:  # and the runs (multi-node: their nodes) whose fallback a dfo that died left half done
         return list(dict.fromkeys([run.name for run in store.list_runs(active=True)] + [
-            node for intent in store.open_intents() if intent.kind == MULTINODE_FALLBACK
-            for node in store.nodes_of(intent.data["run"])]))
+            name for intent in store.open_intents() if intent.kind in (FALLBACK, MULTINODE_FALLBACK)
+            for name in store.nodes_of(intent.data["run"]) or [intent.data["run"]]]))
     resolved = []
     for name in resolve_nodes(store, names):
         store.get_run(name)  # UnknownRun names the fix
@@ -119,8 +119,8 @@ def watch_runs(
     Returns the exit status: 1 when a chain's final verdict is a failure (crash, stall, too slow, undecided
     when the watch ended, drifting) or a run was given up on, else 0 (steady, exited cleanly, stopped);
     130 on Ctrl-C."""
-    if fallback:  # a multi-node fallback a dfo that died left half done: finished first, then its successor watched
-        names = finish_open_groups(inventory, names, as_json)
+    if fallback:  # a fallback a dfo that died left half done: finished first, then its successor watched
+        names = finish_open_fallbacks(inventory, names, as_json)
     with Connections(inventory) as connections, Store() as store:
         names = resolve_nodes(store, names)
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
@@ -160,26 +160,50 @@ def watch_runs(
     return 1 if lost else verdicts_exit_status(d.get("decision") for d in decisions)
 
 
-def finish_open_groups(inventory: Inventory, names: Sequence[str], as_json: bool) -> list[str]:
-    """`names` with each multi-node run whose chain has a fallback left half done (multinode.finish_open)
-    replaced by the newest run of its chain once that fallback is finished."""
-    from ..multinode import finish_open
+def finish_open_fallbacks(inventory: Inventory, names: Sequence[str], as_json: bool) -> list[str]:
+    """`names` with each chain that has a fallback a dfo that died left half done (a single run's:
+    Supervisor.finish_open; a multi-node run's: multinode.finish_open) replaced by the newest run of that chain
+    once the fallback is finished. Another dfo finishing the same one at once launches nothing twice
+    (chains.carry_out_fallback): this one waits for it and follows what it launched."""
+    from ..multinode import finish_open, root_of
 
     with Store() as store:
-        groups = groups_of(store, resolve_nodes(store, names))
-        if not any(intent.kind == MULTINODE_FALLBACK for intent in store.open_intents()) or not groups:
+        nodes = resolve_nodes(store, names)
+        groups = [group for group in groups_of(store, nodes)
+                  if any(i.kind == MULTINODE_FALLBACK for i in store.open_intents(root_of(store, group)))]
+        roots = [root for root in dict.fromkeys(store.lineage(node)[0] for node in nodes)
+                 if any(i.kind == FALLBACK for i in store.open_intents(root))]
+        if not groups and not roots:
             return list(names)
     with Connections(inventory) as connections, Store() as store:
         try:
-            finished = finish_open(inventory, connections, store, groups)
+            finished = finish_open(inventory, connections, store, groups) if groups else []
         except DfoError as exc:
             err_console.print(f"finishing a half-done fallback failed: {exc}", highlight=False, markup=False)
-            return list(names)
+            finished = []
         for data in finished:
             tell_fell_back(data, as_json)
-        if not finished:
+        supervisor, outcomes = Supervisor(inventory, connections, store), []
+        for root in roots:
+            for outcome in supervisor.finish_open(root):
+                tell_outcome(outcome, root, as_json)
+                outcomes.append(outcome)
+        if not finished and not any(outcome.launched for outcome in outcomes):
             return list(names)
         return resolve_names(store, [store.lineage(node)[0] for node in resolve_nodes(store, names)])  # newest of each chain
+
+
+def tell_outcome(outcome: Outcome, chain: str, as_json: bool) -> None:
+    """One event on a single run's fallback finished before the watch (what the watch would have shown)."""
+    if outcome.launched is not None:
+        event: Event = FellBack(at=utc_now(), run=outcome.run, chain=chain, next_run=outcome.launched.name,
+                                variant=outcome.launched.variant)
+    else:
+        event = ActionError(at=utc_now(), run=outcome.run, chain=chain, error=outcome.error or "no successor launched")
+    if as_json:
+        print_json(event.to_json())
+    else:
+        console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
 
 
 def groups_of(store: Store, names: Sequence[str]) -> list[str]:
