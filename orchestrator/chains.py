@@ -129,7 +129,7 @@ def next_run_names(store: Store, root: str, variant: str) -> Iterable[str]:
 
 
 def first_launch(store: Store, root: str) -> dict[str, Any]:
-    """What the chain's first run was launched with: `sets` (the user's --set), `env`, `wandb`."""
+    """What run `root` (for a chain: its first run) was launched with: `sets` (the user's --set), `env`, `wandb`."""
     launched = store.events(root, kind="launched")
     return dict((launched[0]["data"] or {}) if launched else {})
 
@@ -149,12 +149,18 @@ def next_spec(inventory: Inventory, store: Store, run: Run, variant: str, chain:
     return replace(spec, env={**spec.env, **added_env}) if added_env else spec
 
 
-def visible_gpus(spec: RunSpec, target: TargetSpec) -> tuple[int, ...]:
-    """The GPUs a run uses: its CUDA_VISIBLE_DEVICES when set (a batch cell's share), else the target's."""
-    text = spec.env.get("CUDA_VISIBLE_DEVICES")
+def visible_gpus(env: Mapping[str, str], target: TargetSpec) -> tuple[int, ...]:
+    """The GPUs a run with environment `env` uses: its CUDA_VISIBLE_DEVICES when set (a batch cell's share, a
+    variant's `env:`), else the target's."""
+    text = env.get("CUDA_VISIBLE_DEVICES")
     if text and all(part.strip().isdigit() for part in text.split(",")):
         return tuple(int(part) for part in text.split(","))
     return target.gpus
+
+
+def gpus_used(store: Store, inventory: Inventory, name: str) -> tuple[int, ...]:
+    """The GPUs run `name` used: visible_gpus of the environment it was launched with (its `launched` event)."""
+    return visible_gpus(first_launch(store, name).get("env") or {}, inventory.target(store.get_run(name).target))
 
 
 # ---------------------------------------------------------------------------------------------- claims
@@ -357,7 +363,7 @@ class Supervisor:
         gpu_release_s, then GpusStillBusy. A target that lists no `gpus:` is not checked: dfo cannot tell its
         own GPUs from another tenant's."""
         target_spec = self.inventory.target(spec.target)
-        gpus = visible_gpus(spec, target_spec)
+        gpus = visible_gpus(spec.env, target_spec)
         gate = Gate(replace(target_spec, gpus=gpus), judged=RELEASE_CHECKS) if gpus else None
         try:
             return until_released(lambda: launch_run(target, spec, self.store, name=name, gate=gate).run,
@@ -370,9 +376,20 @@ class Supervisor:
                                 f"({'; '.join(check.detail for check in exc.failed)})") from None
 
 
-def only_release_checks(exc: PreflightFailed) -> bool:
-    """The preflight failed only on what a run just stopped may still hold a moment (its GPUs)."""
-    return all(check.name in RELEASE_CHECKS for check in exc.failed)
+class Refusals(RefusedError):
+    """One launch refused on several targets (a multi-node launch: one error per node that refused)."""
+
+    def __init__(self, message: str, errors: Sequence[DfoError], *, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.errors = tuple(errors)
+
+
+def only_release_checks(exc: Exception) -> bool:
+    """The launch was refused only on what a run just stopped may still hold a moment (its GPUs): by the
+    preflight's release checks, on every target that refused."""
+    if isinstance(exc, Refusals):
+        return all(only_release_checks(error) for error in exc.errors)
+    return isinstance(exc, PreflightFailed) and all(check.name in RELEASE_CHECKS for check in exc.failed)
 
 
 def until_released(attempt: Callable[[], Any], release_s: float, poll_s: float, *,
@@ -384,7 +401,7 @@ def until_released(attempt: Callable[[], Any], release_s: float, poll_s: float, 
     while True:
         try:
             return attempt()
-        except PreflightFailed as exc:
+        except (PreflightFailed, Refusals) as exc:
             if not only_release_checks(exc) or time.monotonic() >= deadline:
                 raise
         except also:

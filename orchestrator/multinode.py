@@ -28,8 +28,8 @@ from typing import Callable, Mapping, Sequence
 
 from . import runs as runs_lib
 from .chains import (
-    FALLBACK_HOOK, MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, carry_checkpoint, carry_out_fallback, catalogue_for,
-    check_resumable, first_launch, next_variant_after, record_fallback, until_released,
+    FALLBACK_HOOK, MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, Refusals, carry_checkpoint, carry_out_fallback,
+    catalogue_for, check_resumable, first_launch, gpus_used, next_variant_after, record_fallback, until_released,
 )
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
@@ -213,8 +213,8 @@ def refused_nodes(refusals: list[tuple[str, DfoError]], nnodes: int) -> DfoError
     if len(refusals) == 1:
         return refusals[0][1]
     what = "; ".join(f"{target}: {exc.message}" for target, exc in refusals)
-    return RefusedError(f"{len(refusals)} of {nnodes} nodes refused, nothing was started: {what}",
-                        hint=refusals[0][1].hint)
+    return Refusals(f"{len(refusals)} of {nnodes} nodes refused, nothing was started: {what}",
+                    [exc for _, exc in refusals], hint=refusals[0][1].hint)
 
 
 def _stop_quietly(node_run: str, target: Target, store: Store) -> None:
@@ -376,7 +376,9 @@ def successor(inventory, connections, store: Store, run: str, variant: str, *, r
         for rank, (target, spec, node) in enumerate(zip(targets, specs, nodes)):
             carry_checkpoint(target, spec, node.name, node_name(name, rank))
     addr, _, port = store.node_group(nodes[0].name)[2].rpartition(":")
-    gates = [Gate(inventory.target(node.target), judged=RELEASE_CHECKS) for node in nodes]
+    # the GPUs each node's predecessor used (its CUDA_VISIBLE_DEVICES at launch), not all of its target's
+    gates = [Gate(replace(inventory.target(node.target), gpus=gpus_used(store, inventory, node.name)),
+                  judged=RELEASE_CHECKS) for node in nodes]
 
     def launch() -> MultiLaunched:
         rendezvous = find_rendezvous(targets[0], specs[0], int(port), addr)

@@ -11,12 +11,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from harness import write_inventory
+from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 from harness.sshd import SshServer
 
 DFO = str(Path(sys.executable).parent / "dfo")
@@ -334,3 +336,73 @@ def test_a_multinode_fallback_killed_between_starting_its_nodes_is_relaunched_wh
         log = hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok-2.node{node}.log"
         assert log.read_text().count("event=start") == 1 and Path(f"{log}.exit").read_text().strip() == "0"
     assert open_intents(hosts) == []
+
+
+@pytest.fixture
+def gpu_hosts(tmp_path, sshd, ssh_home, pct_standin_env):
+    """Two hosts listing GPUs 0 and 1 whose nvidia-smi (one stand-in state for both) shows GPU 0 busy with
+    another tenant's work and GPU 1 idle; the variants are pinned to GPU 1 (CUDA_VISIBLE_DEVICES)."""
+    gpus = NvidiaSmiState(tmp_path / "gpus.json", [Gpu(0, memory_used_mib=40960, utilization_pct=87), Gpu(1)])
+    servers = [SshServer(tmp_path / f"gpusshd{i}", env={**pct_standin_env, STATE_ENV: str(gpus.path)}).start()
+               for i in (0, 1)]
+    for i, server in enumerate(servers):
+        ssh_home.add_host(f"gpuhost{i}", server)
+    pinned = {"compile": "eager", "preset": "tiny-cpu", "topology": "procsplit", "env": {"CUDA_VISIBLE_DEVICES": "1"}}
+    inventory = write_inventory(tmp_path, {
+        "defaults": {"min_free_disk_gb": 0},
+        "hosts": {f"pve{i}": {"address": f"gpuhost{i}", "containers": {f"n{i}": {
+            "ctid": None, "workspace": str(tmp_path / f"ws{i}"), "python": sys.executable, "gpus": [0, 1]}}}
+            for i in (0, 1)},
+        "variants": {
+            "ps2fail": {**pinned, "args": {"steps": 100000, "log_every": 5, "debug.step_sleep_s": 0.05,
+                                           "debug.fail_at_step": 30, "debug.fail_drafter": 1}},
+            "ps2ok": {**pinned, "args": {"steps": 30, "log_every": 5}},
+        },
+        "fallback": ["ps2fail", "ps2ok"],
+        "signatures": [{"id": "injected", "pattern": "injected failure in drafter", "meaning": "a test's fault"}],
+    })
+    hosts = TwoHosts(tmp_path, inventory, free_port())
+    hosts.gpus = gpus
+    yield hosts
+    for server in servers:
+        server.kill_sessions()
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_multinode_successor_waits_only_for_the_gpus_its_predecessor_used(gpu_hosts):
+    # GPU 0 stays busy (not dfo's); the run used GPU 1 only, which is idle: the successor starts at once
+    watched = gpu_hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail", "--no-preflight", "--watch",
+                               "--until-decided", timeout=300)
+    assert watched.returncode == 0, watched.stderr  # today: "GPUs of n0 are still busy" (GPU 0, not the run's)
+    [told] = fell_back(watched.stdout)
+    assert told["next_run"] == "mn.2-ps2ok", watched.stdout[-3000:]
+    for node in (0, 1):
+        log = gpu_hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok.node{node}.log"
+        assert Path(f"{log}.exit").read_text().strip() == "0"
+
+
+@pytest.mark.slow
+def test_a_multinode_successor_starts_once_the_gpus_its_predecessor_used_are_released(gpu_hosts):
+    # GPU 1, the run's, still reads busy on both nodes when the fallback begins, and goes idle 4 s later
+    gpu_hosts.gpus.set_load(1, memory_used_mib=40960, utilization_pct=90)
+    released = []
+
+    def release_later() -> None:
+        wait_for(lambda: any(i.kind == "multinode_fallback" for i in open_intents(gpu_hosts)), 240, "the fallback")
+        time.sleep(4)
+        gpu_hosts.gpus.set_load(1, memory_used_mib=0, utilization_pct=0)
+        released.append(time.time())
+
+    releaser = threading.Thread(target=release_later, daemon=True)
+    releaser.start()
+    watched = gpu_hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail", "--no-preflight", "--watch",
+                               "--until-decided", timeout=300)
+    releaser.join(5)
+    assert watched.returncode == 0, watched.stderr  # today: both nodes refuse at once and nothing waits
+    [told] = fell_back(watched.stdout)
+    assert told["next_run"] == "mn.2-ps2ok" and released, watched.stdout[-3000:]
+    for node in (0, 1):
+        log = gpu_hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok.node{node}.log"
+        assert log.stat().st_ctime >= released[0] - 1  # started after GPU 1 went idle, not before
+        assert Path(f"{log}.exit").read_text().strip() == "0"
