@@ -4,6 +4,7 @@
     .venv/bin/python bench/decide_traces.py                 # real logs + synthetic report set: seeds 500-529
     .venv/bin/python bench/decide_traces.py --seeds 0-29    # ... the synthetic tuning set
     .venv/bin/python bench/decide_traces.py --timeline LOG [--precision 0.10] [--min-steady-seconds 40]
+    .venv/bin/python bench/decide_traces.py --shifts        # level shifts per precision: the rule before/after
 
 Real logs: per log the labelled verdict and level against what decide/ says, the level error, and the
 seconds from the first step line to the first steady declaration (and to the declaration of the level held
@@ -14,24 +15,34 @@ steady figure's error; then the judge's cost per log line. Figures, not pass/fai
 --timeline: one log replayed up to each of its step lines (O(lines^2): ~30 s of CPU for 650 lines), printing
 what holds the verdict back each time that changes (the trend check, the level's interval, the minimums or
 confirming blocks, no warm-up end yet), then per check the seconds after the first step line it failed.
+--shifts: the level-shift rule (a move of min(3 x precision, 15%)) against the same rule without the 15% cap
+(3 x precision, the rule before), in one run: per real log and precision, the shifts recorded and the largest
+move of the figure away from its last declaration with no shift recorded; then synthetic runs (quiet, or a
+busy host's slow +/-10% swings) with a drop of 0-30% at 150 s, per precision: runs with the shift recorded.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "decide"))  # tracegen, reallogs
 
 from reallogs import first_step_ts, labelled, judge  # noqa: E402
 from reallogs import score as score_real  # noqa: E402
-from tracegen import KINDS, score, suite  # noqa: E402
+from tracegen import KINDS, T0, ar1, score, shape_exponential, slow_swings, suite  # noqa: E402
 
-from orchestrator.decide import DecideConfig, replay  # noqa: E402
+from orchestrator.decide import DecideConfig, StepObs, SteadyDetector, observation_from_record, replay  # noqa: E402
+from orchestrator.decide import steady  # noqa: E402
 from orchestrator.logfmt import StepRecord, parse_logfmt  # noqa: E402
 
 
@@ -120,13 +131,132 @@ def timeline(path: Path, config: DecideConfig) -> None:
         print(f"  end: {decision.decision}: {decision.reason}")
 
 
+@contextmanager
+def shift_cap(cap: float):
+    """The shift rule with another cap on 3 x precision (math.inf: the rule before the cap), for a baseline."""
+    saved, steady.SHIFT_REL_MAX = steady.SHIFT_REL_MAX, cap
+    try:
+        yield
+    finally:
+        steady.SHIFT_REL_MAX = saved
+
+
+def step_obs(lines: list[str]) -> list[StepObs]:
+    records = [parse_logfmt(text) for text in lines]
+    return [observation_from_record(r, r.ts) for r in records if isinstance(r, StepRecord) and r.ts is not None]
+
+
+class Followed(NamedTuple):
+    detector: SteadyDetector
+    moved: float  # the largest move of the figure away from its last declaration while no shift was recorded
+    recorded: list[float]  # when each shift was recorded
+    first_steady: float | None  # when steady was first declared
+
+
+def follow(observations: list[StepObs], config: DecideConfig) -> Followed:
+    """Feed a run step by step; `moved` is what a user who read the declared figure sees change under them
+    with no shift announced."""
+    detector, announced, recorded, moved, first = SteadyDetector(config), None, [], 0.0, None
+    for obs in observations:
+        detector.feed(obs)
+        if len(detector.shifts) != len(recorded):
+            recorded.append(obs.ts)
+            announced = None
+        if detector.estimate.steady:
+            first = first or obs.ts
+            announced = announced or detector.estimate.tok_s
+            moved = max(moved, abs(detector.estimate.tok_s / announced - 1))
+        else:
+            announced = None
+    return Followed(detector, moved, recorded, first)
+
+
+SHIFT_PRECISIONS = (0.02, 0.05, 0.10, 0.20)
+
+
+def shift_real_table() -> None:
+    print("level shifts on the real logs: shifts recorded / largest unannounced move of the figure, "
+          "before (3 x precision) -> now (min(3 x precision, 15%));\n"
+          "! = not steady at the labelled level now (at 2% the noisy logs stay undecided, as before)")
+    header = f"{'log':24} " + " ".join(f"{f'p={p:.2f}':>23}" for p in SHIFT_PRECISIONS)
+    print(header)
+    print("-" * len(header))
+    for log in labelled():
+        observations, cells = step_obs(log.lines()), []
+        for precision in SHIFT_PRECISIONS:
+            config = DecideConfig(precision=precision)
+            with shift_cap(math.inf):
+                before = follow(observations, config)
+            now = follow(observations, config)
+            row = score_real(log, judge(log, config=config))
+            mark = " " if row["verdict_ok"] and row["level_ok"] else "!"
+            cells.append(f"{len(before.detector.shifts)} {before.moved:4.0%} -> {len(now.detector.shifts)} {now.moved:4.0%}{mark}")
+        print(f"{log.name:24} " + " ".join(f"{cell:>23}" for cell in cells))
+    print()
+
+
+SHIFT_AT_S, SHIFT_STEP_S, SHIFT_RUN_S = 150.0, 0.25, 600.0
+
+
+def shifted_run(seed: int, drop: float, busy: bool) -> list[StepObs]:
+    """60k tok/s after an exponential warm-up, 4 steps a second for 10 minutes, `drop` of the level from 150 s;
+    quiet (2% AR(1) noise) or a busy host (slow +/-10% swings of 10-30 s and 8% noise)."""
+    rng = np.random.default_rng(seed)
+    n = int(SHIFT_RUN_S / SHIFT_STEP_S)
+    curve, _ = shape_exponential(rng, n)
+    curve[int(SHIFT_AT_S / SHIFT_STEP_S):] *= 1 - drop
+    if busy:
+        noise = (1 + slow_swings(rng, n, SHIFT_STEP_S, 0.10, 10, 30)) * (1 + ar1(rng, n, 0.08, 0.5))
+    else:
+        noise = 1 + ar1(rng, n, 0.02, 0.5)
+    return [StepObs(T0 + (i + 1) * SHIFT_STEP_S, i + 1, float(60_000 * curve[i] * noise[i])) for i in range(n)]
+
+
+def shift_synthetic_table(seeds: range) -> None:
+    print(f"synthetic drops at {SHIFT_AT_S:.0f} s (seeds {seeds.start}-{seeds.stop - 1}): of the runs declared steady "
+          f"before the drop (a drop of 0: at all), those recording a shift placed within 60 s of it (a drop of 0: "
+          f"any shift), before -> now; [median s from the drop to the record, now]")
+    header = f"{'run':9} {'drop':>4} " + " ".join(f"{f'p={p:.2f}':>19}" for p in SHIFT_PRECISIONS)
+    print(header)
+    print("-" * len(header))
+    for busy in (False, True):
+        for drop in (0.0, 0.10, 0.15, 0.20, 0.30):
+            runs = [shifted_run(seed, drop, busy) for seed in seeds]
+            cells = []
+            for precision in SHIFT_PRECISIONS:
+                config = DecideConfig(precision=precision)
+                found, declared, delays = [0, 0], 0, []
+                for rule, cap in enumerate((math.inf, steady.SHIFT_REL_MAX)):
+                    for observations in runs:
+                        with shift_cap(cap):
+                            run = follow(observations, config)
+                        t0 = observations[0].ts - SHIFT_STEP_S
+                        if run.first_steady is None or (drop and run.first_steady - t0 > SHIFT_AT_S):
+                            continue
+                        declared += rule
+                        hits = [ts for shift, ts in zip(run.detector.shifts, run.recorded)
+                                if not drop or abs(shift["at_step"] * SHIFT_STEP_S - SHIFT_AT_S) <= 60]
+                        found[rule] += bool(hits)
+                        if hits and rule:
+                            delays.append(hits[0] - t0 - SHIFT_AT_S)
+                delay = f"[{statistics.median(delays):.0f}]" if delays and drop else ""
+                cells.append(f"{found[0]:>2} -> {found[1]:>2}/{declared:<2} {delay}")
+            print(f"{'busy host' if busy else 'quiet':9} {drop:>4.0%} " + " ".join(f"{cell:>19}" for cell in cells))
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="500-529", help="seed range, e.g. 500-529 (report) or 0-29 (tuning)")
     parser.add_argument("--timeline", type=Path, help="one log: what holds its verdict back, and from when")
     parser.add_argument("--precision", type=float, default=DecideConfig.precision, help="with --timeline")
     parser.add_argument("--min-steady-seconds", type=float, default=DecideConfig.min_steady_seconds, help="with --timeline")
+    parser.add_argument("--shifts", action="store_true", help="level shifts per precision, before/after the 15%% cap")
     args = parser.parse_args()
+    if args.shifts:
+        shift_real_table()
+        shift_synthetic_table(seed_range(args.seeds) if args.seeds != parser.get_default("seeds") else range(0, 20))
+        return
     if args.timeline:
         timeline(args.timeline, DecideConfig(precision=args.precision, min_steady_seconds=args.min_steady_seconds))
         return
