@@ -45,8 +45,9 @@ class DecideConfig:
     confirm_blocks: int = 2
     """Consecutive new blocks that must pass every check before steady is declared."""
     shift_blocks: int = 4
-    """After steady: the median of the newest shift_blocks (or 2x, 4x, 8x, 16x as many) blocks further than the
-    precision and 4 standard errors from the level before them re-opens the verdict."""
+    """After steady: the median of the newest m blocks (m >= shift_blocks, spanning the minimum steps and seconds;
+    also 2m and 4m) further than min(3 x precision, 15%) and 4 standard errors from the level before them is a
+    level shift: it re-opens the verdict."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
