@@ -10,7 +10,8 @@
 #                                   (one region alone each, cold) to see which compile takes the time.
 #   bash bench/gpu_probe.sh cold    one GPU (nvidia-h200): qwen3-8b-shape threads, the preset's defaults
 #                                   (scope layers, target compiled), each strategy from a cold inductor
-#                                   cache of its own: nographs, trees, notrees, eager; then the summary.
+#                                   cache of its own: nographs, trees, notrees, eager (or $STRATEGIES);
+#                                   then the summary.
 # Probe processes get their own inductor cache (cold figures); the scale runs share one, named in rc.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,7 +51,7 @@ scale)
     run head 1 "${PIECE_S:-200}" /tmp/ind-head python3 bench/gpu_probe.py --out "$OUT/p-head" --part head &
     wait ;;
 cold)
-    for strategy in nographs trees notrees eager; do
+    for strategy in ${STRATEGIES:-nographs trees notrees eager}; do
         case $strategy in nographs) secs=${NOGRAPHS_S:-170} ;; eager) secs=${EAGER_S:-75} ;; *) secs=${GRAPHS_S:-135} ;; esac
         run "cold-$strategy" 0 "$secs" "/tmp/ind-cold-$strategy" "${QWEN[@]}" --variant "$strategy" --run-name "cold-$strategy"
         python3 bench/qwen_summary.py "$OUT"/cold-*.log >"$OUT/summary.md" 2>&1

@@ -59,6 +59,21 @@ def test_layers_scope_matches_eager_and_compiles_one_graph_per_kind_of_region():
     assert two == five == 3
 
 
+def test_layers_scope_without_trees_gives_each_layer_a_graph_of_its_own():
+    """CUDA graphs without trees replay with the parameters they were recorded with: layers sharing one
+    graph failed on the H200 (`assert dst.data_ptr() == src.data_ptr()` at the second layer), so under
+    notrees each region gets its own graph (on CPU the graphs are compiled, not captured)."""
+    eager_loss, eager_grads = one_step(tiny("run.compile=eager"))
+    two = graphs_of_one_step("run.compile=notrees", "drafter.compile_scope=layers", "drafter.layers=2")
+    five = graphs_of_one_step("run.compile=notrees", "drafter.compile_scope=layers", "drafter.layers=5")
+    assert (two, five) == (3, 6)  # one per layer, and the head loss
+    torch._dynamo.reset()
+    loss, grads = one_step(tiny("run.compile=notrees", "drafter.compile_scope=layers"))
+    assert loss == pytest.approx(eager_loss, rel=1e-4)
+    for name, grad in eager_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
 def test_target_layers_compile_matches_eager_features_with_one_graph():
     cfg = tiny("target.compile=layers")
     tokens, _ = build_source(cfg).batch(0, 0)

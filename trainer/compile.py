@@ -17,6 +17,7 @@ Strategies (see ../shared/crash-signatures.md for how they fail under worker thr
 from __future__ import annotations
 
 import threading
+import types
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
@@ -137,9 +138,24 @@ def apply_strategy(name: str, module: nn.Module, localtls_mode: str = "share",
     if regions is None or name == "eager":
         return compiled
     for region in regions:
-        region.compile(**COMPILE_KWARGS[name])
+        if name == "notrees":
+            _compile_own_graph(region, COMPILE_KWARGS[name])
+        else:
+            region.compile(**COMPILE_KWARGS[name])
     compiled.step_fn = module
     return compiled
+
+
+def _compile_own_graph(region: nn.Module, kwargs: dict) -> None:
+    """Compile `region` with a graph of its own: its forward runs as a copy of the class's function with
+    its own code object (torch.compile keeps compiled graphs per code object). CUDA graphs without trees
+    replay with the parameters at the addresses they were recorded with, so identical layers cannot share
+    one (their shared graph fails `assert dst.data_ptr() == src.data_ptr()` at the second layer); trees
+    record a graph per parameter set themselves."""
+    forward = type(region).forward
+    own = types.FunctionType(forward.__code__.replace(), forward.__globals__, forward.__name__,
+                             forward.__defaults__, forward.__closure__)
+    region.forward = torch.compile(types.MethodType(own, region), **kwargs)
 
 
 def compile_target(mode: str, target: nn.Module) -> None:
