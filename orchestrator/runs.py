@@ -296,6 +296,12 @@ def proc_state(stat: str) -> str | None:
     return fields[0] if fields else None
 
 
+def gone(stat: str, started: int | None = None) -> bool:
+    """The process a /proc/PID/stat line (read a moment ago) describes has ended: no line, a zombie, or (given
+    the start time it had) another process's line."""
+    return not stat or proc_state(stat) == "Z" or (started is not None and proc_starttime(stat) != started)
+
+
 # ---------------------------------------------------------------------------------------------- launch
 
 def launch(target: Target, spec: RunSpec, store: Store, **options: Any) -> Launched:
@@ -544,12 +550,15 @@ def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseEx
 # ---------------------------------------------------------------------------------------------- stop
 
 def identity_script(run: Run) -> str:
-    """Print the PID's stat and the exit file, then its cmdline (last: it may hold newlines)."""
+    """Print the PID's stat, its cmdline (on one line), its stat again, then the exit file. The run may end
+    while this runs: the second stat tells a process that went away between the looks (cmdline then reads
+    empty) from another one holding the PID; the exit file, read last, is then already written."""
     pid, exit_file = int(run.pid), shlex.quote(run.exit_path)
     return (
         f'echo "stat=$(cat /proc/{pid}/stat 2>/dev/null)"\n'
-        f'echo "exit=$(cat {exit_file} 2>/dev/null)"\n'
-        f"printf cmdline=; tr '\\0' ' ' < /proc/{pid}/cmdline 2>/dev/null; echo"
+        f"printf cmdline=; tr '\\0\\n' '  ' < /proc/{pid}/cmdline 2>/dev/null; echo\n"
+        f'echo "again=$(cat /proc/{pid}/stat 2>/dev/null)"\n'
+        f'echo "exit=$(cat {exit_file} 2>/dev/null)"'
     )
 
 
@@ -597,14 +606,15 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GR
     run = store.get_run(name)
     if not run.active or run.pid is None:
         raise RefusedError(f"run {name} is not running (state {run.state}); nothing to stop")
-    output = _stop_call(target, run, identity_script(run), STOP_PROBE_TIMEOUT)
-    head, _, cmdline = output.partition("cmdline=")
-    info = parse_probe(head)
-    stat = info.get("stat", "")
-    if not stat or proc_state(stat) == "Z":  # a stop asked before (a multi-node run's: all nodes at once) holds
+    info = parse_probe(_stop_call(target, run, identity_script(run), STOP_PROBE_TIMEOUT))
+    stat, cmdline = info.get("stat", ""), info.get("cmdline", "")
+    started = proc_starttime(stat)
+    if gone(stat) or (run.exit_path not in cmdline and run.proc_starttime in (None, started)
+                      and gone(info.get("again", ""), started)):
+        # ended before the look, or while it looked (its cmdline then reads empty): nothing to signal
+        # (a stop asked before, a multi-node run's for all nodes at once, holds)
         state = RunState.STOPPED if run.stop_requested_at and info.get("exit", "").strip() else None
         return Stopped(_record_end(store, run, info.get("exit", ""), "exited on its own before stop", state=state), None)
-    started = proc_starttime(stat)
     if (run.proc_starttime is not None and started != run.proc_starttime) or run.exit_path not in cmdline:
         _record_end(store, run, info.get("exit", ""), "its PID was reused")
         raise RefusedError(

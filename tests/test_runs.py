@@ -6,6 +6,7 @@ trainer and the SSH + pct paths are in tests/test_launch*.py.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -224,6 +225,43 @@ def test_stop_refuses_a_reused_pid_and_leaves_that_process_alone(store, workspac
     finally:
         stranger.kill()
         stranger.wait()
+
+
+class ExitsDuringTheCheck(LocalTarget):
+    """Runs stop's identity script (one remote call) in two: its first line, the PID's stat (the run still
+    alive), then `meanwhile()` (the run exits on its own), then the rest; as when a run ends while stop is
+    checking who has its PID."""
+
+    def __init__(self, name: str, meanwhile) -> None:
+        super().__init__(name)
+        self.meanwhile = meanwhile
+
+    def run(self, cmd, **kwargs):
+        if not (isinstance(cmd, str) and cmd.startswith('echo "stat=') and self.meanwhile):
+            return super().run(cmd, **kwargs)
+        first, _, rest = cmd.partition("\n")
+        head = super().run(first, **kwargs)
+        self.meanwhile(), setattr(self, "meanwhile", None)
+        tail = super().run(rest, **kwargs)
+        return dataclasses.replace(tail, stdout=head.stdout + tail.stdout)
+
+
+def test_a_run_that_exits_while_stop_checks_it_is_reported_as_exited_not_as_a_reused_pid(store, workspace, tmp_path):
+    go = tmp_path / "go"
+    run = launch(LocalTarget("here"), spec(workspace, f"while [ ! -e {go} ]; do sleep 0.02; done; exit 4"), store,
+                 name="quits").run
+    wait_for(lambda: alive(run.pid), what="run start")
+
+    def exit_now() -> None:
+        go.touch()
+        wait_for(lambda: Path(run.exit_path).exists() and not alive(run.pid), what="the run to exit")
+
+    result = stop(ExitsDuringTheCheck("here", exit_now), store, "quits", grace_s=1)
+    assert result.signal is None  # nothing signalled: it had ended on its own
+    assert (result.run.state, result.run.exit_code) == ("crashed", 4)  # its real end, from its exit file
+    assert store.get_run("quits").stop_requested_at is None
+    with pytest.raises(RefusedError, match="not running"):
+        stop(LocalTarget("here"), store, "quits", grace_s=1)
 
 
 def test_secret_reaches_the_run_but_no_argv_log_or_registry_row(store, workspace, tmp_path):
