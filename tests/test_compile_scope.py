@@ -94,11 +94,13 @@ def test_unknown_scope_names_the_choices():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("topology", ["threads", "procsplit"])
-def test_run_with_both_scopes_trains_and_says_so_on_its_start_line(tmp_path, topology):
+@pytest.mark.parametrize("topology,variant", [("threads", "nographs"), ("procsplit", "nographs"),
+                                              ("threads", "notrees")])
+def test_run_with_both_scopes_trains_and_says_so_on_its_start_line(tmp_path, topology, variant):
     """Two replicas: in-process averaging (threads) or DistributedDataParallel over gloo (procsplit) around
-    layers compiled as regions; the replicas end bit-identical."""
-    result = run_trainer(tmp_path, "regional", "--variant", "nographs", "--topology", topology, "--steps", "40",
+    layers compiled as regions (under notrees, each fed from buffers of its own); the replicas end
+    bit-identical."""
+    result = run_trainer(tmp_path, "regional", "--variant", variant, "--topology", topology, "--steps", "40",
                          "--log-every", "10", "--set", "run.drafters=cpu,cpu", "--set", "drafter.compile_scope=layers",
                          "--set", "target.compile=layers", timeout=300)
     assert result.code == 0, result.stderr[-2000:]

@@ -16,6 +16,7 @@ Strategies (see ../shared/crash-signatures.md for how they fail under worker thr
 
 from __future__ import annotations
 
+import copy
 import threading
 import types
 from collections import defaultdict
@@ -147,15 +148,50 @@ def apply_strategy(name: str, module: nn.Module, localtls_mode: str = "share",
 
 
 def _compile_own_graph(region: nn.Module, kwargs: dict) -> None:
-    """Compile `region` with a graph of its own: its forward runs as a copy of the class's function with
-    its own code object (torch.compile keeps compiled graphs per code object). CUDA graphs without trees
-    replay with the parameters at the addresses they were recorded with, so identical layers cannot share
-    one (their shared graph fails `assert dst.data_ptr() == src.data_ptr()` at the second layer); trees
-    record a graph per parameter set themselves."""
+    """Compile `region` for CUDA graphs without trees: with a graph of its own, fed from buffers of its own.
+
+    Such a graph replays with its static inputs at the addresses it was recorded with, and for the backward
+    those are the parameters and the tensors saved by the forward, which include the region's own inputs (the
+    previous layer's output, the context, the rope tables, the BlockMask's tensors), new tensors every step.
+    So: the region's forward runs as a copy of the class's function with its own code object (torch.compile
+    keeps graphs per code object: identical layers sharing one failed on the H200 with `assert
+    dst.data_ptr() == src.data_ptr()` at the second layer), and its tensor inputs are first copied into
+    persistent buffers (the backward then failed the same way at the second step); trees handle both by
+    recording a graph per address set themselves."""
     forward = type(region).forward
     own = types.FunctionType(forward.__code__.replace(), forward.__globals__, forward.__name__,
                              forward.__defaults__, forward.__closure__)
-    region.forward = torch.compile(types.MethodType(own, region), **kwargs)
+    region.forward = StagedInputs(torch.compile(types.MethodType(own, region), **kwargs))
+
+
+class StagedInputs:
+    """Calls `fn` with its tensor arguments (and the tensor attributes of an argument object such as a
+    BlockMask) copied into buffers it keeps, so `fn` sees the same addresses every call. Gradients flow
+    through the copies: each call copies into a fresh detached alias of the buffer, which autograd records
+    as a copy of the argument."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, *args):
+        return self.fn(*(self._stage(arg, (index,)) for index, arg in enumerate(args)))
+
+    def _stage(self, value, key: tuple):
+        if isinstance(value, torch.Tensor):
+            buffer = self.buffers.get(key)
+            if buffer is None or buffer.shape != value.shape or buffer.dtype != value.dtype \
+                    or buffer.device != value.device:
+                buffer = self.buffers[key] = torch.empty_like(value, requires_grad=False)
+            return buffer.detach().copy_(value)
+        attributes = getattr(value, "__dict__", None)
+        if not attributes or not any(isinstance(item, torch.Tensor) for item in attributes.values()):
+            return value
+        staged = copy.copy(value)
+        for name, item in attributes.items():
+            if isinstance(item, torch.Tensor):
+                setattr(staged, name, self._stage(item, (*key, name)))
+        return staged
 
 
 def compile_target(mode: str, target: nn.Module) -> None:
