@@ -20,6 +20,9 @@ KNOWN_MISSES = {  # reported in docs/benchmarks.md; strict: the test fails once 
     "e2p2-ps-trees": "throughput switching every 5-20 s between ~45k, ~64k and ~85k: the level is known to only "
                      "+/-5-15% and the trend's 95% interval is wider than +/-5% to the end (111 s); both checks held "
                      "only on a flat 64k stretch at 20-27 s, before the 30-s minimum; steady at precision 10% at 30 s",
+    "e2e3-thr-nographs": "26-49k swings in 5-20-s waves around ~34.5k for its whole 79 s: the level is known to "
+                         "+/-9.5% and a trend to -12.8..+17.9% at the end; the same kind as e2e2",
+    "e2p3-ps-trees": "switching every 2-10 s between ~45k, ~65k and ~80k, as e2p2: undecided at 5% to its end (83 s)",
 }
 
 
@@ -47,8 +50,9 @@ def steady_rows() -> tuple[list[dict], list[dict]]:
     return rows, [row for row in rows if row["verdict_ok"] and row["level_ok"]]
 
 
-@pytest.mark.xfail(strict=True, reason="16 of 19 (84%) since the two logs of the 2026-12-01 GPU e2e run "
-                                       "(e2e2-thr-nographs, e2p2-ps-trees): see KNOWN_MISSES")
+@pytest.mark.xfail(strict=True, reason="20 of 25 (80%): the four fallback runs of the 2026-12-01 GPU e2e "
+                                       "chains (launch-bound h200-small, +/-15-30% swings) and tiny-thr-eager-cpu: "
+                                       "see KNOWN_MISSES")
 def test_the_corpus_is_steady_on_90_percent():
     rows, right = steady_rows()
     assert len(rows) >= 16 and len(right) >= 0.9 * len(rows)
