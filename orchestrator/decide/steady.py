@@ -26,6 +26,12 @@ the evidence). With p = `precision` (default 5%):
 6. Never undecided forever: after `max_undecided_s` of steps (since the first step, or since a shift
    re-opened the verdict) the answer is final: steady, flagged noisy, with its wide interval when there is no
    trend (Mann-Kendall p >= 0.05, or a trend smaller than p), else drifting with the slope.
+   The same answer comes sooner once p is out of reach: with the minimums met, MSER's cut accepted, a window
+   of at least REACH_MIN_SECONDS after it, no trend by Mann-Kendall, a trend estimate within p and the trend
+   projected over half the window (not the trend_horizon_steps floor), the checks' widths w (the level's
+   half-width, the wider end of the trend's interval) shrink ~ 1/sqrt(time), so they fit p after about
+   (seconds before the window) + window_s * (w / p)^2; when that exceeds max_undecided_s on confirm_blocks
+   consecutive blocks, steady (noisy), `decided_by: precision_out_of_reach` with `seconds_needed`.
 
 Cost: the analysis runs once per block on at most `ANALYSIS_BLOCKS` recent blocks, with prefix sums for MSER
 and Theil-Sen on at most `TREND_POINTS` points; once steady only the level and the shift test are updated.
@@ -55,6 +61,7 @@ REFINE_BLOCKS = 2000  # once steady, the figure is the level of the (at most 2,0
 TREND_P = 0.05  # Mann-Kendall: a trend is plausible at p < 0.05
 MIN_BATCHES = 10  # batches are as long as the autocorrelation time, but there are at least 10 of them
 MAX_LAG1 = 0.9  # autocorrelation estimates are clipped to [0, 0.9]: tau <= 19
+REACH_MIN_SECONDS = 40.0  # the precision is judged out of reach only on a window this long after the warm-up
 
 
 @dataclass
@@ -244,6 +251,7 @@ class SteadyDetector:
         self._prefix1: list[float] = [0.0]
         self._prefix2: list[float] = [0.0]
         self._good_blocks_in_a_row = 0
+        self._out_of_reach_in_a_row = 0  # consecutive analysed blocks on which the precision was out of reach
         self._scale: float | None = None
         self._truncation: int | None = None
         self._origin = 0  # analysis starts here (moves on a level shift)
@@ -346,7 +354,8 @@ class SteadyDetector:
             reason=f"level shifted from {old:,.0f} to about {recent:,.0f} tok/s at step "
             f"{self._block_first_step[origin]}; re-estimating"
         )
-        self._good_blocks_in_a_row, self._truncation = 0, None
+        self._good_blocks_in_a_row = self._out_of_reach_in_a_row = 0
+        self._truncation = None
         self._analyse()
 
     # ---- analysis before steady ---------------------------------------------------------------
@@ -369,7 +378,8 @@ class SteadyDetector:
         slope = trend(level.means)  # on the batch means: nearly independent points
         # in batch units: half the window, and at least trend_horizon_steps (a slow leak in a short window)
         steps_per_batch = (self.last_step - self._block_first_step[first] + 1) / len(window) * level.batch_size
-        span = max((len(level.means) - 1) * TREND_HORIZON, self.config.trend_horizon_steps / steps_per_batch)
+        half_window = (len(level.means) - 1) * TREND_HORIZON
+        span = max(half_window, self.config.trend_horizon_steps / steps_per_batch)
         scale = abs(level.mean) or 1.0
         seconds = self._block_ts[-1] - (self._block_ts[first - 1] if first > 0 else self.first_ts)
         raw = [v for block in self._raw[first:] for v in block]
@@ -382,6 +392,7 @@ class SteadyDetector:
             "trend_rel_interval": (slope.lo * span / scale, slope.hi * span / scale),
             "slope_tok_s_per_s": slope.slope * span / seconds if seconds > 0 else 0.0,
             "noise_rel": noise,
+            "horizon_floor": span > half_window,  # projected over trend_horizon_steps, not half the window
         }
 
     def _checks(self, stats: dict) -> dict:
@@ -415,7 +426,7 @@ class SteadyDetector:
             d = None
         timed_out = self.last_ts - self._open_since >= self.config.max_undecided_s
         if d is None:
-            self._good_blocks_in_a_row = 0
+            self._good_blocks_in_a_row = self._out_of_reach_in_a_row = 0
             if timed_out and n - start >= 2 * need_after:
                 self._final_answer(start + (n - start) // 2)
                 return
@@ -431,8 +442,35 @@ class SteadyDetector:
         if timed_out:
             self._final_answer(d, stats, checks)
             return
+        needed = self._seconds_needed(stats, checks) if minimums_ok and not checks["ok"] else None
+        out_of_reach = needed is not None and needed > self.config.max_undecided_s
+        self._out_of_reach_in_a_row = self._out_of_reach_in_a_row + 1 if out_of_reach else 0
+        if self._out_of_reach_in_a_row >= self.config.confirm_blocks:
+            self._final_answer(d, stats, checks, needed_s=needed)
+            return
         why = minimums_why if checks["ok"] else self._why_not(checks)
         self._undecided(f"warming up: {why} (warm-up end at block {d - self._origin} of {n - self._origin})", d, checks)
+
+    def _seconds_needed(self, stats: dict, checks: dict) -> float | None:
+        """When the precision is out of reach: the seconds of steps (counted as max_undecided_s counts them)
+        the checks would need to fit +/- p, projected from the current widths, or None while the evidence is
+        too thin to project from or a trend is plausible. Both the level's half-width and the trend's
+        projected interval (its wider end: with no trend its centre is noise too) shrink ~ 1/sqrt(time) at a
+        fixed autocorrelation, so the window needs (w / p)^2 times the seconds it spans."""
+        first = stats["first"]
+        start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
+        window_s = self._block_ts[-1] - start_ts
+        if window_s < REACH_MIN_SECONDS or checks["mann_kendall_p"] < TREND_P:
+            return None  # a warm-up's widths are wide for want of points; a trend means drifting, not steady
+        if abs(checks["trend_rel"]) > self.config.precision:
+            return None  # a trend beyond p is the point estimate: wait (max_undecided_s decides it)
+        if stats["horizon_floor"]:
+            return None  # projected over trend_horizon_steps, the trend's width shrinks ~ time^-1.5, not ^-0.5
+        lo, hi = stats["trend_rel_interval"]
+        widest = max(stats["level"].half_width_rel, abs(lo), abs(hi))
+        if not math.isfinite(widest):
+            return None
+        return start_ts - self._open_since + window_s * (widest / self.config.precision) ** 2
 
     @staticmethod
     def _why_not(checks: dict) -> str:
@@ -446,11 +484,15 @@ class SteadyDetector:
             parts.append(f"the level is known to +/-{width:.1%}" if width is not None else "too few batches for an interval")
         return "; ".join(parts) + f" (precision {checks['precision']:.0%})"
 
-    def _final_answer(self, d: int, stats: dict | None = None, checks: dict | None = None) -> None:
-        """max_undecided_s ran out: steady (noisy, wide interval) unless a trend beyond the precision is there."""
+    def _final_answer(self, d: int, stats: dict | None = None, checks: dict | None = None,
+                      needed_s: float | None = None) -> None:
+        """max_undecided_s ran out, or the precision is out of reach within it (`needed_s`, projected): steady
+        (noisy, wide interval) unless a trend beyond the precision is there."""
         stats = stats or self._window_stats(d)
         checks = checks or self._checks(stats)
         checks = {**checks, "decided_by": "max_undecided_s", "max_undecided_s": self.config.max_undecided_s}
+        if needed_s is not None:
+            checks.update(decided_by="precision_out_of_reach", seconds_needed=round(needed_s))
         trending = stats["trend"].mk_p < TREND_P and abs(stats["trend_rel"]) > self.config.precision
         if not trending:
             self._declare(d, stats, checks, noisy=True)
@@ -524,8 +566,12 @@ class SteadyDetector:
         )
         self.estimate.warmup_end_step = self._block_first_step[d]
         noisy = f", noisy: +/-{stats['noise_rel'] / 2:.0%} interval to interval" if self.estimate.noisy else ""
-        timeout = (" (decided after max_undecided_s: no trend beyond the precision)"
-                   if checks.get("decided_by") == "max_undecided_s" else "")
+        timeout = {
+            "max_undecided_s": " (decided after max_undecided_s: no trend beyond the precision)",
+            "precision_out_of_reach": f" (precision {self.config.precision:.0%} out of reach: "
+            f"~{checks.get('seconds_needed', 0):,} s of steps needed, max_undecided_s is "
+            f"{self.config.max_undecided_s:.0f}; no trend beyond the precision)",
+        }.get(checks.get("decided_by"), "")
         self.estimate.reason = (
             f"steady at {level.mean:,.0f} tok/s (95% {level.lo:,.0f}..{level.hi:,.0f}{noisy}) after warm-up "
             f"ending at step {self._block_first_step[d]}{timeout}"

@@ -4,10 +4,10 @@ import math
 
 import numpy as np
 import pytest
-from tracegen import CRASH_TEXTS, HANDLED_TRACEBACK, TRAINER_FRAMES, thread_traceback
+from tracegen import CRASH_TEXTS, HANDLED_TRACEBACK, TRAINER_FRAMES, ar1, slow_swings, suite, thread_traceback
 
 from orchestrator.decide import (
-    DecideConfig, EventObs, ExitObs, GpuObs, LineObs, RunJudge, StepObs, StopRequested, TickObs, Verdict,
+    DecideConfig, EventObs, ExitObs, GpuObs, LineObs, RunJudge, StepObs, StopRequested, TickObs, Verdict, replay,
 )
 
 T0 = 1_795_000_000.0
@@ -258,6 +258,57 @@ def test_a_noisy_run_with_no_trend_is_steady_and_noisy_after_max_undecided_s():
     lo, hi = decision.interval
     assert lo <= decision.steady_tok_s <= hi and (hi - lo) / 2 > 0.05 * decision.steady_tok_s  # its wide interval
     assert decision.evidence["steady_declared_step"] >= 240  # not before 120 s of steps
+
+
+def launch_bound(seed: int, warmup_tau_s: float = 0.0, seconds: float = 240.0, step_s: float = 0.05):
+    """A launch-bound run's step lines (one a second, 20 steps each) at 50k tok/s: +/-20% swings of 2-20 s
+    and 8% step-to-step noise for its whole life, after an exponential warm-up from 40% (tau warmup_tau_s)."""
+    rng = np.random.default_rng(seed)
+    n = int(seconds / step_s)
+    swings, noise = slow_swings(rng, n, step_s, 0.20, 2, 20), ar1(rng, n, 0.08, 0.5)
+    for i in range(19, n, 20):
+        t = (i + 1) * step_s
+        warm = 1 - 0.6 * math.exp(-t / warmup_tau_s) if warmup_tau_s else 1.0
+        yield StepObs(T0 + t, i + 1, 50_000 * warm * (1 + swings[i]) * (1 + noise[i]), loss=2.0)
+
+
+def first_answer(j, observations):
+    for obs in observations:
+        decision = j.feed(obs)
+        if decision.decision != "undecided":
+            return decision, obs.ts - T0
+    return decision, None
+
+
+def test_a_noisy_level_out_of_reach_of_the_precision_gets_its_final_answer_early():
+    for seed in range(4):  # the level is known to +/-5-15% after a minute: 5% would take far more than 600 s
+        decision, seconds = first_answer(judge(), launch_bound(seed))
+        checks = decision.evidence["steady"]["checks"]
+        assert decision.decision == "steady" and decision.noisy and decision.action == "keep"
+        assert seconds < 90 and checks["decided_by"] == "precision_out_of_reach" and checks["seconds_needed"] > 600
+        assert "precision 5% out of reach" in decision.reason and "max_undecided_s is 600" in decision.reason
+        lo, hi = decision.interval
+        assert lo <= 50_000 <= hi and lo <= decision.steady_tok_s <= hi
+
+
+def test_out_of_reach_is_not_answered_inside_a_warm_up():
+    answered = 0
+    for seed in range(8):  # tau 20 s from 40%: within the 5% precision of the level only from 50 s on
+        decision, seconds = first_answer(judge(), launch_bound(seed, warmup_tau_s=20.0))
+        assert decision.decision == "steady" and seconds >= 50
+        assert decision.warmup_end_step * 0.05 >= 10  # the cut is past the steepest part of the warm-up
+        answered += decision.evidence["steady"]["checks"].get("decided_by") == "precision_out_of_reach"
+    assert answered >= 4  # the rule answers them (before the change: undecided until 600 s of steps)
+
+
+def test_a_slow_leak_is_not_declared_steady_as_out_of_reach():
+    # tracegen's never-settling leaks (30-45% over the run, small noise) whose trend interval, projected over
+    # trend_horizon_steps in a short window, is wide: the projection must not take them for a noisy level
+    for trace in (t for t in suite([2, 3, 8, 17, 19, 26, 28]) if t.kind == "drift"):
+        decision = replay(trace.lines, **trace.replay_kwargs())
+        assert decision.decision == trace.expect != "steady", decision.reason
+    decision, _ = first_answer(judge(), launch_bound(0))  # while a noisy level with no leak is answered
+    assert decision.evidence["steady"]["checks"]["decided_by"] == "precision_out_of_reach"
 
 
 def test_a_run_still_trending_after_max_undecided_s_is_drifting_with_its_slope():
