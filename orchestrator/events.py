@@ -179,6 +179,53 @@ class DecisionMade(RunEvent):
 
 
 @dataclass(frozen=True)
+class LevelShift(RunEvent):
+    """A level shift of a steady run (decide/judge.py `level_shifts()`): the verdict re-opened, both levels.
+    `declared` true: the new level holds and is declared (`declared_*`); false: seen, not declared yet (then a
+    second event, declared, follows once it is). A shift seen already declared (the common case: the detector
+    waits until the new level has held the minimum evidence) is one event. Never repeated, re-attaches too."""
+
+    kind: ClassVar[str] = "level_shift"
+    at_step: int  # where the level moved (the change point)
+    detected_step: int
+    detected_at: str
+    from_tok_s: float
+    from_interval: Optional[list[float]]  # the interval of the steady verdict the shift re-opened
+    to_tok_s: float
+    declared: bool
+    precision: float
+    declared_tok_s: Optional[float] = optional()
+    declared_interval: Optional[list[float]] = optional()
+    declared_step: Optional[int] = optional()
+    declared_at: Optional[str] = optional()
+
+    @staticmethod
+    def fields_of(shift: dict, declared: bool) -> dict[str, Any]:
+        """The event's own fields from one of the decision's `level_shifts` (the declared ones only if `declared`)."""
+        return {k: v for k, v in {**shift, "declared": declared}.items()
+                if k in LEVEL_SHIFT_FIELDS and (declared or not k.startswith("declared_"))}
+
+    @classmethod
+    def describe(cls, shift: dict) -> str:
+        """The line of the last event the watch sends for one of a decision's `level_shifts` (replay, runs)."""
+        return cls(at="", run="", chain="", **cls.fields_of(shift, shift["declared_tok_s"] is not None)).text
+
+    @property
+    def text(self) -> str:
+        """One line: `level shift at step 1861: 56,754 -> 40,296 tok/s, verdict re-opened at step 2700, ...`."""
+        head = f"level shift at step {self.at_step}: {self.from_tok_s:,.0f} -> "
+        if not self.declared:
+            return (f"{head}{self.to_tok_s:,.0f} tok/s, verdict re-opened at step {self.detected_step} "
+                    f"(new level not declared yet; precision {self.precision:.0%})")
+        interval = f" (95% {self.declared_interval[0]:,.0f}..{self.declared_interval[1]:,.0f})" if self.declared_interval else ""
+        return (f"{head}{self.declared_tok_s:,.0f} tok/s, verdict re-opened at step {self.detected_step}, "
+                f"new level declared at step {self.declared_step}{interval}")
+
+
+LEVEL_SHIFT_FIELDS = frozenset(f.name for f in fields(LevelShift)) - {"at", "run", "chain"}
+
+
+@dataclass(frozen=True)
 class Acting(RunEvent):
     kind: ClassVar[str] = "acting"
     action: str

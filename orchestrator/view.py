@@ -60,12 +60,18 @@ def state_text(watched: WatchedRun) -> Text:
         return text(f"stopped by dfo: {watched.stopped_reason}", style="cyan")
     if watched.lost:
         return Text("given up: its container is out of reach (undecided)", style="bold red")
+    shift = decision.level_shifts[-1] if decision.level_shifts else None
     if decision.decision == "undecided":
         label = "waiting for the first step" if watched.latest is None else "warming up"
+        if shift is not None and shift["declared_tok_s"] is None:
+            label = (f"re-opened: level shift at step {shift['at_step']}, {shift['from_tok_s']:,.0f} -> "
+                     f"~{shift['to_tok_s']:,.0f} tok/s")
     elif decision.decision == "steady" and decision.steady_tok_s is not None:
         label = f"steady {decision.steady_tok_s:,.0f} tok/s"
         if decision.interval:
             label += f" (95% {decision.interval[0]:,.0f}..{decision.interval[1]:,.0f})"
+        if shift is not None:
+            label += f" since a level shift at step {shift['at_step']} (from {shift['from_tok_s']:,.0f})"
     else:
         label = decision.decision
         if decision.signature:

@@ -80,6 +80,7 @@ class WatchedRun:
     lines: deque = field(default_factory=lambda: deque(maxlen=RECENT_LINES))
     gpu_now: list[dict] = field(default_factory=list)
     idle_reported: set = field(default_factory=set)  # (GPU index, idle since) already sent as gpu_idle events
+    shifts_reported: set = field(default_factory=set)  # (at_step, declared) of level_shift events already sent
     alive: bool | None = None
     exit_code: int | None = None
     gone_at: float | None = None  # when the PID was first seen dead without an exit status
@@ -343,6 +344,8 @@ class Watcher:
             watched.latest = StepRecord(**{**known, "ts": float(last.get("ts") or 0.0), "step": int(last["step"]),
                                            "tok_s": float(last["tok_s"])})
         watched.decision = watched.judge.decision()
+        watched.shifts_reported = {(e["data"]["at_step"], e["data"]["declared"])
+                                   for e in self.store.events(watched.name, kind=ev.LevelShift.kind)}
         earlier = watched.run.decision
         if earlier and self.policy.falls_back(earlier.get("decision")):
             watched.decision = Decision(**{k: v for k, v in earlier.items() if k in Decision.__dataclass_fields__})
@@ -635,12 +638,27 @@ class Watcher:
                 if owner:
                     self._act(watched)
                 continue
+            shifted = self._report_shifts(watched)
             decision = watched.judge.decision()
-            if decision_key(decision) != decision_key(watched.decision):
+            if shifted or decision_key(decision) != decision_key(watched.decision):  # a shift: the new figure
                 watched.decision = decision
                 self._record_decision(watched)
             if self.policy.falls_back(decision.decision) and not watched.handled and owner:
                 self._act(watched)
+
+    def _report_shifts(self, watched: WatchedRun) -> bool:
+        """A `level_shift` event for each level shift the judge newly recorded, and one more when a shift seen
+        before its new level held gets it declared; none the registry already holds (a re-attach re-finds the
+        shifts from the stored steps). True when any was sent."""
+        sent = False
+        for shift in watched.judge.level_shifts():
+            declared = shift["declared_tok_s"] is not None
+            if (shift["at_step"], declared) in watched.shifts_reported:
+                continue
+            watched.shifts_reported |= {(shift["at_step"], declared), (shift["at_step"], False)}
+            self._emit(watched, ev.LevelShift, **ev.LevelShift.fields_of(shift, declared))
+            sent = True
+        return sent
 
     def _record_decision(self, watched: WatchedRun) -> None:
         decision = watched.decision.to_json()

@@ -26,6 +26,9 @@ CONTRACT = {
     "gpu_idle": ["at", "run", "chain", "gpu", "idle_since", "flagged_at", "busy_gpus", "text"],
     "unreachable": ["at", "run", "chain", "target", "duration_s", "reason"],
     "decision": ["at", "run", "chain", "decision"],
+    "level_shift": ["at", "run", "chain", "at_step", "detected_step", "detected_at", "from_tok_s", "from_interval",
+                    "to_tok_s", "declared", "precision", "declared_tok_s", "declared_interval", "declared_step",
+                    "declared_at"],
     "acting": ["at", "run", "chain", "action", "next_variant"],
     "stopped": ["at", "run", "chain", "signal", "reason"],
     "not_signalled": ["at", "run", "chain", "why"],
@@ -34,7 +37,7 @@ CONTRACT = {
     "gap": ["at", "target", "duration_s"],
     "gpu_error": ["at", "target", "text", "code"],
 }
-OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir"}  # left out when unset
+OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir", "declared_tok_s", "declared_interval", "declared_step", "declared_at"}  # left out when unset
 RUN_ERROR = ["at", "run", "chain", "text"]
 TARGET_ERROR = ["at", "target", "text"]
 
@@ -97,3 +100,19 @@ def test_the_channel_line_says_cpu_only_for_a_missing_nvidia_smi_and_red_text_fo
     failing = link_text("ct_a", Link(connected=True, gpu_error="NVIDIA-SMI has failed"), 300)
     assert failing.plain == "ct_a: connected, nvidia-smi: NVIDIA-SMI has failed"
     assert any("red" in str(span.style) for span in failing.spans)
+
+
+def test_a_level_shift_reads_as_one_line_with_both_levels_before_and_after_its_new_level_is_declared():
+    from orchestrator.commands.watch import event_line
+
+    shift = {"at_step": 1861, "detected_step": 2700, "detected_at": AT, "from_tok_s": 56754.5,
+             "from_interval": [55114.7, 58019.3], "to_tok_s": 40591.0, "declared_tok_s": 40296.1,
+             "declared_interval": [39524.7, 41067.4], "declared_step": 2760, "declared_at": AT, "precision": 0.05}
+    seen = ev.LevelShift(at=AT, run="r1", chain="r1", **ev.LevelShift.fields_of(shift, declared=False))
+    assert "declared_tok_s" not in seen.to_json() and seen.to_json()["declared"] is False
+    assert event_line(seen) == ("00:00:00 r1: level shift at step 1861: 56,754 -> 40,591 tok/s, verdict re-opened "
+                                "at step 2700 (new level not declared yet; precision 5%)")
+    held = ev.LevelShift(at=AT, run="r1", chain="r1", **ev.LevelShift.fields_of(shift, declared=True))
+    assert held.to_json()["declared_interval"] == [39524.7, 41067.4]
+    assert event_line(held) == ("00:00:00 r1: level shift at step 1861: 56,754 -> 40,296 tok/s, verdict re-opened "
+                                "at step 2700, new level declared at step 2760 (95% 39,525..41,067)")

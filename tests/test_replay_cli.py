@@ -120,3 +120,21 @@ def test_inventory_variant_gives_baseline_chain_watch_keys_and_signatures(tmp_pa
     died = write_log(tmp_path / "b.log", steps=50, extra=["RuntimeError: DataLoader worker (pid 7) is killed by signal"])
     decision = json.loads(invoke(died, "--variant", "trees", "-i", inventory, "--json").output)
     assert (decision["signature"], decision["action"], decision["next_variant"]) == ("loader_died", "fallback", "eager")
+
+
+def test_a_level_shift_in_a_real_log_is_printed_with_both_levels_and_kept_in_the_json():
+    """small-thr-eager (tests/data/real) drops from ~56k to ~40.5k tok/s at step ~1,860 (labels.csv): the
+    shift is one line with both levels, and `level_shifts` in the decision JSON names both with intervals."""
+    from pathlib import Path
+
+    log = Path(__file__).parent / "data" / "real" / "small-thr-eager.log"
+    result = invoke(log)
+    assert result.exit_code == 0, result.output
+    [line] = [line.strip() for line in result.output.splitlines() if "level shift" in line]
+    assert line.startswith("level shift at step 18") and "verdict re-opened at step" in line, line
+    before, after = (int(part.replace(",", "")) for part in line.split(": ", 1)[1].split(" tok/s")[0].split(" -> "))
+    assert 52_000 < before < 60_000 and abs(after / 40_500 - 1) < 0.03, line
+    [shift] = json.loads(invoke(log, "--json").output)["level_shifts"]
+    assert shift["from_interval"][0] < shift["from_tok_s"] < shift["from_interval"][1]
+    assert shift["declared_interval"][0] < shift["declared_tok_s"] < shift["declared_interval"][1] < 45_000
+    assert shift["at_step"] < shift["detected_step"] <= shift["declared_step"] and shift["precision"] == 0.05

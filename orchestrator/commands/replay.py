@@ -15,6 +15,7 @@ import typer
 from ..chains import catalogue_for
 from ..decide import DecideConfig, Decision, replay
 from ..errors import UsageError
+from ..events import LevelShift
 from ..inventory import load_inventory
 from ..logfmt import MalformedLine, make_parser
 from ..sanitize import markup
@@ -133,6 +134,8 @@ def render(decision: Decision) -> None:
             f"{decision.warmup_end_step}",
             highlight=False,
         )
+    for shift in decision.level_shifts:  # the line the watch shows for it (one per shift, with both levels)
+        console.print(f"  {LevelShift.describe(shift)}", highlight=False, soft_wrap=True)
     if decision.ended:
         console.print(f"  ended: {decision.ended}, exit status {decision.exit_code}", highlight=False)
     if decision.next_variant:

@@ -20,6 +20,7 @@ from rich.text import Text
 from .. import runs as runs_lib
 from ..connections import Connections
 from ..errors import DfoError, RemoteError, UsageError
+from ..events import LevelShift
 from ..inventory import TargetSpec, load_inventory
 from ..launchplan import Gate
 from ..names import check_name
@@ -265,6 +266,7 @@ def show_run(name: str, as_json: bool) -> None:
             ("started", run.started_at or ""), ("ended", run.ended_at or ""), ("PID", _text(run.pid)),
             ("log", run.log_path or ""), ("batch", run.batch or ""), ("after", run.parent or ""),
             ("decision", verdict), ("why", decision.get("reason") or ""),
+            *(("shift", LevelShift.describe(shift)) for shift in decision.get("level_shifts") or ()),
             ("W&B", where.get("url") or (f"offline: {where['dir']} (upload: wandb sync {where['dir']})" if where.get("dir")
                                           else ""))]
     for key, value in rows:

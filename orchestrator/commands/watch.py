@@ -16,7 +16,7 @@ from rich.live import Live
 from ..chains import FALLBACK, MULTINODE_FALLBACK, Outcome, Supervisor, inventory_for
 from ..connections import Connections
 from ..errors import DfoError
-from ..events import ActionError, DecisionMade, Event, FellBack, GpuError
+from ..events import ActionError, DecisionMade, Event, FellBack, GpuError, LevelShift
 from ..inventory import Inventory
 from ..states import Verdict
 from ..store import Store, utc_now
@@ -25,7 +25,7 @@ from ..watch import Watcher
 from .common import InventoryOpt, complete_runs, console, err_console, print_json, verdicts_exit_status
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
-SHOWN_EVENTS = ("decision", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
+SHOWN_EVENTS = ("decision", "level_shift", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
                 "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed", "took_over")
 
 
@@ -275,6 +275,8 @@ def event_line(event: Event) -> str:
         d = event.decision
         nxt = f" -> {d['next_run']}" if d.get("next_run") else ""
         return f"{event.at[11:19]} {event.subject}: {d['decision']} (action {d['action']}{nxt}): {d.get('reason', '')}"
+    if isinstance(event, LevelShift):
+        return f"{event.at[11:19]} {event.subject}: {event.text}"
     if isinstance(event, GpuError) and event.no_nvidia_smi:
         return f"{event.at[11:19]} {event.subject}: no nvidia-smi there (a CPU-only target): no GPU samples"
     detail = ", ".join(f"{k}={v}" for k, v in event.to_json().items() if k not in ("kind", "at", "run", "chain", "target"))

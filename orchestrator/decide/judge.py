@@ -63,6 +63,7 @@ class Decision:
     noisy: bool = False  # noise_rel above watch.noisy_rel, or a steady answer forced by max_undecided_s
     ended: str | None = None  # exited | stopped | crashed; None while the run goes on
     exit_code: int | None = None
+    level_shifts: list[dict] = field(default_factory=list)  # RunJudge.level_shifts(): each shift, both levels
 
     @property
     def final(self) -> bool:
@@ -89,6 +90,10 @@ def describe_gpus(samples: Sequence[GpuObs]) -> str | None:
     if utils and max(utils) <= 5:
         return "GPUs idle with memory still held: the process hangs outside GPU work"
     return f"GPUs partly busy (utilisation {', '.join(f'{u:.0f}%' for u in utils)})" if utils else None
+
+
+def rounded(interval: tuple[float, float] | None) -> list[float] | None:
+    return [round(interval[0], 1), round(interval[1], 1)] if interval else None
 
 
 class RunJudge:
@@ -134,6 +139,9 @@ class RunJudge:
         self.stop_by: str | None = None
         self.ignored_after_stop = 0  # crash evidence seen after a stop request (a stop is not a crash)
         self.first_steady: tuple[int | None, float | None] | None = None
+        self._shift_notes: list[dict] = []  # per detector shift: when it was seen, the intervals of both levels
+        self._declared_step: int | None = None  # the steady level declared last: at this step,
+        self._declared_interval: list[float] | None = None  # with this interval (a shift's level before)
         self._final: Decision | None = None
         self._ended: tuple[str, int, float] | None = None  # (exited | stopped | crashed, exit code, ts)
 
@@ -198,10 +206,50 @@ class RunJudge:
             match = Match(PSEUDO["nan_loss"], f"step={obs.step} loss={obs.loss}")
             self._crash(match.signature, match, obs.ts, f"loss is {obs.loss} at step {obs.step}")
             return
+        known = len(self.steady.shifts)
         if self.steady.feed(obs):
+            self._note_shifts(known, obs)
             if self.steady.estimate.steady and self.first_steady is None:
                 self.first_steady = (self.steady.estimate.declared_step, self.steady.estimate.declared_ts)
             self._check_too_slow(obs)
+
+    def _note_shifts(self, known: int, obs: StepObs) -> None:
+        """What the detector's shift records leave out: the step and time a shift was seen, the interval the
+        level before it was declared with, and the new level's interval and time once declared."""
+        estimate = self.steady.estimate
+        for _ in self.steady.shifts[known:]:
+            self._shift_notes.append({
+                "detected_step": obs.step,
+                "detected_at": format_ts(obs.ts),
+                "from_interval": self._declared_interval,
+            })
+        if not estimate.steady or estimate.declared_step == self._declared_step:
+            return
+        self._declared_step, self._declared_interval = estimate.declared_step, rounded(estimate.interval)
+        if self._shift_notes and "declared_at" not in self._shift_notes[-1]:
+            self._shift_notes[-1].update(declared_at=format_ts(obs.ts), declared_interval=self._declared_interval)
+
+    def level_shifts(self) -> list[dict]:
+        """Each level shift so far, oldest first: where the level moved (`at_step`), when it was seen
+        (`detected_step`, `detected_at`), the level before (`from_tok_s`; `from_interval`: the interval it was
+        declared with), the new level as first seen (`to_tok_s`) and as declared once it holds (`declared_tok_s`,
+        `declared_interval`, `declared_step`, `declared_at`; null until then), and the precision it was judged at."""
+        shifts = []
+        for shift, note in zip(self.steady.shifts, self._shift_notes):
+            shifts.append({
+                "at_step": shift["at_step"],
+                "detected_step": note["detected_step"],
+                "detected_at": note["detected_at"],
+                "from_tok_s": shift["from_tok_s"],
+                "from_interval": note["from_interval"],
+                "to_tok_s": shift["to_tok_s"],
+                "declared_tok_s": shift["declared_tok_s"],
+                "declared_interval": note.get("declared_interval"),
+                "declared_step": shift["declared_step"],
+                "declared_at": note.get("declared_at"),
+                "precision": self.config.precision,
+            })
+        return shifts
 
     def _on_gpus(self, obs: GpuObs) -> None:
         self.gpu_samples.append(obs)
@@ -346,6 +394,7 @@ class RunJudge:
             noisy=estimate.noisy if estimate.steady else False,
             ended=ended,
             exit_code=code,
+            level_shifts=self.level_shifts(),
         )
 
     def _common_evidence(self) -> dict:

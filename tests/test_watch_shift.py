@@ -1,0 +1,118 @@
+"""A level shift seen by `dfo watch` through a real sshd and a real LXC container behind the pct stand-in: one
+`level_shift` event with both levels, stored once, never repeated by a watch that re-attaches, and kept in the
+run's decision (`dfo runs --json`).
+
+The run is a recorded real log (tests/data/real/small-thr-eager.log: ~56k -> ~40.5k tok/s at step ~1,860, an
+H200 run that lost CPU to another job) played back inside the container with its timestamps moved to now,
+so the watch judges it exactly as `dfo replay` does. The real trainer has no knob that moves its throughput on
+cue (trainer/config.py debug.*), and changing trainer/ would make every measured trainer figure stale."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from harness import write_inventory
+from harness.lxc import LxcContainer
+from orchestrator.commands.watch import event_line
+from orchestrator.connections import Connections
+from orchestrator.inventory import load_inventory
+from orchestrator.runs import launch, spec_for
+from orchestrator.store import Store
+from orchestrator.view import render
+from orchestrator.watch import Watcher
+from test_view_progress import shown
+from test_watch import PY, run_until
+from test_watch_e2e import dfo
+
+pytestmark = pytest.mark.lxc  # about 5 s
+
+SHIFT_LOG = Path(__file__).parent / "data" / "real" / "small-thr-eager.log"
+PAUSE_AFTER_STEP = 3000  # after the shift is recorded (step 2,700 at the default precision), before the log ends
+
+# Prints the log with each `ts=` moved by (now - the first ts), a few ms a line; after PAUSE_AFTER_STEP it waits
+# for the `go` file (at most 60 s), then prints the rest and exits 0.
+PLAYER = """\
+import os, sys, time
+from datetime import datetime, timezone
+log, pause_after, go = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+FMT = "%Y-%m-%dT%H:%M:%S.%fZ"
+def stamp(line):
+    return datetime.strptime(line.split()[0][3:], FMT).replace(tzinfo=timezone.utc).timestamp()
+lines = open(log).read().splitlines()
+shift = time.time() - stamp(lines[0])
+paused = False
+for line in lines:
+    ts = datetime.fromtimestamp(stamp(line) + shift, timezone.utc).strftime(FMT)[:-4] + "Z"
+    print("ts=" + ts + line[line.index(" "):], flush=True)
+    time.sleep(0.004)
+    if not paused and " step=" in line and int(line.split(" step=")[1].split()[0]) >= pause_after:
+        paused, deadline = True, time.time() + 60
+        while not os.path.exists(go) and time.time() < deadline:
+            time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
+    scripts = container.path("/workspace/scripts")
+    scripts.mkdir(parents=True, exist_ok=True)
+    (scripts / "player.py").write_text(PLAYER)
+    shutil.copy(SHIFT_LOG, scripts / "shift.log")
+    command = f"{PY} /workspace/scripts/player.py /workspace/scripts/shift.log {PAUSE_AFTER_STEP} /workspace/scripts/go"
+    inventory = write_inventory(tmp_path, {
+        "defaults": {"min_free_disk_gb": 0},
+        "hosts": {"pve1": {"address": "testhost", "containers": {
+            "ct_a": {"ctid": container.vmid, "gpus": [0], "python": PY}}}},
+        "variants": {"replayed": {"command": command}},
+        "fallback": ["replayed"],
+    })  # the default watch thresholds: the same judge as `dfo replay` of this log
+    yield inventory, tmp_path / "state", scripts / "go"
+
+
+def test_a_level_shift_is_one_event_with_both_levels_also_after_a_reattach(lab, monkeypatch) -> None:
+    inventory_path, state, go = lab
+    monkeypatch.setenv("DFO_HOME", str(state))
+    inventory = load_inventory(inventory_path)
+    with Connections(inventory) as connections, Store(state / "dfo.db") as store:
+        launch(connections.container("ct_a"), spec_for(inventory, "ct_a", "replayed"), store, name="sh1")
+        first = Watcher(inventory, connections, store)
+        try:
+            first.attach("sh1")
+            events = run_until(first, lambda w: store.events("sh1", kind="level_shift"), timeout=60)
+            panel = shown(render(first))
+        finally:
+            first.close()  # the run goes on, paused after step 3,000 until `go` exists
+        [seen] = [e.to_json() for e in events if e.kind == "level_shift"]
+        assert 52_000 < seen["from_tok_s"] < 60_000 and seen["from_interval"][0] < seen["from_tok_s"]
+        assert abs(seen["declared_tok_s"] / 40_500 - 1) < 0.03 and seen["declared"] is True
+        assert 1_700 <= seen["at_step"] <= 2_000 < seen["detected_step"] <= PAUSE_AFTER_STEP
+        assert store.get_run("sh1").decision["level_shifts"][0]["at_step"] == seen["at_step"]
+        assert f"since a level shift at step {seen['at_step']} (from {seen['from_tok_s']:,.0f})" in panel
+        assert event_line(next(e for e in events if e.kind == "level_shift")).endswith(
+            f"sh1: level shift at step {seen['at_step']}: {seen['from_tok_s']:,.0f} -> {seen['declared_tok_s']:,.0f} "
+            f"tok/s, verdict re-opened at step {seen['detected_step']}, new level declared at step "
+            f"{seen['declared_step']} (95% {seen['declared_interval'][0]:,.0f}..{seen['declared_interval'][1]:,.0f})")
+    go.write_text("")
+
+    # A second watch re-attaches: it re-judges the stored steps (finding the shift again) and follows the rest
+    # of the log to the run's end; it must not report the shift again.
+    watched = dfo(inventory_path, state, "watch", "sh1", "--json", timeout=120)
+    assert watched.returncode == 0, watched.stderr + watched.stdout[-2000:]
+    lines = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert [o["kind"] for o in lines if o["kind"] == "level_shift"] == []
+    [final] = [o for o in lines if o["kind"] == "final"]
+    assert final["decision"] == "steady" and abs(final["steady_tok_s"] / 40_500 - 1) < 0.03
+    assert [s["at_step"] for s in final["level_shifts"]] == [seen["at_step"]]
+
+    with Store(state / "dfo.db") as store:
+        stored = store.events("sh1", kind="level_shift")
+        assert [(e["data"]["at_step"], e["data"]["declared"]) for e in stored] == [(seen["at_step"], True)]
+    runs = json.loads(dfo(inventory_path, state, "runs", "--json", "--no-refresh").stdout)
+    [shift] = runs[0]["decision"]["level_shifts"]
+    assert shift["from_tok_s"] == seen["from_tok_s"] and shift["declared_tok_s"] > 0
+    shown_run = dfo(inventory_path, state, "runs", "sh1", "--no-refresh").stdout
+    assert f"shift:    level shift at step {seen['at_step']}: {seen['from_tok_s']:,.0f} -> " in shown_run
