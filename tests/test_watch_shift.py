@@ -56,21 +56,28 @@ for line in lines:
 """
 
 
-@pytest.fixture
-def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
+def make_lab(tmp_path: Path, container: LxcContainer, log: Path, pause_after: int, watch: dict | None = None):
+    """An inventory whose one variant plays `log` back in the container, pausing after step `pause_after` until
+    the returned `go` file exists; the watch thresholds are the defaults (the judge of `dfo replay`) + `watch`."""
     scripts = container.path("/workspace/scripts")
     scripts.mkdir(parents=True, exist_ok=True)
     (scripts / "player.py").write_text(PLAYER)
-    shutil.copy(SHIFT_LOG, scripts / "shift.log")
-    command = f"{PY} /workspace/scripts/player.py /workspace/scripts/shift.log {PAUSE_AFTER_STEP} /workspace/scripts/go"
+    shutil.copy(log, scripts / "shift.log")
+    command = f"{PY} /workspace/scripts/player.py /workspace/scripts/shift.log {pause_after} /workspace/scripts/go"
     inventory = write_inventory(tmp_path, {
         "defaults": {"min_free_disk_gb": 0},
         "hosts": {"pve1": {"address": "testhost", "containers": {
             "ct_a": {"ctid": container.vmid, "gpus": [0], "python": PY}}}},
         "variants": {"replayed": {"command": command}},
         "fallback": ["replayed"],
-    })  # the default watch thresholds: the same judge as `dfo replay` of this log
-    yield inventory, tmp_path / "state", scripts / "go"
+        **({"watch": watch} if watch else {}),
+    })
+    return inventory, tmp_path / "state", scripts / "go"
+
+
+@pytest.fixture
+def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
+    return make_lab(tmp_path, container, SHIFT_LOG, PAUSE_AFTER_STEP)
 
 
 def test_a_level_shift_is_one_event_with_both_levels_also_after_a_reattach(lab, monkeypatch) -> None:
@@ -116,3 +123,41 @@ def test_a_level_shift_is_one_event_with_both_levels_also_after_a_reattach(lab, 
     assert shift["from_tok_s"] == seen["from_tok_s"] and shift["declared_tok_s"] > 0
     shown_run = dfo(inventory_path, state, "runs", "sh1", "--no-refresh").stdout
     assert f"shift:    level shift at step {seen['at_step']}: {seen['from_tok_s']:,.0f} -> " in shown_run
+
+
+def test_a_shift_seen_before_its_new_level_holds_is_two_events_and_a_reattach_sends_only_the_second(
+        tmp_path, sshd, ssh_home, container, monkeypatch) -> None:
+    """e2e2-thr-nographs at `watch.precision: 0.10` (tests/decide/test_decide_real.py): its ~20% drop at step
+    ~1,460 is recorded at step 2,360 and the new level declared at step 2,700. The first watch sees the shift
+    undeclared and goes; the one that re-attaches sends the declared event only."""
+    log = Path(__file__).parent / "data" / "real" / "e2e2-thr-nographs.log"
+    inventory_path, state, go = make_lab(tmp_path, container, log, 2_400, watch={"precision": 0.10})
+    monkeypatch.setenv("DFO_HOME", str(state))
+    inventory = load_inventory(inventory_path)
+    with Connections(inventory) as connections, Store(state / "dfo.db") as store:
+        launch(connections.container("ct_a"), spec_for(inventory, "ct_a", "replayed"), store, name="sh2")
+        first = Watcher(inventory, connections, store)
+        try:
+            first.attach("sh2")
+            events = run_until(first, lambda w: store.events("sh2", kind="level_shift"), timeout=60)
+            panel = shown(render(first))
+        finally:
+            first.close()
+    [seen] = [e for e in events if e.kind == "level_shift"]
+    assert seen.declared is False and seen.declared_tok_s is None
+    assert abs(seen.from_tok_s / 44_000 - 1) < 0.03 and abs(seen.to_tok_s / 35_500 - 1) < 0.03
+    assert event_line(seen).endswith(f"level shift at step {seen.at_step}: {seen.from_tok_s:,.0f} -> "
+                                     f"{seen.to_tok_s:,.0f} tok/s, verdict re-opened at step {seen.detected_step} "
+                                     f"(new level not declared yet; precision 10%)")
+    assert f"re-opened: level shift at step {seen.at_step}" in panel
+    go.write_text("")
+
+    watched = dfo(inventory_path, state, "watch", "sh2", "--json", timeout=120)
+    assert watched.returncode == 0, watched.stderr + watched.stdout[-2000:]
+    lines = [json.loads(line) for line in watched.stdout.splitlines()]
+    [declared] = [o for o in lines if o["kind"] == "level_shift"]
+    assert (declared["at_step"], declared["declared"]) == (seen.at_step, True)
+    assert abs(declared["declared_tok_s"] / 35_500 - 1) < 0.03 and declared["declared_step"] > seen.detected_step
+    with Store(state / "dfo.db") as store:
+        stored = [(e["data"]["at_step"], e["data"]["declared"]) for e in store.events("sh2", kind="level_shift")]
+    assert stored == [(seen.at_step, False), (seen.at_step, True)]
