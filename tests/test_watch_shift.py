@@ -75,6 +75,24 @@ def make_lab(tmp_path: Path, container: LxcContainer, log: Path, pause_after: in
     return inventory, tmp_path / "state", scripts / "go"
 
 
+def watch_until_the_shift(inventory_path: Path, state: Path, name: str, monkeypatch):
+    """Launch the player as `name` and watch it until the registry holds a level_shift event; then the watch
+    goes (the run goes on, paused until `go` exists). Returns the watch's events, its live view as text, and
+    the run's stored decision."""
+    monkeypatch.setenv("DFO_HOME", str(state))
+    inventory = load_inventory(inventory_path)
+    with Connections(inventory) as connections, Store(state / "dfo.db") as store:
+        launch(connections.container("ct_a"), spec_for(inventory, "ct_a", "replayed"), store, name=name)
+        first = Watcher(inventory, connections, store)
+        try:
+            first.attach(name)
+            events = run_until(first, lambda w: store.events(name, kind="level_shift"), timeout=60)
+            panel = shown(render(first))
+        finally:
+            first.close()
+        return events, panel, store.get_run(name).decision
+
+
 @pytest.fixture
 def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
     return make_lab(tmp_path, container, SHIFT_LOG, PAUSE_AFTER_STEP)
@@ -82,27 +100,17 @@ def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
 
 def test_a_level_shift_is_one_event_with_both_levels_also_after_a_reattach(lab, monkeypatch) -> None:
     inventory_path, state, go = lab
-    monkeypatch.setenv("DFO_HOME", str(state))
-    inventory = load_inventory(inventory_path)
-    with Connections(inventory) as connections, Store(state / "dfo.db") as store:
-        launch(connections.container("ct_a"), spec_for(inventory, "ct_a", "replayed"), store, name="sh1")
-        first = Watcher(inventory, connections, store)
-        try:
-            first.attach("sh1")
-            events = run_until(first, lambda w: store.events("sh1", kind="level_shift"), timeout=60)
-            panel = shown(render(first))
-        finally:
-            first.close()  # the run goes on, paused after step 3,000 until `go` exists
-        [seen] = [e.to_json() for e in events if e.kind == "level_shift"]
-        assert 52_000 < seen["from_tok_s"] < 60_000 and seen["from_interval"][0] < seen["from_tok_s"]
-        assert abs(seen["declared_tok_s"] / 40_500 - 1) < 0.03 and seen["declared"] is True
-        assert 1_700 <= seen["at_step"] <= 2_000 < seen["detected_step"] <= PAUSE_AFTER_STEP
-        assert store.get_run("sh1").decision["level_shifts"][0]["at_step"] == seen["at_step"]
-        assert f"since a level shift at step {seen['at_step']} (from {seen['from_tok_s']:,.0f})" in panel
-        assert event_line(next(e for e in events if e.kind == "level_shift")).endswith(
-            f"sh1: level shift at step {seen['at_step']}: {seen['from_tok_s']:,.0f} -> {seen['declared_tok_s']:,.0f} "
-            f"tok/s, verdict re-opened at step {seen['detected_step']}, new level declared at step "
-            f"{seen['declared_step']} (95% {seen['declared_interval'][0]:,.0f}..{seen['declared_interval'][1]:,.0f})")
+    events, panel, decision = watch_until_the_shift(inventory_path, state, "sh1", monkeypatch)
+    [seen] = [e.to_json() for e in events if e.kind == "level_shift"]
+    assert 52_000 < seen["from_tok_s"] < 60_000 and seen["from_interval"][0] < seen["from_tok_s"]
+    assert abs(seen["declared_tok_s"] / 40_500 - 1) < 0.03 and seen["declared"] is True
+    assert 1_700 <= seen["at_step"] <= 2_000 < seen["detected_step"] <= PAUSE_AFTER_STEP
+    assert decision["level_shifts"][0]["at_step"] == seen["at_step"]
+    assert f"since a level shift at step {seen['at_step']} (from {seen['from_tok_s']:,.0f})" in panel
+    assert event_line(next(e for e in events if e.kind == "level_shift")).endswith(
+        f"sh1: level shift at step {seen['at_step']}: {seen['from_tok_s']:,.0f} -> {seen['declared_tok_s']:,.0f} "
+        f"tok/s, verdict re-opened at step {seen['detected_step']}, new level declared at step "
+        f"{seen['declared_step']} (95% {seen['declared_interval'][0]:,.0f}..{seen['declared_interval'][1]:,.0f})")
     go.write_text("")
 
     # A second watch re-attaches: it re-judges the stored steps (finding the shift again) and follows the rest
@@ -132,17 +140,7 @@ def test_a_shift_seen_before_its_new_level_holds_is_two_events_and_a_reattach_se
     undeclared and goes; the one that re-attaches sends the declared event only."""
     log = Path(__file__).parent / "data" / "real" / "e2e2-thr-nographs.log"
     inventory_path, state, go = make_lab(tmp_path, container, log, 2_400, watch={"precision": 0.10})
-    monkeypatch.setenv("DFO_HOME", str(state))
-    inventory = load_inventory(inventory_path)
-    with Connections(inventory) as connections, Store(state / "dfo.db") as store:
-        launch(connections.container("ct_a"), spec_for(inventory, "ct_a", "replayed"), store, name="sh2")
-        first = Watcher(inventory, connections, store)
-        try:
-            first.attach("sh2")
-            events = run_until(first, lambda w: store.events("sh2", kind="level_shift"), timeout=60)
-            panel = shown(render(first))
-        finally:
-            first.close()
+    events, panel, _ = watch_until_the_shift(inventory_path, state, "sh2", monkeypatch)
     [seen] = [e for e in events if e.kind == "level_shift"]
     assert seen.declared is False and seen.declared_tok_s is None
     assert abs(seen.from_tok_s / 44_000 - 1) < 0.03 and abs(seen.to_tok_s / 35_500 - 1) < 0.03
