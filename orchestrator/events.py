@@ -217,7 +217,8 @@ class LevelShift(RunEvent):
         if not self.declared:
             return (f"{head}{self.to_tok_s:,.0f} tok/s, verdict re-opened at step {self.detected_step} "
                     f"(new level not declared yet; precision {self.precision:.0%})")
-        interval = f" (95% {self.declared_interval[0]:,.0f}..{self.declared_interval[1]:,.0f})" if self.declared_interval else ""
+        lo_hi = self.declared_interval
+        interval = f" (95% {lo_hi[0]:,.0f}..{lo_hi[1]:,.0f})" if lo_hi else ""
         return (f"{head}{self.declared_tok_s:,.0f} tok/s, verdict re-opened at step {self.detected_step}, "
                 f"new level declared at step {self.declared_step}{interval}")
 

@@ -37,7 +37,8 @@ CONTRACT = {
     "gap": ["at", "target", "duration_s"],
     "gpu_error": ["at", "target", "text", "code"],
 }
-OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir", "declared_tok_s", "declared_interval", "declared_step", "declared_at"}  # left out when unset
+OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir",  # left out when unset
+                 "declared_tok_s", "declared_interval", "declared_step", "declared_at"}
 RUN_ERROR = ["at", "run", "chain", "text"]
 TARGET_ERROR = ["at", "target", "text"]
 
