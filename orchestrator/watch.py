@@ -81,6 +81,7 @@ class WatchedRun:
     gpu_now: list[dict] = field(default_factory=list)
     idle_reported: set = field(default_factory=set)  # (GPU index, idle since) already sent as gpu_idle events
     shifts_reported: set = field(default_factory=set)  # (at_step, declared) of level_shift events already sent
+    unstored_shifts: list = field(default_factory=list)  # level_shift events shown while another watcher owned the chain
     alive: bool | None = None
     exit_code: int | None = None
     gone_at: float | None = None  # when the PID was first seen dead without an exit status
@@ -344,8 +345,7 @@ class Watcher:
             watched.latest = StepRecord(**{**known, "ts": float(last.get("ts") or 0.0), "step": int(last["step"]),
                                            "tok_s": float(last["tok_s"])})
         watched.decision = watched.judge.decision()
-        watched.shifts_reported = {(e["data"]["at_step"], e["data"]["declared"])
-                                   for e in self.store.events(watched.name, kind=ev.LevelShift.kind)}
+        watched.shifts_reported = self._stored_shifts(watched.name)
         earlier = watched.run.decision
         if earlier and self.policy.falls_back(earlier.get("decision")):
             watched.decision = Decision(**{k: v for k, v in earlier.items() if k in Decision.__dataclass_fields__})
@@ -388,10 +388,26 @@ class Watcher:
             rows = [s for s in watched.unsaved if stored is None or s["step"] > stored]
             self.store.add_samples(watched.name, rows, offset=watched.unsaved_offset, ident=watched.unsaved_ident)
             watched.unsaved, watched.unsaved_offset, watched.unsaved_ident = [], None, None
+            self._store_shown_shifts(watched)
             watched.handled = watched.handled or bool(self.store.children(watched.name))
             watched.dirty = True
             self._emit(watched, ev.TookOver, steps_stored=len(rows))
         self._finish_open_intents(root)
+
+    def _stored_shifts(self, name: str) -> set[tuple[int, bool]]:
+        """(at_step, declared) of the level_shift events the registry holds for run `name`."""
+        return {(e["data"]["at_step"], e["data"]["declared"]) for e in self.store.events(name, kind=ev.LevelShift.kind)}
+
+    def _store_shown_shifts(self, watched: WatchedRun) -> None:
+        """On a take-over: the level_shift events this watcher showed while observing and the former owner did not
+        store are stored now (not sent again), with the decision that names them."""
+        stored = self._stored_shifts(watched.name)
+        missing = [e for e in watched.unstored_shifts if (e.at_step, e.declared) not in stored]
+        for event in missing:
+            self.store.add_event(watched.name, event.kind, event.stored_data(), at=event.at)
+        watched.unstored_shifts = []
+        if missing:
+            self.store.update_run(watched.name, decision=watched.decision.to_json())
 
     def _finish_open_intents(self, root: str) -> None:
         """A fallback a dfo that died left half done: finish it (stop, launch) on a worker; the runs it is about
@@ -656,7 +672,9 @@ class Watcher:
             if (shift["at_step"], declared) in watched.shifts_reported:
                 continue
             watched.shifts_reported |= {(shift["at_step"], declared), (shift["at_step"], False)}
-            self._emit(watched, ev.LevelShift, **ev.LevelShift.fields_of(shift, declared))
+            event = self._emit(watched, ev.LevelShift, **ev.LevelShift.fields_of(shift, declared))
+            if watched.root not in self.owned:
+                watched.unstored_shifts.append(event)
             sent = True
         return sent
 
@@ -749,10 +767,11 @@ class Watcher:
         return {"root": state.root, "runs": list(state.runs), "current": current,
                 "decision": watched.decision.to_json(), "settled": settled}
 
-    def _emit(self, watched: WatchedRun, cls: type[ev.RunEvent], **data: Any) -> None:
+    def _emit(self, watched: WatchedRun, cls: type[ev.RunEvent], **data: Any) -> ev.RunEvent:
         event = cls(at=utc_now(), run=watched.name, chain=watched.root, **data)
         # an observing watcher shows, its owner stores
         self._publish(event, watched.name, event.stored and watched.root in self.owned)
+        return event
 
     def _emit_source(self, cls: type[ev.TargetEvent], source: str, **data: Any) -> None:
         self._publish(cls(at=utc_now(), target=source, **data), None, bool(self.owned))

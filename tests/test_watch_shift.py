@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from harness import write_inventory
 from harness.lxc import LxcContainer
+from orchestrator.chains import Claims
 from orchestrator.commands.watch import event_line
 from orchestrator.connections import Connections
 from orchestrator.inventory import load_inventory
@@ -159,3 +161,37 @@ def test_a_shift_seen_before_its_new_level_holds_is_two_events_and_a_reattach_se
     with Store(state / "dfo.db") as store:
         stored = [(e["data"]["at_step"], e["data"]["declared"]) for e in store.events("sh2", kind="level_shift")]
     assert stored == [(seen.at_step, False), (seen.at_step, True)]
+
+
+def test_a_shift_shown_by_a_watch_that_only_observed_is_stored_once_it_takes_over(
+        tmp_path, sshd, ssh_home, container, monkeypatch) -> None:
+    """Two watches of one chain: the owner stops answering before the shift reaches it (never stepped again);
+    the other shows the shift while it only observes (storing nothing), then takes the chain over: the shift
+    it showed is stored then (once, not sent again), and the run's decision names it."""
+    inventory_path, state, _ = make_lab(tmp_path, container, SHIFT_LOG, PAUSE_AFTER_STEP)
+    monkeypatch.setenv("DFO_HOME", str(state))
+    inventory = load_inventory(inventory_path)
+    with Connections(inventory) as connections, Store(state / "dfo.db") as store:
+        launch(connections.container("ct_a"), spec_for(inventory, "ct_a", "replayed"), store, name="sh3")
+        log = container.path("/workspace/logs/sh3.log")
+        deadline = time.monotonic() + 30
+        while f" step={PAUSE_AFTER_STEP} " not in log.read_text():  # the shift is in the log: the player paused
+            assert time.monotonic() < deadline, "the player did not reach its pause"
+            time.sleep(0.1)
+        owner = Watcher(inventory, connections, store, claims=Claims(store, ttl_s=3))
+        observer = Watcher(inventory, connections, store, claims=Claims(store, ttl_s=3))
+        try:
+            owner.attach("sh3")
+            observer.attach("sh3")
+            assert owner.owns("sh3") and not observer.owns("sh3")
+            events = run_until(observer, lambda w: w.owns("sh3"), timeout=30)
+        finally:
+            observer.close()
+            owner.close()
+        kinds = [e.kind for e in events]
+        assert kinds.count("level_shift") == 1 and kinds.index("level_shift") < kinds.index("took_over"), kinds
+        [shift] = [e for e in events if e.kind == "level_shift"]
+        stored = store.events("sh3", kind="level_shift")
+        assert [(e["data"]["at_step"], e["data"]["declared"], e["at"]) for e in stored] == [
+            (shift.at_step, True, shift.at)]
+        assert [s["at_step"] for s in store.get_run("sh3").decision["level_shifts"]] == [shift.at_step]
