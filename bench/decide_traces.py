@@ -5,6 +5,7 @@
     .venv/bin/python bench/decide_traces.py --seeds 0-29    # ... the synthetic tuning set
     .venv/bin/python bench/decide_traces.py --timeline LOG [--precision 0.10] [--min-steady-seconds 40]
     .venv/bin/python bench/decide_traces.py --shifts        # level shifts per precision: the rule before/after
+    .venv/bin/python bench/decide_traces.py --reach         # the out-of-reach answer off vs on (real, 0-29, 500-529)
 
 Real logs: per log the labelled verdict and level against what decide/ says, the level error, and the
 seconds from the first step line to the first steady declaration (and to the declaration of the level held
@@ -15,6 +16,8 @@ steady figure's error; then the judge's cost per log line. Figures, not pass/fai
 --timeline: one log replayed up to each of its step lines (O(lines^2): ~30 s of CPU for 650 lines), printing
 what holds the verdict back each time that changes (the trend check, the level's interval, the minimums or
 confirming blocks, no warm-up end yet), then per check the seconds after the first step line it failed.
+--reach: the final answer given once the precision is out of reach (steady.py point 6) against the same detector
+without it, in one run: per real log at the default watch: and at bench/h200-e2e.yaml's, then the synthetic sets.
 --shifts: the level-shift rule (a move of min(3 x precision, 15%)) against the same rule without the 15% cap
 (3 x precision, the rule before), in one run: per real log and precision, the shifts recorded and the largest
 move of the figure away from its last declaration with no shift recorded; then synthetic runs (quiet, or a
@@ -245,6 +248,87 @@ def shift_synthetic_table(seeds: range) -> None:
     print()
 
 
+@contextmanager
+def reach_rule(on: bool):
+    """The out-of-reach answer on, or off (the rule before it: only max_undecided_s ends an undecided run)."""
+    saved = steady.REACH_MIN_SECONDS
+    steady.REACH_MIN_SECONDS = saved if on else math.inf  # a window never long enough: the rule never answers
+    try:
+        yield
+    finally:
+        steady.REACH_MIN_SECONDS = saved
+
+
+REACH_CONFIGS = {  # the default, and bench/h200-e2e.yaml's watch: (the live e2e chains)
+    "default (600 s)": DecideConfig(),
+    "h200-e2e.yaml (80 s)": DecideConfig(min_steady_seconds=40, max_undecided_s=80),
+}
+
+
+def decided_by(decision) -> str:
+    return ((decision.evidence.get("steady") or {}).get("checks") or {}).get("decided_by") or ""
+
+
+def reach_real_table() -> None:
+    print("the precision out of reach, real logs: before (only max_undecided_s ends undecided) -> now; per cell the "
+          "verdict, level error, seconds from the first step line to the first steady; R = answered by the "
+          "out-of-reach rule, ! = not steady within 5% of the label")
+    header = f"{'log':24} " + " ".join(f"{name:>44}" for name in REACH_CONFIGS)
+    print(header)
+    print("-" * len(header))
+    right = defaultdict(lambda: [0, 0])
+    steady_logs = [log for log in labelled() if log.verdict == "steady"]
+    for log in labelled():
+        cells = []
+        for name, config in REACH_CONFIGS.items():
+            halves = []
+            for rule, on in enumerate((False, True)):
+                with reach_rule(on):
+                    decision = judge(log, config=config)
+                row = score_real(log, decision)
+                ok = row["verdict_ok"] and row["level_ok"]
+                right[name][rule] += ok and log.verdict == "steady"
+                err = f"{row['level_error'] * 100:+.1f}%" if row["level_error"] is not None else ""
+                first = f"{row['first_declared_s']:.0f}s" if row["first_declared_s"] is not None else ""
+                mark = ("R" if decided_by(decision) == "precision_out_of_reach" else "") + ("" if ok else "!")
+                halves.append(f"{row['got'][:8]} {err} {first}{mark}".strip())
+            cells.append(" -> ".join(halves))
+        print(f"{log.name:24} " + " ".join(f"{cell:>44}" for cell in cells))
+    print("-" * len(header))
+    print("steady within 5% of the label, before -> now: " + "; ".join(
+        f"{name}: {r[0]}/{len(steady_logs)} -> {r[1]}/{len(steady_logs)}" for name, r in right.items()))
+    print()
+
+
+def steady_too_soon(trace, decision) -> bool:
+    """Steady declared (at any time) before the trace's level settled, or on a trace that never settles (a
+    `drifting` answer is not a steady declaration, whatever step it names)."""
+    first = decision.evidence.get("first_steady_declared_step")
+    if first is None and decision.decision == "steady":
+        first = decision.evidence.get("steady_declared_step")
+    return first is not None and (trace.settled_step is None or first < trace.settled_step)
+
+
+def reach_synthetic_table(seed_sets: list[range]) -> None:
+    print("the precision out of reach, synthetic traces: before -> now (at 80 s the labels, written for the default "
+          "600 s, do not hold for drift: its `drifting` comes at 80 s; there only premature steady and false fallbacks count)")
+    for seeds in seed_sets:
+        traces = suite(seeds)
+        for name, config in REACH_CONFIGS.items():
+            totals = []
+            for on in (False, True):
+                with reach_rule(on):
+                    pairs = [(t, replay(t.lines, config=config, **t.replay_kwargs())) for t in traces]
+                totals.append((sum(d.decision == t.expect and d.action == t.expect_action for t, d in pairs),
+                               sum(steady_too_soon(t, d) for t, d in pairs),
+                               sum(d.action == "fallback" and t.expect_action != "fallback" for t, d in pairs),
+                               sum(decided_by(d) == "precision_out_of_reach" for _, d in pairs)))
+            (ok0, prem0, ffb0, _), (ok1, prem1, ffb1, by_rule) = totals
+            print(f"  seeds {seeds.start}-{seeds.stop - 1}, {name}: right {ok0} -> {ok1}/{len(traces)}, premature "
+                  f"steady {prem0} -> {prem1}, false fallbacks {ffb0} -> {ffb1}; answered by the rule: {by_rule}")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="500-529", help="seed range, e.g. 500-529 (report) or 0-29 (tuning)")
@@ -252,7 +336,12 @@ def main() -> None:
     parser.add_argument("--precision", type=float, default=DecideConfig.precision, help="with --timeline")
     parser.add_argument("--min-steady-seconds", type=float, default=DecideConfig.min_steady_seconds, help="with --timeline")
     parser.add_argument("--shifts", action="store_true", help="level shifts per precision, before/after the 15%% cap")
+    parser.add_argument("--reach", action="store_true", help="the out-of-reach answer: the rule off vs on, real + both seed sets")
     args = parser.parse_args()
+    if args.reach:
+        reach_real_table()
+        reach_synthetic_table([range(0, 30), range(500, 530)])
+        return
     if args.shifts:
         shift_real_table()
         shift_synthetic_table(seed_range(args.seeds) if args.seeds != parser.get_default("seeds") else range(0, 20))
