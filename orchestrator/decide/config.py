@@ -31,7 +31,8 @@ class DecideConfig:
     interval is within +/- this fraction of it."""
     max_undecided_s: float = 600.0
     """Seconds of steps (since the first step, or since a level shift) after which an undecided run gets a
-    final answer: steady flagged noisy (no trend beyond the precision) or drifting."""
+    final answer: steady flagged noisy (no trend beyond the precision) or drifting. The steady (noisy) answer
+    comes sooner when the checks' widths project the precision out of reach within this time."""
     noisy_rel: float = 0.10
     """`noisy` is flagged when the interval throughputs' IQR / median exceeds this (reported, never a gate)."""
     block_size: int = 5

@@ -60,7 +60,7 @@ class Decision:
     evidence: dict = field(default_factory=dict)
     next_variant: str | None = None
     noise_rel: float | None = None  # IQR / median of the interval throughputs after the warm-up (reported)
-    noisy: bool = False  # noise_rel above watch.noisy_rel, or a steady answer forced by max_undecided_s
+    noisy: bool = False  # noise_rel above watch.noisy_rel, or a steady answer by max_undecided_s or out of reach
     ended: str | None = None  # exited | stopped | crashed; None while the run goes on
     exit_code: int | None = None
     level_shifts: list[dict] = field(default_factory=list)  # RunJudge.level_shifts(): each shift, both levels
