@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -38,7 +39,7 @@ from .inventory import Inventory, TargetSpec, load_inventory
 from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
-from .runs import LOOK_TIMEOUT, Launched, RunSpec, _test_hook, look, out_dir, spec_for
+from .runs import FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, _test_hook, look, out_dir, resolve_launch, spec_for, started
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
@@ -54,7 +55,6 @@ FALLBACK = "fallback"
 MULTINODE_FALLBACK = "multinode_fallback"  # subject: the multi-node run a chain started from (multinode.py)
 INTENT_WAIT_S = 600.0  # how long a dfo waits for another live one to finish an intent it is carrying out
 INTENT_POLL_S = 0.5
-FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"  # tests: recorded | stopped (| nodeK_started, multinode.py): runs._test_hook
 
 
 # ---------------------------------------------------------------------------------------------- policy
@@ -121,11 +121,14 @@ def next_variant_after(chain: Sequence[str], run: Run, decision: Mapping[str, An
 def next_run_names(store: Store, root: str, variant: str) -> Iterable[str]:
     """The one naming rule: `<root>.<n>-<variant>` (n = the new run's place in its chain), then `-2`, `-3`...
     for names already in the registry."""
-    base = f"{root}.{len(store.chain_runs(root)) + 1}-{variant}"
-    for suffix in range(1, MAX_NAME_TRIES + 1):
-        name = base if suffix == 1 else f"{base}-{suffix}"
+    for name in name_tries(f"{root}.{len(store.chain_runs(root)) + 1}-{variant}"):
         if store.find_run(name) is None:
             yield name
+
+
+def name_tries(base: str) -> list[str]:
+    """`base`, then `base-2`, `base-3`... (MAX_NAME_TRIES names in all)."""
+    return [base if suffix == 1 else f"{base}-{suffix}" for suffix in range(1, MAX_NAME_TRIES + 1)]
 
 
 def first_launch(store: Store, root: str) -> dict[str, Any]:
@@ -265,6 +268,31 @@ def carry_out_fallback(store: Store, intent: Intent, stop: Callable[[dict], Mapp
 
 # ---------------------------------------------------------------------------------------------- acting
 
+class NoFreeName(RefusedError):
+    """Every name a fallback's successor may take is taken (successor_name): the fallback ends there."""
+
+
+class Left(StrEnum):
+    """What a dfo that died inside a fallback's launch left under one of the successor's names (successor_name)."""
+
+    NOTHING = "nothing"  # the name is free: the successor is launched under it
+    STARTED = "started"  # the successor really started (its process; every node's): adopted
+    PASSED = "passed"  # nothing or part of it started: marked failed, nothing of it left running; passed by
+
+
+def successor_name(base: str, left: Callable[[str], Left], *, of: str) -> tuple[str, Left]:
+    """Where a recorded fallback of run `of` puts its successor, single run or multi-node: the first of
+    name_tries(base) under which a dfo that died left nothing (launched there) or a successor that really
+    started (adopted), past the names it left half launched (`left(name)` has marked those failed and stopped
+    what of them started). A row left `launching` is never taken for a successor by itself. NoFreeName when
+    none is left; an error from `left` (a target out of reach) propagates: the fallback stays open."""
+    for name in name_tries(base):
+        found = left(name)
+        if found is not Left.PASSED:
+            return name, found
+    raise NoFreeName(f"no free run name for the fallback of {of}", hint="remove old runs of this chain")
+
+
 class GpusStillBusy(RefusedError):
     """A successor not started: the GPUs of the run it follows did not go idle within gpu_release_s."""
 
@@ -335,18 +363,32 @@ class Supervisor:
             self.on_step("stopped", data)
             return {"signal": stopped.signal, "note": stopped.note}
 
+        def left(name: str) -> Left:  # what a dfo that died launching the successor left under `name`
+            found = self.store.find_run(name)
+            if found is None:
+                return Left.NOTHING
+            if found.parent != intent.data["run"]:
+                return Left.PASSED  # another run's name
+            found = resolve_launch(self.connections.container(found.target), self.store, found)
+            return Left.STARTED if started(found) else Left.PASSED
+
         def launch(data: dict) -> dict:
-            launched, error = self.store.find_run(data["name"]), None
-            if launched is None:  # not launched yet (a dfo that died after launching left the run: adopted)
-                try:
+            try:
+                name, found = successor_name(data["name"], left, of=data["run"])
+            except NoFreeName as exc:
+                return {**data, "next_run": None, "error": str(exc)}
+            data, error = {**data, "name": name}, None
+            launched = self.store.get_run(name) if found is Left.STARTED else None
+            try:
+                if launched is None:
                     spec = next_spec(self.inventory, self.store, self.store.get_run(data["run"]), data["variant"], data["chain"])
                     self.on_step("launching", data)
-                    launched = self.launch_when_released(self.connections.container(spec.target), spec, data["name"],
+                    launched = self.launch_when_released(self.connections.container(spec.target), spec, name,
                                                          after=data["run"])
-                except GpusStillBusy as exc:
-                    error = str(exc)
-                except DfoError as exc:
-                    error = f"launching {data['variant']} failed: {exc}"
+            except GpusStillBusy as exc:
+                error = str(exc)
+            except DfoError as exc:
+                error = f"launching {data['variant']} failed: {exc}"
             return {**data, "next_run": launched.name if launched else None, "error": error}
 
         try:

@@ -28,8 +28,9 @@ from typing import Callable, Mapping, Sequence
 
 from . import runs as runs_lib
 from .chains import (
-    FALLBACK_HOOK, MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, Refusals, carry_checkpoint, carry_out_fallback,
-    catalogue_for, check_resumable, first_launch, gpus_used, next_variant_after, record_fallback, until_released,
+    FALLBACK_HOOK, MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, Left, NoFreeName, Refusals, carry_checkpoint,
+    carry_out_fallback, catalogue_for, check_resumable, first_launch, gpus_used, next_variant_after, record_fallback,
+    successor_name, until_released,
 )
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
@@ -41,7 +42,6 @@ from .store import Store
 
 RENDEZVOUS_TIMEOUT = 30.0
 STOP_GRACE_S = 10.0  # stopping the nodes already started when a later one fails to start
-MAX_TRIES = 5  # successor names a fallback tries (`-2`, ...) past ones a dfo that died began launching
 
 
 class PortTaken(RefusedError):
@@ -297,19 +297,26 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
         stop_nodes(store, data["run"], connections.container, grace_s=STOP_GRACE_S)
         return {}
 
+    def left(name: str) -> Left:  # what a dfo that died launching the successor left under `name`
+        if store.nodes_of(name):  # recorded as one run: nodes may have started
+            refresh_nodes(connections, store, name)
+            if all(runs_lib.started(store.get_run(node)) for node in store.nodes_of(name)):
+                return Left.STARTED
+            stop_nodes(store, name, connections.container, grace_s=STOP_GRACE_S)  # partly started
+            return Left.PASSED
+        prepared = [row for row in (store.find_run(node_name(name, rank))
+                                    for rank in range(len(store.nodes_of(intent.data["run"])))) if row is not None]
+        for row in prepared:  # rows never recorded as a run: nothing of them started (marked failed)
+            runs_lib.resolve_launch(connections.container(row.target), store, row)
+        return Left.PASSED if prepared else Left.NOTHING
+
     def launch(data: dict) -> dict:
-        nnodes = len(store.nodes_of(data["run"]))
-        for suffix in range(1, MAX_TRIES + 1):  # a name a dfo that died began launching: adopt it or pass it by
-            name = next_name(store, data["run"], data["variant"], suffix=suffix)
-            if store.nodes_of(name):  # recorded as one run: nodes may have started
-                refresh_nodes(connections, store, name)
-                if all(store.get_run(node).pid is not None for node in store.nodes_of(name)):
-                    return {**data, "name": name, "next_run": name, "nodes": store.nodes_of(name), "error": None}
-                stop_nodes(store, name, connections.container, grace_s=STOP_GRACE_S)  # partly started
-            elif not any(store.find_run(node_name(name, rank)) for rank in range(nnodes)):
-                break  # a free name (prepared rows never recorded as a run had nothing started: passed by)
-        else:
-            return {**data, "next_run": None, "nodes": [], "error": f"no free run name for the fallback of {data['run']}"}
+        try:
+            name, found = successor_name(next_name(store, data["run"], data["variant"]), left, of=data["run"])
+        except NoFreeName as exc:
+            return {**data, "next_run": None, "nodes": [], "error": str(exc)}
+        if found is Left.STARTED:
+            return {**data, "name": name, "next_run": name, "nodes": store.nodes_of(name), "error": None}
         store.update_intent(intent.id, {**data, "name": name})  # what a dfo that dies from here on started
         try:
             launched = successor(inventory, connections, store, data["run"], data["variant"], name=name,
@@ -335,14 +342,13 @@ def refresh_nodes(connections, store: Store, run: str) -> None:
     """Bring `run`'s nodes' rows up to date (a launch a dfo did not finish recording is found or marked failed)."""
     for name in store.nodes_of(run):
         node = store.get_run(name)
-        if node.active:
-            runs_lib.look(connections.container(node.target), store, [node])
+        runs_lib.resolve_launch(connections.container(node.target), store, node)
 
 
-def next_name(store: Store, run: str, variant: str, *, suffix: int = 1) -> str:
-    """`<root>.<n>-<variant>` for the successor of multi-node `run` (n = its place in the chain), `-2`... after."""
-    base = f"{root_of(store, run)}.{len(store.lineage(store.nodes_of(run)[0])) + 1}-{variant}"
-    return base if suffix == 1 else f"{base}-{suffix}"
+def next_name(store: Store, run: str, variant: str) -> str:
+    """`<root>.<n>-<variant>` for the successor of multi-node `run` (n = its place in the chain; chains.name_tries
+    for the names after it)."""
+    return f"{root_of(store, run)}.{len(store.lineage(store.nodes_of(run)[0])) + 1}-{variant}"
 
 
 def resume(inventory, connections, store: Store, run: str, *, force: bool = False) -> MultiLaunched:

@@ -49,6 +49,7 @@ POLL_S = 0.2
 SET_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NAME_SUFFIX = 50
+FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"  # tests: where a fallback is killed (_test_hook)
 WANDB_MODES = ("off", "offline", "online", "auto")
 """`python -m trainer --wandb` choices (auto: offline unless WANDB_API_KEY is set)."""
 TRAINER_TOPOLOGIES = {"threaded": "threads", "procsplit": "procsplit"}
@@ -340,6 +341,8 @@ class Prepared:
             _abandon(target, spec, name, store, exc, maybe_started=starting and isinstance(exc, (CommandTimeout, KeyboardInterrupt)))
             raise
         _test_hook("started")
+        if spec.parent:
+            _test_hook("launch_started", FALLBACK_HOOK)
         command = _command(spec, name, package)
         run = store.update_run(
             name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command, owner=None
@@ -375,6 +378,8 @@ def prepare(
     package = (package or build_package()) if spec.builtin else None
     name, opened = _reserve_name(target, spec, store, name, package, now, gate, bool(secrets))
     _test_hook("reserved")
+    if spec.parent:  # a successor (a fallback's): its row is `launching`, nothing started yet
+        _test_hook("launching", FALLBACK_HOOK)
     return Prepared(target, spec, store, name, opened, package, secrets, missing)
 
 
@@ -401,8 +406,9 @@ def _refuse_settings_the_trainer_refused(target: Target, store: Store, spec: Run
 
 def _test_hook(point: str, variable: str = "DFO_TEST_LAUNCH_EXIT_AT") -> None:
     """Tests kill dfo at a named point of a launch (DFO_TEST_LAUNCH_EXIT_AT=reserved|started|recorded) or of a
-    fallback (DFO_TEST_FALLBACK_EXIT_AT=recorded|stopped, chains.py; nodeK_started, multinode.py) to show that the next
-    `dfo runs` or `dfo watch` resolves what it left. Nothing else sets them."""
+    fallback (DFO_TEST_FALLBACK_EXIT_AT=recorded|stopped, chains.py; launching|launch_started, a successor's launch
+    here; nodeK_started, multinode.py) to show that the next `dfo runs` or `dfo watch` resolves what it left.
+    Nothing else sets them."""
     if os.environ.get(variable) == point:
         os._exit(137)
 
@@ -533,18 +539,40 @@ def _env_file(secrets: Mapping[str, str]) -> bytes:
 def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseException, *, maybe_started: bool) -> None:
     """After a failed launch: remove the secrets file and the empty log we made, and forget the run; a start
     that timed out or was interrupted may be running, so its log stays and it is recorded as `lost`."""
-    secrets, log = shlex.quote(secrets_path(spec.workspace, name)), shlex.quote(log_path(spec.workspace, name))
     log_is_ours = not maybe_started and not isinstance(exc, RefusedError)  # a refused start never made the log
-    cleanup = f"rm -f {secrets}" + (f"; [ -s {log} ] || rm -f {log}" if log_is_ours else "")
-    try:
-        target.run(cleanup, timeout=START_TIMEOUT)
-    except DfoError:
-        pass  # the target is unreachable: nothing more can be removed now
+    _remove_launch_files(target, spec.workspace, name, log=log_is_ours)
     store.add_event(name, "launch_failed", {"error": str(exc)[:500] or type(exc).__name__})
     if maybe_started:
         store.update_run(name, state="lost", ended_at=utc_now())
     else:
         store.delete_run(name)
+
+
+def _remove_launch_files(target: Target, workspace: str, name: str, *, log: bool) -> None:
+    """Remove what a start that never ran its wrapper may have made: the secrets file and (`log`) an empty log."""
+    secrets, log_file = shlex.quote(secrets_path(workspace, name)), shlex.quote(log_path(workspace, name))
+    try:
+        target.run(f"rm -f {secrets}" + (f"; [ -s {log_file} ] || rm -f {log_file}" if log else ""), timeout=START_TIMEOUT)
+    except DfoError:
+        pass  # the target is unreachable: nothing more can be removed now
+
+
+def started(run: Run) -> bool:
+    """Whether `run`'s process was ever seen: a PID recorded, or an end read from its exit file (a launch a dfo
+    did not finish recording whose run ended before anyone looked has no PID)."""
+    return run.pid is not None or run.exit_code is not None
+
+
+def resolve_launch(target: Target, store: Store, run: Run) -> Run:
+    """`run` as `target` shows it now (look; ended rows as they are). A launch a dfo that died left `launching`
+    is settled: its process, found by its exit file path, adopted (`running`, with its PID), or with none found
+    the run marked `failed` and the secrets file and empty log its start may have made removed."""
+    if not run.active:
+        return run
+    [settled] = look(target, store, [run]) or [run]
+    if run.state == RunState.LAUNCHING and settled.state == RunState.FAILED:
+        _remove_launch_files(target, run.workspace, run.name, log=True)
+    return settled
 
 
 # ---------------------------------------------------------------------------------------------- stop

@@ -293,3 +293,36 @@ def test_a_fallback_left_half_done_by_a_killed_dfo_is_finished_once_by_two_racin
     again = lab.dfo("watch", "hk", "--until-decided", "--json", timeout=120)  # done: nothing more launches
     assert again.returncode == 0, again.stderr + again.stdout[-2000:]
     assert list(lab.runs()) == ["hk", "hk.2-nographs"]
+
+
+@pytest.mark.parametrize("point", ["launching", "launch_started"])
+def test_a_fallback_killed_inside_its_successors_launch_adopts_only_a_started_successor(lab: Lab, point: str) -> None:
+    # launching: the successor's registry row exists (`launching`), nothing started on the container;
+    # launch_started: its process started, dfo killed before recording it as running
+    killed = lab.dfo("launch", "--host", "ct_a", "--variant", "failing", "--name", "hl", "--no-preflight",
+                     "--chain", "failing,nographs", "--watch", "--until-decided", "--json", timeout=120,
+                     DFO_TEST_FALLBACK_EXIT_AT=point)
+    assert killed.returncode == 137, killed.stderr + killed.stdout[-2000:]  # dfo died inside the successor's launch
+    with lab.store() as store:
+        half = store.get_run("hl.2-nographs")
+        assert (half.state, half.pid) == ("launching", None)
+    [intent] = open_intents(lab)
+    assert intent.data["name"] == "hl.2-nographs"
+
+    racers = [lab.popen("watch", "hl", "--until-decided", "--json"), lab.popen("watch", "--until-decided", "--json")]
+    outs = [racer.communicate(timeout=180) for racer in racers]
+    successor = {"launching": "hl.2-nographs-2", "launch_started": "hl.2-nographs"}[point]
+    for racer, (out, err) in zip(racers, outs):
+        assert racer.returncode == 0, err[-2000:] + out[-3000:]
+        final = json.loads(out.splitlines()[-1])
+        assert (final["run"], final["decision"]) == (successor, "steady"), out[-3000:]
+    runs = lab.runs()
+    assert runs[successor]["parent"] == "hl" and open_intents(lab) == []
+    logs = lab.container.path("/workspace/logs")
+    assert (logs / f"{successor}.log").read_text().count("event=start") == 1  # started once
+    if point == "launching":  # the half-launched row is marked failed, nothing of it left on the container
+        assert list(runs) == ["hl", "hl.2-nographs", "hl.2-nographs-2"]
+        assert runs["hl.2-nographs"]["state"] == "failed"
+        assert not (logs / "hl.2-nographs.log").exists()
+    else:  # the successor that really started is adopted, nothing launched beside it
+        assert list(runs) == ["hl", "hl.2-nographs"]
