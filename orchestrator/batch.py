@@ -6,10 +6,12 @@
 
 A cell is one (target, variant, settings, GPU count, repeat). Its first run is named `BATCH.CELL`. The
 Watcher (built with fallback=False) judges runs; on a verdict chains.BATCH_POLICY falls back on (crash,
-stall) the scheduler stops the run and starts the next variant of the chain (chains.next_variant_after) under
-chains' one naming rule (`BATCH.CELL.<n>-<variant>`) with `parent` set, on the same GPUs with the same
-settings once those GPUs are released (chains.Supervisor.launch_when_released), so a fallback never lands on
-another cell's GPUs. A too-slow verdict (against a configured baseline only) ends the cell as
+stall) the scheduler hands the fallback to chains.Supervisor.fall_back, `dfo watch`'s own, on a thread: the
+intent recorded once (subject the cell's first run), then the run stopped and the next variant of the chain
+(chains.next_variant_after) launched once under chains' one naming rule (`BATCH.CELL.<n>-<variant>`) with
+`parent` set, on the same GPUs with the same settings (chains.next_spec: those of the cell's first launch)
+once those GPUs are released, so a fallback never lands on another cell's GPUs. A batch that dies inside a
+fallback leaves its intent open: the next `dfo batch` of the file (or `dfo watch`) finishes it first. A too-slow verdict (against a configured baseline only) ends the cell as
 `done`: its steady figure is the result, and a sweep is there to measure the slow configurations too. Two cells never hold one GPU at once: a cell without `gpus:` takes the whole
 target; one with `gpus: N` takes N of the target's listed GPUs and runs with CUDA_VISIBLE_DEVICES set to
 them; GPUs are released only once the cell's last run has ended. Everything the scheduler learns goes to
@@ -27,12 +29,12 @@ import math
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from . import runs
-from .chains import BATCH_POLICY, Claims, Supervisor, catalogue_for, next_run_names, next_variant_after, rest_of_chain
+from .chains import BATCH_POLICY, FALLBACK, Claims, Outcome, Supervisor, catalogue_for, next_variant_after, rest_of_chain
 from .decide import Catalogue
 from .events import DecisionMade, Event
 from .errors import DfoError, RefusedError
@@ -154,10 +156,18 @@ class WatcherLike(Protocol):
 
 
 class Starter(Protocol):
-    """Starts run `name` of `variant` for a cell on the given GPUs (runs.launch in the field); `parent` is the
-    run it falls back from. A name already in the registry is adopted, never started twice."""
+    """Starts a cell's first run `name` of `variant` on the given GPUs (runs.launch in the field). A name
+    already in the registry is adopted, never started twice."""
 
-    def __call__(self, cell: Cell, gpu_ids: tuple[int, ...], variant: str, name: str, parent: Optional[str]) -> str: ...
+    def __call__(self, cell: Cell, gpu_ids: tuple[int, ...], variant: str, name: str) -> str: ...
+
+
+class SupervisorLike(Protocol):
+    """What the scheduler needs of chains.Supervisor: a cell's fallback is `dfo watch`'s (recorded as an intent
+    once, carried out once: stop, GPU release, launch under chains.successor_name), run on a thread of its own."""
+
+    def fall_back(self, run: Run, variant: str, chain: list[str], reason: str) -> Outcome: ...
+    def finish_open(self, subject: str) -> list[Outcome]: ...
 
 
 @dataclass
@@ -173,19 +183,18 @@ class Progress:
 
 @dataclass
 class _Stopping:
-    """A stop the scheduler asked for, and what follows once the run has ended. Kept in the cell's outcome
-    until then, so a resumed batch still knows that a run it finds ended (exit 143) was stopped on purpose."""
+    """A stop that closes the cell (stop_when, too slow, nothing left to fall back to), and the cell's state once
+    the run has ended. Kept in the cell's outcome until then, so a resumed batch still knows that a run it finds
+    ended (exit 143) was stopped on purpose. (A fallback's stop is the fallback intent's: chains.)"""
 
     run: str
     reason: str
-    state: str  # the cell's state if nothing follows
-    next_variant: Optional[str]
+    state: str  # the cell's state once the run has ended
     decision: dict  # the verdict that led to the stop (a later one about the stopped run is not the result)
     since: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"run": self.run, "reason": self.reason, "state": self.state, "next_variant": self.next_variant,
-                "decision": self.decision}
+        return {"run": self.run, "reason": self.reason, "state": self.state, "decision": self.decision}
 
 
 @dataclass
@@ -194,6 +203,9 @@ class _Active:
     started: float  # epoch seconds
     waiting_since: Optional[float] = None  # when the chain's last run was first seen ended without a verdict
     stopping: Optional[_Stopping] = None
+    falling_back: Optional[Future] = None  # the fallback being carried out (its Outcomes), on a thread
+    fell_from: Optional[dict] = None  # the verdict it follows (a later `stopped` about that run is not the result)
+    falling_since: Optional[float] = None  # when this scheduler began carrying it out
 
 
 class Scheduler:
@@ -211,6 +223,7 @@ class Scheduler:
         watcher: WatcherLike,
         start: Starter,
         *,
+        supervisor: SupervisorLike,
         clock: Callable[[], float] = time.time,
         poll_s: float = 1.0,
         on_progress: Optional[Callable[[Progress], None]] = None,
@@ -219,7 +232,8 @@ class Scheduler:
         stop_wait_s: float = STOP_WAIT_S,
         claims: Optional[Claims] = None,
     ) -> None:
-        self.plan, self.store, self.watcher, self.start = plan, store, watcher, start
+        self.plan, self.store, self.watcher, self.start, self.supervisor = plan, store, watcher, start, supervisor
+        self.fallbacks = ThreadPoolExecutor(max_workers=MAX_PARALLEL_LAUNCHES, thread_name_prefix="fallback")
         self.table = CellTable(store)
         self.clock, self.poll_s, self.stop_wait_s = clock, poll_s, stop_wait_s
         self.on_progress = on_progress or (lambda progress: None)
@@ -254,6 +268,7 @@ class Scheduler:
                 self._look_elsewhere()
                 self._report()
         finally:
+            self.fallbacks.shutdown(wait=True)  # a fallback under way is carried to its end (or its intent stays open)
             self.claims.release_all()
         self._report()
         return [self.records[cell.id] for cell in self.plan.cells]
@@ -304,12 +319,16 @@ class Scheduler:
         self.ledger.hold(record.cell.id, record.cell.target, record.gpu_ids, whole=record.cell.gpus is None)
         active = _Active(record, parse_ts(record.started_at or "") or self.clock())
         self.active[record.cell.id] = active
+        if self._open_fallback(record):  # an earlier invocation died inside a fallback: finished first
+            self.news.append(f"{record.cell.id}: finishing the fallback a dfo that went away left half done")
+            self._carry_out(active, lambda: self.supervisor.finish_open(record.root_run))
+            return
         last = self.table.chain(record.root_run)[-1]
         self._attach(active, last)
         self.news.append(f"{record.cell.id}: reattached to {last}")
         intent = record.outcome.get("stopping")
         if intent and intent.get("run") == last:  # an earlier invocation was stopping it: finish that
-            active.stopping = _Stopping(**intent, since=self.clock())
+            active.stopping = _Stopping(intent["run"], intent["reason"], intent["state"], intent["decision"], self.clock())
             self._request_stop(self.store.get_run(last), intent["reason"])
 
     def _start_ready(self) -> None:
@@ -347,7 +366,7 @@ class Scheduler:
         """Launch a cell's first run; the error text if it could not start."""
         cell = record.cell
         try:
-            self.start(cell, gpu_ids, cell.variant, record.root_run, None)
+            self.start(cell, gpu_ids, cell.variant, record.root_run)
         except DfoError as exc:
             self.news.append(f"{cell.id}: could not start: {exc}")
             return str(exc)
@@ -385,6 +404,10 @@ class Scheduler:
             self.ledger.release(active.record.cell.id)
             self.active.pop(active.record.cell.id, None)
             return
+        if active.falling_back is not None:
+            if active.falling_back.done():
+                self._after_fallback(active)
+            return
         chain = self.table.chain(active.record.root_run)
         run = self.store.get_run(chain[-1])
         decision = self.decisions.get(run.name) or run.decision or {}
@@ -396,14 +419,20 @@ class Scheduler:
         if BATCH_POLICY.falls_back(verdict):
             following = self._next_variant(run, decision)
             why = f"{verdict}: {decision.get('reason') or ''}".strip(": ")
-            self._stop(active, run, decision, why, "failed", following)
+            if following is None:
+                self._stop(active, run, decision, why, "failed")
+            else:
+                self.news.append(f"{active.record.cell.id}: {run.name} {why[:60]}; falling back to {following}")
+                active.fell_from = decision
+                self._carry_out(active, lambda: [self.supervisor.fall_back(run, following, list(self.plan.chain),
+                                                                           f"batch {self.plan.batch}: {why}")])
             return
         if verdict == Verdict.TOO_SLOW:
-            self._stop(active, run, decision, f"too_slow: {decision.get('reason') or ''}".rstrip(": "), "done", None)
+            self._stop(active, run, decision, f"too_slow: {decision.get('reason') or ''}".rstrip(": "), "done")
             return
         reached = self._stop_reason(active, run.name, verdict)
         if reached:
-            self._stop(active, run, decision, f"stop_when {reached}", "done", None)
+            self._stop(active, run, decision, f"stop_when {reached}", "done")
         elif not run.active and (verdict in (Verdict.EXITED, Verdict.STEADY) or self._waited(active, EXIT_GRACE_S)):
             state = CellState.DONE if run.state == "exited" or verdict in (Verdict.EXITED, Verdict.STEADY) else CellState.FAILED
             self._finish(active, chain, decision, state, f"run ended ({run.state}, exit code {run.exit_code})")
@@ -429,9 +458,9 @@ class Scheduler:
         active.waiting_since = active.waiting_since or now
         return now - active.waiting_since >= limit_s
 
-    def _stop(self, active: _Active, run: Run, decision: dict, reason: str, state: str, following: Optional[str]) -> None:
+    def _stop(self, active: _Active, run: Run, decision: dict, reason: str, state: str) -> None:
         """Record why `run` is being stopped, then ask the watcher to stop it; `_after_stop` goes on once it has ended."""
-        active.stopping = _Stopping(run.name, reason, state, following, decision, self.clock())
+        active.stopping = _Stopping(run.name, reason, state, decision, self.clock())
         self._set(active.record, outcome={"stopping": active.stopping.to_json()})
         self._request_stop(run, reason)
 
@@ -444,23 +473,50 @@ class Scheduler:
             self.news.append(f"{run.name}: stop failed: {exc}")
 
     def _after_stop(self, active: _Active, chain: list[str]) -> None:
-        stopping, record = active.stopping, active.record
+        stopping = active.stopping
         active.stopping = None
-        if stopping.next_variant is None:
-            self._finish(active, chain, stopping.decision, stopping.state, stopping.reason)
-            return
-        name = next(iter(next_run_names(self.store, record.root_run, stopping.next_variant)), None)
+        self._finish(active, chain, stopping.decision, stopping.state, stopping.reason)
+
+    # -- a cell's fallback
+
+    def _open_fallback(self, record: CellRecord) -> bool:
+        return any(intent.kind == FALLBACK for intent in self.store.open_intents(record.root_run))
+
+    def _carry_out(self, active: _Active, fallback: Callable[[], list[Outcome]]) -> None:
+        """Carry out a cell's fallback on a thread (its stop waits for the run to end, its launch for the GPUs)
+        while the other cells are watched; _check goes on once it is done."""
+        active.falling_since = active.falling_since or self.clock()
+        active.falling_back = self.fallbacks.submit(fallback)
+
+    def _after_fallback(self, active: _Active) -> None:
+        """Attach the successor the fallback launched (or adopted), or close the cell when none started. A
+        fallback whose stop failed is still open: carried out again (chains.carry_out_fallback, once) until
+        stop_wait_s have passed, then the cell is closed as failed and the intent left to `dfo watch`."""
+        record, done = active.record, active.falling_back
+        active.falling_back = None
         try:
-            if name is None:
-                raise RefusedError(f"no free run name for the fallback of {chain[-1]}")
-            self.start(record.cell, record.gpu_ids, stopping.next_variant, name, chain[-1])
-        except DfoError as exc:
-            self._finish(active, chain, stopping.decision, "failed", f"{stopping.reason}; fallback {name} did not start: {exc}")
+            outcomes = done.result()
+        except DfoError as exc:  # another dfo is still carrying it out past INTENT_WAIT_S: tried again
+            outcomes = [Outcome(record.root_run, error=str(exc))]
+        if self._open_fallback(record):  # its stop failed (the target out of reach): again, for stop_wait_s
+            error = "; ".join(outcome.error for outcome in outcomes if outcome.error) or "not carried out"
+            if self.clock() - active.falling_since < self.stop_wait_s:
+                self.news.append(f"{record.cell.id}: fallback not carried out yet ({error})")
+                self._carry_out(active, lambda: self.supervisor.finish_open(record.root_run))
+                return
+            outcomes = [Outcome(outcomes[-1].run if outcomes else record.root_run,
+                                error=f"{error} (the fallback stays open: `dfo watch` finishes it)")]
+        launched = next((outcome.launched for outcome in outcomes if outcome.launched is not None), None)
+        if launched is not None:
+            self.news.append(f"{record.cell.id}: fell back to {launched.name}")
+            active.waiting_since = active.falling_since = active.fell_from = None
+            self._attach(active, launched.name)
             return
-        self._set(record, outcome={})
-        self.news.append(f"{record.cell.id}: {chain[-1]} {stopping.reason[:60]}; falling back to {name}")
-        active.waiting_since = None
-        self._attach(active, name)
+        errors = "; ".join(outcome.error for outcome in outcomes if outcome.error) or "no successor launched"
+        last = outcomes[-1].run if outcomes else self.table.chain(record.root_run)[-1]
+        verdict = active.fell_from or self.store.get_run(last).decision or {}
+        self._finish(active, self.store.lineage(last), verdict, "failed",
+                     f"{verdict.get('decision', 'failed')}; fallback did not start: {errors}")
 
     def _finish(self, active: _Active, chain: list[str], decision: dict, state: str, why: str) -> None:
         record = active.record
@@ -503,12 +559,13 @@ def decision_of(event: Event) -> Optional[dict]:
 # ---------------------------------------------------------------------------------------------- the field
 
 def run_spec(plan: Plan, inventory: Inventory, cell: Cell, gpu_ids: tuple[int, ...], variant: str, *,
-             parent: Optional[str] = None, wandb: str = "off") -> runs.RunSpec:
-    """A run of a cell: `variant` (the cell's, or a fallback) with the cell's settings, on its GPUs, in the batch."""
+             wandb: str = "off") -> runs.RunSpec:
+    """A cell's first run: `variant` with the cell's settings, on its GPUs, in the batch (a fallback carries
+    them on from its launch: chains.next_spec)."""
     chain = rest_of_chain(plan.chain, variant)
     builtin = inventory.variant(variant).command is None
     spec = runs.spec_for(inventory, cell.target, variant, sets=dict(cell.sets) if builtin else None, wandb=wandb,
-                         batch=plan.batch, chain=chain, parent=parent)
+                         batch=plan.batch, chain=chain)
     if cell.gpus:
         spec = replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpu_ids))})
     return spec
@@ -522,18 +579,14 @@ def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *
     A target's first launch carries its preflight (one remote call for both: runs.launch with a Gate); its
     other cells wait for that verdict and share it. Busy GPUs pass on targets in `ours` (running cells of
     this batch); a fallback (a `parent`) checks only that the cell's GPUs went idle, in its launch command."""
-    supervisor = Supervisor(inventory, connections, store)
     verdicts: dict[str, Optional[str]] = {}  # target -> None (passed) or why its preflight refused
     locks: dict[str, threading.Lock] = {target: threading.Lock() for target in plan.target_gpus}
 
-    def start(cell: Cell, gpu_ids: tuple[int, ...], variant: str, name: str, parent: Optional[str]) -> str:
+    def start(cell: Cell, gpu_ids: tuple[int, ...], variant: str, name: str) -> str:
         if store.find_run(name) is not None:
             return name
-        spec = run_spec(plan, inventory, cell, gpu_ids, variant, parent=parent, wandb=wandb)
+        spec = run_spec(plan, inventory, cell, gpu_ids, variant, wandb=wandb)
         target = connections.container(cell.target)
-        if parent is not None:  # a fallback: once the cell's GPUs are released (as `dfo watch` waits), checked in its launch
-            supervisor.launch_when_released(target, spec, name, after=parent)
-            return name
         with locks[cell.target]:
             if cell.target not in verdicts:
                 tolerate = TOLERABLE_WHEN_BUSY if cell.target in ours else ()
@@ -579,7 +632,7 @@ def run_batch(
     ours = frozenset(r.cell.target for r in records if r.state == "running")
     catalogue = catalogue_for(inventory)
     scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb, ours=ours),
-                          poll_s=poll_s, on_progress=on_progress, catalogue=catalogue)
+                          supervisor=Supervisor(inventory, connections, store), poll_s=poll_s, on_progress=on_progress, catalogue=catalogue)
     return scheduler.run()
 
 

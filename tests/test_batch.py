@@ -11,10 +11,12 @@ import textwrap
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from orchestrator.batch import CellTable, GpuLedger, Scheduler, decision_of, plan_rows, run_spec
+from orchestrator.chains import Outcome, Supervisor, next_spec
 from orchestrator.experiments import load_experiments, parse_experiments
 from orchestrator.errors import InventoryError
 from orchestrator.events import DecisionMade, Step
@@ -210,7 +212,8 @@ class FakeWatcher:
         self.clock[0] += timeout
         events = []
         for run in self.store.list_runs(active=True):
-            events += self._advance(run)
+            if run.name in self.started_at:  # followed once attached (a fallback's successor starts on its own thread)
+                events += self._advance(run)
         self.max_live = max(self.max_live, len(self.store.list_runs(active=True)))
         return events
 
@@ -245,7 +248,7 @@ class FakeWatcher:
 def starter(store, watcher, plan, launched):
     lock = threading.Lock()  # the scheduler launches several cells at once, on threads
 
-    def start(cell, gpu_ids, variant, name, parent):
+    def start(cell, gpu_ids, variant, name, parent=None):
         whole = cell.gpus is None
         with lock:
             for other_ids, other_whole in watcher.live_gpus(cell.target):
@@ -258,12 +261,34 @@ def starter(store, watcher, plan, launched):
     return start
 
 
+class PlayedSupervisor(Supervisor):
+    """chains.Supervisor (the intent recorded once and carried out once, the successor named and launched by
+    the code `dfo watch` uses) with its two remote steps played: the stop ends the run through the scripted
+    watcher, the launch starts the successor on its parent's GPUs as the starter does."""
+
+    def __init__(self, store, watcher, plan, launched):
+        super().__init__(INVENTORY, SimpleNamespace(container=lambda target: target), store)
+        self.watcher, self.cells = watcher, {cell.run_name(plan.batch): cell for cell in plan.cells}
+        self.start = starter(store, watcher, plan, launched)
+
+    def stop(self, name, reason):
+        self.watcher.stop_run(name, reason)
+        return Outcome(name, stopped=True, signal="SIGTERM", reason=reason)
+
+    def launch_when_released(self, target, spec, name, *, after):
+        root = self.store.lineage(after)[0]
+        gpu_ids, _ = self.watcher.gpus_of.pop(after)  # the stopped run's GPUs, now released
+        self.start(self.cells[root], gpu_ids, spec.variant, name, after)
+        return self.store.get_run(name)
+
+
 def scheduled(text, scripts, store, clock=None):
     plan = plan_of(text)
     clock = clock or [1_800_000_000.0]
     watcher = FakeWatcher(store, clock, scripts)
     launched: list[str] = []
-    scheduler = Scheduler(plan, store, watcher, starter(store, watcher, plan, launched), clock=lambda: clock[0], poll_s=5.0)
+    scheduler = Scheduler(plan, store, watcher, starter(store, watcher, plan, launched),
+                          supervisor=PlayedSupervisor(store, watcher, plan, launched), clock=lambda: clock[0], poll_s=5.0)
     return plan, watcher, launched, scheduler
 
 
@@ -435,7 +460,11 @@ def test_a_cells_runs_carry_its_settings_and_gpus_into_every_fallback():
     plan = plan_of("batch: g\ntargets: [ct200]\nmatrix: {variant: [trees], set: [{data.batch: 8}], gpus: [2]}\n")
     cell = plan.cells[0]
     first = run_spec(plan, INVENTORY, cell, (2, 3), "trees")
-    fallback = run_spec(plan, INVENTORY, cell, (2, 3), "nographs", parent="g.trees.ct200.data.batch-8.g2.r1")
+    with Store.in_memory() as store:  # a fallback's spec is `dfo watch`'s: from what the cell's first run was launched with
+        root = store.add_run(Run(name="g.trees.ct200.data.batch-8.g2.r1", target="ct200", variant="trees", batch="g",
+                                 state="crashed"))
+        store.add_event(root.name, "launched", {"sets": dict(first.sets), "env": dict(first.env), "wandb": first.wandb})
+        fallback = next_spec(INVENTORY, store, store.get_run(root.name), "nographs", plan.chain)
     for spec in (first, fallback):
         assert spec.env["CUDA_VISIBLE_DEVICES"] == "2,3" and spec.args["data.batch"] == 8 and spec.batch == "g"
     assert (first.variant, first.chain, first.parent) == ("trees", ("nographs", "eager"), None)
@@ -464,3 +493,64 @@ def test_a_stop_interrupted_by_ctrl_c_is_finished_on_resume_not_taken_for_a_cras
         record = again.run()[0]
     assert (record.state, record.outcome["decision"]["decision"], record.outcome["why"]) == ("done", "steady", "stop_when steady")
     assert launched == []  # trees is first in the chain, yet nothing fell back: the exit was dfo's own stop
+
+
+def test_a_cells_fallback_is_recorded_once_and_one_a_dead_batch_left_open_is_finished_on_resume():
+    from orchestrator.chains import FALLBACK, record_fallback
+
+    text = "batch: o\ntargets: [ct200]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n"
+    scripts = {"trees": Script(stall_after=10), "nographs": Script(steady_after=20)}
+    with Store.in_memory() as store:
+        _, watcher, launched, scheduler = scheduled(text, scripts, store)
+        def die(target, spec, name, *, after):
+            raise KeyboardInterrupt
+
+        scheduler.supervisor.launch_when_released = die
+        with pytest.raises(KeyboardInterrupt):  # the batch dies inside the fallback's launch, after its stop
+            scheduler.run()
+        [intent] = store.open_intents("o.trees.ct200.r1")
+        assert (intent.kind, intent.data["name"]) == (FALLBACK, "o.trees.ct200.r1.2-nographs")
+        assert record_fallback(store, "o.trees.ct200.r1", FALLBACK, {**intent.data, "name": "other"}).id == intent.id  # once
+        assert watcher.stopped == [("o.trees.ct200.r1", "batch o: stall: no new step")] and launched == ["o.trees.ct200.r1"]
+
+        _, watcher2, launched2, again = scheduled(text, scripts, store)
+        watcher2.gpus_of.update(watcher.gpus_of)
+        [record] = again.run()
+    assert (record.state, record.outcome["runs"]) == ("done", ["o.trees.ct200.r1", "o.trees.ct200.r1.2-nographs"])
+    assert launched2 == ["o.trees.ct200.r1.2-nographs"] and watcher2.stopped[-1][1] == "batch o: stop_when steady"
+
+
+def test_a_fallback_that_cannot_start_closes_its_cell_as_failed_with_the_verdict_and_why():
+    from orchestrator.chains import GpusStillBusy
+
+    text = "batch: n\ntargets: [ct200]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n"
+    with Store.in_memory() as store:
+        _, _, launched, scheduler = scheduled(text, {"trees": Script(stall_after=10)}, store)
+
+        def busy(target, spec, name, *, after):
+            raise GpusStillBusy(f"not launching {spec.variant}: the GPUs of {spec.target} are still busy")
+
+        scheduler.supervisor.launch_when_released = busy
+        [record] = scheduler.run()
+        assert store.open_intents() == []  # closed: a launch that failed is not tried again
+    assert record.state == "failed" and record.outcome["decision"]["decision"] == "stall"
+    assert record.outcome["why"] == "stall; fallback did not start: not launching nographs: the GPUs of ct200 are still busy"
+    assert launched == ["n.trees.ct200.r1"]
+
+
+def test_a_fallback_whose_stop_keeps_failing_closes_its_cell_after_the_stop_wait_and_stays_open():
+    text = "batch: u\ntargets: [ct200]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n"
+    with Store.in_memory() as store:
+        _, _, launched, scheduler = scheduled(text, {"trees": Script(stall_after=10)}, store)
+        tries = []
+
+        def unreachable(name, reason):
+            tries.append(name)
+            return Outcome(name, reason=reason, error="stop failed: ct200 unreachable")
+
+        scheduler.supervisor.stop = unreachable
+        [record] = scheduler.run()
+        [intent] = store.open_intents("u.trees.ct200.r1")  # left for `dfo watch` to finish
+    assert record.state == "failed" and record.outcome["decision"]["decision"] == "stall"
+    assert "stop failed: ct200 unreachable (the fallback stays open" in record.outcome["why"]
+    assert len(tries) > 1 and launched == ["u.trees.ct200.r1"]  # tried again meanwhile, nothing launched

@@ -218,7 +218,7 @@ def test_a_batch_on_one_stock_node_starts_every_container_within_its_ssh_session
             try:
                 start = launcher(plan, inventory, connections, store)
                 with ThreadPoolExecutor(max_workers=12) as pool:
-                    started = list(pool.map(lambda cell: start(cell, (), cell.variant, cell.run_name("many"), None), plan.cells))
+                    started = list(pool.map(lambda cell: start(cell, (), cell.variant, cell.run_name("many")), plan.cells))
             finally:
                 agent.close()
             assert sorted(run.name for run in store.list_runs()) == sorted(started) and len(started) == 12

@@ -326,3 +326,29 @@ def test_a_fallback_killed_inside_its_successors_launch_adopts_only_a_started_su
         assert not (logs / "hl.2-nographs.log").exists()
     else:  # the successor that really started is adopted, nothing launched beside it
         assert list(runs) == ["hl", "hl.2-nographs"]
+
+
+@pytest.mark.parametrize("variant, point", [("failing", "recorded"), ("trees", "stopped"), ("failing", "launching")])
+def test_a_batch_killed_inside_a_cells_fallback_is_finished_once_by_the_next_dfo_batch(lab: Lab, tmp_path: Path,
+                                                                                       variant: str, point: str) -> None:
+    # a batch cell's fallback is `dfo watch`'s: recorded as an intent, carried out once; the batch that dies
+    # inside it leaves the intent open and the same file run again finishes it before it goes on
+    experiments = tmp_path / "fb.yaml"
+    experiments.write_text(f"batch: fb\ntargets: [ct_a]\nmatrix: {{variant: [{variant}]}}\nfallback: [{variant}, nographs]\n")
+    root = f"fb.{variant}.ct_a.r1"
+    killed = lab.dfo("batch", str(experiments), "--poll", "0.3", "--json", timeout=120, DFO_TEST_FALLBACK_EXIT_AT=point)
+    assert killed.returncode == 137, killed.stderr[-2000:] + killed.stdout[-2000:]  # dfo died inside the fallback
+    [intent] = open_intents(lab)
+    assert (intent.subject, intent.data["run"], intent.data["name"]) == (root, root, f"{root}.2-nographs")
+
+    again = lab.dfo("batch", str(experiments), "--poll", "0.3", "--json", timeout=180)
+    assert again.returncode == 0, again.stderr[-2000:] + again.stdout[-2000:]
+    [cell] = json.loads(again.stdout)["cells"]
+    successor = f"{root}.2-nographs" + ("-2" if point == "launching" else "")  # a half-launched row is passed by
+    assert (cell["state"], cell["runs"]) == ("done", [root, successor]), cell
+    assert open_intents(lab) == []
+    runs = lab.runs()
+    assert runs[successor]["parent"] == root and runs[root]["state"] == {"stopped": "stopped"}.get(point, "crashed")
+    assert lab.container.path(f"/workspace/logs/{successor}.log").read_text().count("event=start") == 1  # launched once
+    if point == "launching":
+        assert runs[f"{root}.2-nographs"]["state"] == "failed"

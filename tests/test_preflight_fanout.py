@@ -68,7 +68,7 @@ def test_a_batch_preflights_and_starts_its_first_runs_with_one_remote_command_pe
         outcomes = []
         for cell in plan.cells:
             try:
-                outcomes.append(start(cell, (), cell.variant, cell.run_name("fan"), None))
+                outcomes.append(start(cell, (), cell.variant, cell.run_name("fan")))
             except RefusedError as exc:
                 outcomes.append(str(exc))
         started = [run.name for run in store.list_runs()]
