@@ -578,7 +578,7 @@ def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *
 
     A target's first launch carries its preflight (one remote call for both: runs.launch with a Gate); its
     other cells wait for that verdict and share it. Busy GPUs pass on targets in `ours` (running cells of
-    this batch); a fallback (a `parent`) checks only that the cell's GPUs went idle, in its launch command."""
+    this batch). A cell's fallback does not come here: chains.Supervisor.fall_back launches it."""
     verdicts: dict[str, Optional[str]] = {}  # target -> None (passed) or why its preflight refused
     locks: dict[str, threading.Lock] = {target: threading.Lock() for target in plan.target_gpus}
 

@@ -39,7 +39,7 @@ from .inventory import Inventory, TargetSpec, load_inventory
 from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
-from .runs import FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, _test_hook, look, out_dir, resolve_launch, spec_for, started
+from .runs import FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, exit_at_hook, look, out_dir, resolve_launch, spec_for, started
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
@@ -248,7 +248,7 @@ def record_fallback(store: Store, subject: str, kind: str, data: Mapping[str, An
     """Record a fallback of run `data["run"]` before anything is done about it (store.add_intent_once: two dfo
     deciding it share one intent, and one recorded before, open or done, is the one returned)."""
     intent = store.add_intent_once(subject, kind, data)
-    _test_hook("recorded", FALLBACK_HOOK)
+    exit_at_hook("recorded", FALLBACK_HOOK)
     return intent
 
 
@@ -260,7 +260,7 @@ def carry_out_fallback(store: Store, intent: Intent, stop: Callable[[dict], Mapp
     data closes the intent. A `stop` that raises leaves the intent open for the next watch."""
     def carry(data: dict) -> dict:
         data = {**data, **stop(data)}
-        _test_hook("stopped", FALLBACK_HOOK)
+        exit_at_hook("stopped", FALLBACK_HOOK)
         return launch(data)
 
     return carry_out_once(store, intent, carry)

@@ -198,7 +198,7 @@ def launch_nodes(
     for index, ready in enumerate(prepared):
         try:
             launched.append(ready.start())
-            runs_lib._test_hook(f"node{index}_started", FALLBACK_HOOK)
+            runs_lib.exit_at_hook(f"node{index}_started", FALLBACK_HOOK)
         except BaseException:
             for later in prepared[index + 1:]:
                 later.cancel()

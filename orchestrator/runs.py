@@ -49,7 +49,7 @@ POLL_S = 0.2
 SET_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NAME_SUFFIX = 50
-FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"  # tests: where a fallback is killed (_test_hook)
+FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"  # tests: where a fallback is killed (exit_at_hook)
 WANDB_MODES = ("off", "offline", "online", "auto")
 """`python -m trainer --wandb` choices (auto: offline unless WANDB_API_KEY is set)."""
 TRAINER_TOPOLOGIES = {"threaded": "threads", "procsplit": "procsplit"}
@@ -340,14 +340,14 @@ class Prepared:
             opened.call.cancel()
             _abandon(target, spec, name, store, exc, maybe_started=starting and isinstance(exc, (CommandTimeout, KeyboardInterrupt)))
             raise
-        _test_hook("started")
+        exit_at_hook("started")
         if spec.parent:
-            _test_hook("launch_started", FALLBACK_HOOK)
+            exit_at_hook("launch_started", FALLBACK_HOOK)
         command = _command(spec, name, package)
         run = store.update_run(
             name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command, owner=None
         )
-        _test_hook("recorded")
+        exit_at_hook("recorded")
         store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets),
                                            "env": dict(spec.env), "wandb": spec.wandb})
         if spec.builtin and spec.sets:
@@ -377,9 +377,9 @@ def prepare(
     missing = tuple(key for key in spec.secrets if key not in environ)
     package = (package or build_package()) if spec.builtin else None
     name, opened = _reserve_name(target, spec, store, name, package, now, gate, bool(secrets))
-    _test_hook("reserved")
+    exit_at_hook("reserved")
     if spec.parent:  # a successor (a fallback's): its row is `launching`, nothing started yet
-        _test_hook("launching", FALLBACK_HOOK)
+        exit_at_hook("launching", FALLBACK_HOOK)
     return Prepared(target, spec, store, name, opened, package, secrets, missing)
 
 
@@ -404,7 +404,7 @@ def _refuse_settings_the_trainer_refused(target: Target, store: Store, spec: Run
                        hint="see docs/trainer.md for the keys it takes (python -m trainer --help)")
 
 
-def _test_hook(point: str, variable: str = "DFO_TEST_LAUNCH_EXIT_AT") -> None:
+def exit_at_hook(point: str, variable: str = "DFO_TEST_LAUNCH_EXIT_AT") -> None:
     """Tests kill dfo at a named point of a launch (DFO_TEST_LAUNCH_EXIT_AT=reserved|started|recorded) or of a
     fallback (DFO_TEST_FALLBACK_EXIT_AT=recorded|stopped, chains.py; launching|launch_started, a successor's launch
     here; nodeK_started, multinode.py) to show that the next `dfo runs` or `dfo watch` resolves what it left.
