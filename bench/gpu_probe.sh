@@ -11,7 +11,8 @@
 #   bash bench/gpu_probe.sh cold    one GPU (nvidia-h200): qwen3-8b-shape threads, the preset's defaults
 #                                   (scope layers, target compiled), each strategy from a cold inductor
 #                                   cache of its own: nographs, trees, notrees, eager (or $STRATEGIES);
-#                                   then the summary.
+#                                   then the summary. $SETS (e.g. "data.batch=2") adds --set KEY=VALUE
+#                                   to every run, and $TAG (e.g. "b2") is added to the runs' names.
 # Probe processes get their own inductor cache (cold figures); the scale runs share one, named in rc.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,9 +52,11 @@ scale)
     run head 1 "${PIECE_S:-200}" /tmp/ind-head python3 bench/gpu_probe.py --out "$OUT/p-head" --part head &
     wait ;;
 cold)
+    EXTRA=(); for kv in ${SETS:-}; do EXTRA+=(--set "$kv"); done
     for strategy in ${STRATEGIES:-nographs trees notrees eager}; do
         case $strategy in nographs) secs=${NOGRAPHS_S:-170} ;; eager) secs=${EAGER_S:-75} ;; *) secs=${GRAPHS_S:-135} ;; esac
-        run "cold-$strategy" 0 "$secs" "/tmp/ind-cold-$strategy" "${QWEN[@]}" --variant "$strategy" --run-name "cold-$strategy"
+        name="cold-$strategy${TAG:+-$TAG}"
+        run "$name" 0 "$secs" "/tmp/ind-$name" "${QWEN[@]}" --variant "$strategy" --run-name "$name" "${EXTRA[@]}"
         python3 bench/qwen_summary.py "$OUT"/cold-*.log >"$OUT/summary.md" 2>&1
     done
     cat "$OUT/summary.md" ;;
