@@ -118,16 +118,33 @@ def next_variant_after(chain: Sequence[str], run: Run, decision: Mapping[str, An
     return next_variant(chain, run.variant, signature, topologies)
 
 
+def chain_name(root: str, place: int, variant: str) -> str:
+    """The one naming rule, of single runs and multi-node ones: `<root>.<n>-<variant>` for the run at `place`
+    (n) of the chain `root` started; name_tries gives the names after it."""
+    return f"{root}.{place}-{variant}"
+
+
+def successor_base(store: Store, run: str, variant: str) -> str:
+    """chain_name of `variant` following run `run` (its place counted along its own parents, so a successor
+    left half launched, or one passed by, never moves it)."""
+    lineage = store.lineage(run)
+    return chain_name(lineage[0], len(lineage) + 1, variant)
+
+
 def next_run_names(store: Store, root: str, variant: str) -> Iterable[str]:
-    """The one naming rule: `<root>.<n>-<variant>` (n = the new run's place in its chain), then `-2`, `-3`...
-    for names already in the registry."""
-    for name in name_tries(f"{root}.{len(store.chain_runs(root)) + 1}-{variant}"):
-        if store.find_run(name) is None:
-            yield name
+    """chain_name of the next run of chain `root` (after its newest run), then `-2`, `-3`... for names
+    already in the registry."""
+    return free_names(store, chain_name(root, len(store.chain_runs(root)) + 1, variant))
+
+
+def free_names(store: Store, base: str) -> Iterable[str]:
+    """The name_tries of `base` not in the registry."""
+    return (name for name in name_tries(base) if store.find_run(name) is None)
 
 
 def name_tries(base: str) -> list[str]:
-    """`base`, then `base-2`, `base-3`... (MAX_NAME_TRIES names in all)."""
+    """`base`, then `base-2`, `base-3`... (MAX_NAME_TRIES names in all). Always from the rule's own name: a
+    retry of `base-2` is `base-3`, never `base-2-2`."""
     return [base if suffix == 1 else f"{base}-{suffix}" for suffix in range(1, MAX_NAME_TRIES + 1)]
 
 
@@ -341,7 +358,7 @@ class Supervisor:
     def fall_back(self, run: Run, variant: str, chain: Sequence[str], reason: str, *, subject: str | None = None) -> Outcome:
         """Steps 1-5 for `run`: record the intent (once), stop it, wait for its GPUs, launch `variant`, close."""
         root = self.store.lineage(run.name)[0]
-        name = next(iter(next_run_names(self.store, root, variant)), None)
+        name = next(iter(free_names(self.store, successor_base(self.store, run.name, variant))), None)
         if name is None:
             return Outcome(run.name, reason=reason, error=f"no free run name for the fallback of {run.name}")
         data = {"run": run.name, "variant": variant, "name": name, "chain": list(chain), "reason": reason}
@@ -374,7 +391,8 @@ class Supervisor:
 
         def launch(data: dict) -> dict:
             try:
-                name, found = successor_name(data["name"], left, of=data["run"])
+                # from the rule's name, not the intent's (`base-2` when `base` was taken): its retry is `base-3`
+                name, found = successor_name(successor_base(self.store, data["run"], data["variant"]), left, of=data["run"])
             except NoFreeName as exc:
                 return {**data, "next_run": None, "error": str(exc)}
             data, error = {**data, "name": name}, None

@@ -29,8 +29,8 @@ from typing import Callable, Mapping, Sequence
 from . import runs as runs_lib
 from .chains import (
     FALLBACK_HOOK, MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, Left, NoFreeName, Refusals, carry_checkpoint,
-    carry_out_fallback, catalogue_for, check_resumable, first_launch, gpus_used, next_variant_after, record_fallback,
-    successor_name, until_released,
+    carry_out_fallback, catalogue_for, chain_name, check_resumable, first_launch, gpus_used, next_variant_after,
+    record_fallback, successor_name, until_released,
 )
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
@@ -348,7 +348,7 @@ def refresh_nodes(connections, store: Store, run: str) -> None:
 def next_name(store: Store, run: str, variant: str) -> str:
     """`<root>.<n>-<variant>` for the successor of multi-node `run` (n = its place in the chain; chains.name_tries
     for the names after it)."""
-    return f"{root_of(store, run)}.{len(store.lineage(store.nodes_of(run)[0])) + 1}-{variant}"
+    return chain_name(root_of(store, run), len(store.lineage(store.nodes_of(run)[0])) + 1, variant)
 
 
 def resume(inventory, connections, store: Store, run: str, *, force: bool = False) -> MultiLaunched:

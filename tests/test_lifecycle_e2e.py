@@ -352,3 +352,20 @@ def test_a_batch_killed_inside_a_cells_fallback_is_finished_once_by_the_next_dfo
     assert lab.container.path(f"/workspace/logs/{successor}.log").read_text().count("event=start") == 1  # launched once
     if point == "launching":
         assert runs[f"{root}.2-nographs"]["state"] == "failed"
+
+
+def test_a_successor_whose_name_was_taken_is_retried_as_the_next_suffix_not_a_suffix_of_a_suffix(lab: Lab) -> None:
+    lab.launch("short", "hn.2-nographs")  # someone's own run holds the rule's name: the successor is `-2`
+    killed = lab.dfo("launch", "--host", "ct_a", "--variant", "failing", "--name", "hn", "--no-preflight",
+                     "--chain", "failing,nographs", "--watch", "--until-decided", "--json", timeout=120,
+                     DFO_TEST_FALLBACK_EXIT_AT="launching")
+    assert killed.returncode == 137, killed.stderr + killed.stdout[-2000:]  # dfo died inside `-2`'s launch
+    with lab.store() as store:
+        assert store.get_run("hn.2-nographs-2").state == "launching"
+    watched = lab.dfo("watch", "hn", "--until-decided", "--json", timeout=180)
+    assert watched.returncode == 0, watched.stderr[-2000:] + watched.stdout[-3000:]
+    final = json.loads(watched.stdout.splitlines()[-1])
+    assert (final["run"], final["decision"]) == ("hn.2-nographs-3", "steady"), watched.stdout[-3000:]
+    runs = lab.runs()
+    assert sorted(runs) == ["hn", "hn.2-nographs", "hn.2-nographs-2", "hn.2-nographs-3"]
+    assert runs["hn.2-nographs-2"]["state"] == "failed" and runs["hn.2-nographs-3"]["parent"] == "hn"
