@@ -13,6 +13,7 @@
 #                                   cache of its own: nographs, trees, notrees, eager (or $STRATEGIES);
 #                                   then the summary. $SETS (e.g. "data.batch=2") adds --set KEY=VALUE
 #                                   to every run, and $TAG (e.g. "b2") is added to the runs' names.
+# SIG=KILL ends each run at its time without the trainer's checkpointed stop (~25 s for qwen3-8b-shape).
 # Probe processes get their own inductor cache (cold figures); the scale runs share one, named in rc.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,7 @@ echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" >"$OUT/m
 run() {  # run NAME GPUS SECONDS CACHE CMD...: output in $OUT/NAME.log
     local name=$1 gpus=$2 secs=$3 cache=$4; shift 4
     local t0=$SECONDS
-    CUDA_VISIBLE_DEVICES=$gpus TORCHINDUCTOR_CACHE_DIR=$cache timeout -s TERM "$secs" "$@" >"$OUT/$name.log" 2>&1
+    CUDA_VISIBLE_DEVICES=$gpus TORCHINDUCTOR_CACHE_DIR=$cache timeout -s "${SIG:-TERM}" "$secs" "$@" >"$OUT/$name.log" 2>&1
     echo "$name rc=$? wall=$((SECONDS - t0))s cache=$cache ($(du -sm "$cache" 2>/dev/null | cut -f1)MB)" | tee -a "$OUT/rc.txt"
 }
 QWEN=(python3 -m trainer --preset qwen3-8b-shape --steps 1000000 --wandb off --out /tmp/qruns)
