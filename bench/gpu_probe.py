@@ -3,6 +3,8 @@
     python3 bench/gpu_probe.py --out $OUT --part target          # target forward: eager vs compiled per layer
     python3 bench/gpu_probe.py --out $OUT --part drafter --mode whole   # the trainer's drafter step as is
     python3 bench/gpu_probe.py --out $OUT --part drafter --mode layers
+    python3 bench/gpu_probe.py --out $OUT --part attention    # one drafter layer's FlexAttention alone,
+        # forward + backward: the default kernel configs, a few backward tiles, then inductor's autotuning
 
 Each part prints (and appends to OUT/probe.jsonl as it goes) the seconds of its first call (compilation
 included), the steady milliseconds per step (CUDA-synchronised, median of --steps), the compile phases
@@ -171,10 +173,70 @@ def probe_region(args, cfg, out: Path) -> None:
     emit(out, part=args.part, kernels=top_kernels(call))
 
 
+def probe_attention(args, cfg, out: Path) -> None:
+    """The drafter's FlexAttention alone at its real shapes (queries A*B, keys T+A*B, GQA), forward +
+    backward, compiled on its own: the default configs, hand-picked backward tiles, then max_autotune."""
+    import torch._inductor.config as inductor_config
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    from trainer.model import BlockLayout, FlexMaskBuilder
+
+    device, b, t = "cuda:0", cfg.data.batch, cfg.target
+    head_dim, queries = t.hidden // t.heads, cfg.drafter.anchors * cfg.drafter.block_size
+    _, anchors = build_source(cfg).batch(0, 0)
+    layout = BlockLayout(anchors.to(device), cfg.drafter.block_size, cfg.data.seq_len)
+    mask = FlexMaskBuilder()(layout)
+    torch.manual_seed(0)
+    q = torch.randn(b, t.heads, queries, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, t.kv_heads, cfg.data.seq_len + queries, head_dim, device=device, dtype=torch.bfloat16,
+                        requires_grad=True) for _ in range(2))
+    grad = torch.randn_like(q)
+    block = cfg.drafter.block_size
+    pairs = queries * ((cfg.data.seq_len - block) / 2 + block) * b
+    fwd_flops = 4 * pairs * t.hidden  # QK^T and PV over the visible pairs, all heads (trainer/flops.py)
+    variants: list[tuple[str, dict, bool]] = [("default", {}, False)]
+    for m1, n1, m2, n2, stages, warps in ((64, 128, 128, 64, 3, 8), (64, 64, 64, 64, 3, 4),
+                                         (32, 128, 128, 32, 3, 4), (64, 128, 128, 64, 2, 8),
+                                         (128, 128, 128, 128, 2, 8)):
+        variants.append((f"bwd {m1}/{n1}/{m2}/{n2} s{stages} w{warps}",
+                         {"bwd_BLOCK_M1": m1, "bwd_BLOCK_N1": n1, "bwd_BLOCK_M2": m2, "bwd_BLOCK_N2": n2,
+                          "bwd_num_stages": stages, "bwd_num_warps": warps}, False))
+    variants.append(("USE_TMA", {"USE_TMA": True}, False))
+    variants.append(("max_autotune", {}, True))
+    for name, options, autotune in variants:
+        torch._dynamo.reset()
+        inductor_config.max_autotune = autotune
+        compiled = torch.compile(lambda q_, k_, v_, o=options: flex(q_, k_, v_, block_mask=mask, enable_gqa=True,
+                                                                     kernel_options=o or None), dynamic=False)
+
+        def fwd(fn=compiled):
+            return fn(q, k, v)
+
+        def fwd_bwd(fn=compiled) -> None:
+            fn(q, k, v).backward(grad)
+
+        try:
+            start = time.perf_counter()
+            fwd_bwd()
+            torch.cuda.synchronize()
+            first = time.perf_counter() - start
+            with torch.no_grad():
+                fwd_ms = statistics.median(timed(fwd, args.steps)[2:])
+            both_ms = statistics.median(timed(fwd_bwd, args.steps)[2:])
+        except Exception as exc:  # noqa: BLE001 - a tile the kernel refuses is a result, not a failure
+            emit(out, part="attention", variant=name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        bwd_ms = both_ms - fwd_ms
+        emit(out, part="attention", variant=name, first_s=round(first, 1), fwd_ms=round(fwd_ms, 3),
+             bwd_ms=round(bwd_ms, 3), fwd_tflops=round(fwd_flops / fwd_ms / 1e9, 1),
+             bwd_tflops=round(2.5 * fwd_flops / bwd_ms / 1e9, 1))
+    inductor_config.max_autotune = False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--part", choices=("target", "drafter", "layer", "head"), required=True)
+    parser.add_argument("--part", choices=("target", "drafter", "layer", "head", "attention"), required=True)
     parser.add_argument("--mode", default="whole", help="drafter: whole | layers (drafter.compile_scope)")
     parser.add_argument("--strategy", default="nographs")
     parser.add_argument("--preset", default="qwen3-8b-shape")
@@ -184,7 +246,8 @@ def main() -> None:
     cfg = preset(args.preset)
     emit(args.out, part=args.part, preset=args.preset, taps=tap_layers(cfg.target.layers, cfg.drafter.taps),
          torch=torch.__version__, gpu=torch.cuda.get_device_name(0))
-    parts = {"target": probe_target, "drafter": probe_drafter, "layer": probe_region, "head": probe_region}
+    parts = {"target": probe_target, "drafter": probe_drafter, "layer": probe_region, "head": probe_region,
+             "attention": probe_attention}
     parts[args.part](args, cfg, args.out)
 
 
