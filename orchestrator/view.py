@@ -72,6 +72,9 @@ def state_text(watched: WatchedRun) -> Text:
             label += f" (95% {decision.interval[0]:,.0f}..{decision.interval[1]:,.0f})"
         if shift is not None:
             label += f" since a level shift at step {shift['at_step']} (from {shift['from_tok_s']:,.0f})"
+        if decision.shift_suspected:
+            label += (f"; level shift suspected since step {decision.shift_suspected['since_step']}, new level "
+                      f"~{decision.shift_suspected['to_tok_s']:,.0f} being confirmed")
     else:
         label = decision.decision
         if decision.signature:

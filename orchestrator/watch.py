@@ -800,7 +800,10 @@ def config_from_inventory(inventory: Inventory) -> DecideConfig:
 
 
 def decision_key(decision: Decision) -> tuple:
-    return decision.decision, decision.action, decision.next_run, decision.signature
+    """What makes a decision news: the verdict, the action, the next run, and a level shift suspected (where it
+    began) or no longer suspected."""
+    suspected = (decision.shift_suspected or {}).get("since_step")
+    return decision.decision, decision.action, decision.next_run, decision.signature, suspected
 
 
 def sample_of(record: StepRecord) -> dict[str, Any]:

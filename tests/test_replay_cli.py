@@ -138,3 +138,24 @@ def test_a_level_shift_in_a_real_log_is_printed_with_both_levels_and_kept_in_the
     assert shift["from_interval"][0] < shift["from_tok_s"] < shift["from_interval"][1]
     assert shift["declared_interval"][0] < shift["declared_tok_s"] < shift["declared_interval"][1] < 45_000
     assert shift["at_step"] < shift["detected_step"] <= shift["declared_step"] and shift["precision"] == 0.05
+
+
+def test_a_log_that_ends_while_a_shift_is_being_confirmed_shows_the_level_before_it_and_the_suspicion(tmp_path):
+    """small-thr-eager cut at step 2,200: ~17 s after its drop at step 1,861, before the shift is recorded
+    (step 2,700). The verdict is the level before the drop with its own interval (before: 52,549 tok/s, 95%
+    29,545..75,553, a figure between the two levels), and both outputs say a shift is suspected since 1,861."""
+    from pathlib import Path
+
+    lines = (Path(__file__).parent / "data" / "real" / "small-thr-eager.log").read_text().splitlines()
+    cut = next(i for i, line in enumerate(lines) if " step=2200 " in line)
+    log = tmp_path / "cut.log"
+    log.write_text("\n".join(lines[: cut + 1]) + "\n")
+    result = invoke(log)
+    assert result.exit_code == 0, result.output
+    assert "level shift suspected since step 1861: ~" in result.output.replace("\n", "")
+    decision = json.loads(invoke(log, "--json").output)
+    lo, hi = decision["interval"]
+    assert 55_000 < lo < decision["steady_tok_s"] < hi < 58_500, decision["reason"]
+    suspected = decision["shift_suspected"]
+    assert suspected["since_step"] == 1861 and 38_000 < suspected["to_tok_s"] < 44_000
+    assert suspected["from_tok_s"] == round(decision["steady_tok_s"], 1) and decision["level_shifts"] == []

@@ -195,3 +195,39 @@ def test_a_shift_shown_by_a_watch_that_only_observed_is_stored_once_it_takes_ove
         assert [(e["data"]["at_step"], e["data"]["declared"], e["at"]) for e in stored] == [
             (shift.at_step, True, shift.at)]
         assert [s["at_step"] for s in store.get_run("sh3").decision["level_shifts"]] == [shift.at_step]
+
+
+def test_while_a_shift_is_being_confirmed_the_watch_shows_the_level_before_it_and_says_a_shift_is_suspected(
+        tmp_path, sshd, ssh_home, container, monkeypatch) -> None:
+    """The player pauses at step 2,200, inside the ~20 s in which small-thr-eager's drop at step 1,861 is
+    being confirmed (it is recorded at step 2,700). The watch shows the level before the drop with its own
+    interval, says a shift is suspected since step 1,861 (live view, scroll-back, the stored decision), and
+    once the rest of the log arrives it records the shift and the suspicion is gone."""
+    inventory_path, state, go = make_lab(tmp_path, container, SHIFT_LOG, 2_200)
+    monkeypatch.setenv("DFO_HOME", str(state))
+    inventory = load_inventory(inventory_path)
+    with Connections(inventory) as connections, Store(state / "dfo.db") as store:
+        launch(connections.container("ct_a"), spec_for(inventory, "ct_a", "replayed"), store, name="sh4")
+        watcher = Watcher(inventory, connections, store)
+        try:
+            watcher.attach("sh4")
+            events = run_until(watcher, lambda w: (w.chains()[0]["decision"] or {}).get("shift_suspected"), timeout=60)
+            panel = shown(render(watcher))
+            stored = store.get_run("sh4").decision
+            go.write_text("")
+            events += run_until(watcher, lambda w: store.events("sh4", kind="level_shift"), timeout=60)
+        finally:
+            watcher.close()
+    [suspected] = [e for e in events if e.kind == "decision" and e.decision["shift_suspected"]]
+    decision = suspected.decision
+    since = decision["shift_suspected"]["since_step"]
+    assert 1_800 <= since <= 1_900 and decision["decision"] == "steady" and stored["shift_suspected"]["since_step"] == since
+    assert 55_000 < decision["steady_tok_s"] < 58_500 and 0 < decision["interval"][0] < decision["steady_tok_s"]
+    assert decision["interval"][1] - decision["interval"][0] < 5_000
+    assert 38_000 < decision["shift_suspected"]["to_tok_s"] < 44_000
+    assert f"steady {decision['steady_tok_s']:,.0f} tok/s (95% " in panel
+    assert f"level shift suspected since step {since}, new level ~" in panel
+    assert f"level shift suspected since step {since}: ~" in event_line(suspected)
+    [shift] = [e for e in events if e.kind == "level_shift"]
+    assert shift.at_step == since and shift.from_tok_s == pytest.approx(decision["steady_tok_s"], abs=1)
+    assert [e for e in events if e.kind == "decision"][-1].decision["shift_suspected"] is None

@@ -64,6 +64,7 @@ class Decision:
     ended: str | None = None  # exited | stopped | crashed; None while the run goes on
     exit_code: int | None = None
     level_shifts: list[dict] = field(default_factory=list)  # RunJudge.level_shifts(): each shift, both levels
+    shift_suspected: dict | None = None  # steady, but a level shift being confirmed: RunJudge.shift_suspected()
 
     @property
     def final(self) -> bool:
@@ -251,6 +252,17 @@ class RunJudge:
             })
         return shifts
 
+    def shift_suspected(self) -> dict | None:
+        """While steady: a level shift that began (`since_step`, `since_at`) but has not held the minimum
+        evidence yet. The figure stays the level before it (`from_tok_s`); `to_tok_s` is the new level so far.
+        None when no shift is suspected (or once it is confirmed: then the verdict re-opens, `level_shifts`)."""
+        suspected = self.steady.estimate.shift_suspected if self.steady.estimate.steady else None
+        if suspected is None:
+            return None
+        return {"since_step": suspected["since_step"], "since_at": format_ts(suspected["since_ts"]),
+                "from_tok_s": suspected["from_tok_s"], "to_tok_s": suspected["to_tok_s"],
+                "precision": self.config.precision}
+
     def _on_gpus(self, obs: GpuObs) -> None:
         self.gpu_samples.append(obs)
         if self._final is None and self._ended is None:  # after the verdict, GPUs say nothing new
@@ -395,6 +407,7 @@ class RunJudge:
             ended=ended,
             exit_code=code,
             level_shifts=self.level_shifts(),
+            shift_suspected=self.shift_suspected() if verdict == Verdict.STEADY else None,
         )
 
     def _common_evidence(self) -> dict:

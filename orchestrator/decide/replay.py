@@ -9,12 +9,12 @@ Pure: takes lines, returns a Decision; reading the file is the CLI's job.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from ..logfmt import make_parser
 from .config import DecideConfig
 from .judge import Decision, RunJudge
-from .observations import ExitObs, TickObs, observation_from_record
+from .observations import ExitObs, Observation, TickObs, observation_from_record
 from .signatures import Catalogue
 
 MAX_TICKS_PER_GAP = 100_000  # a gap of days in a log is still replayed in bounded time
@@ -49,6 +49,27 @@ def replay(
     `line_interval_s` gives a log without any timestamps a clock (each line that many seconds after the
     previous one); without it such a log cannot pass the minimum-seconds rule and stays undecided."""
     judge = RunJudge(config, baseline, run=run, variant=variant, chain=chain, fallback=fallback, catalogue=catalogue)
+    clock = None
+    for clock, _ in judged_lines(judge, lines, regex=regex, line_interval_s=line_interval_s, tick_s=tick_s):
+        if judge.settled:
+            break  # the watcher acts on it; what follows in the log cannot change the verdict
+    if end_ts is not None and clock is not None and end_ts > clock:
+        for tick in _ticks_between(clock, end_ts, tick_s):
+            judge.observe(tick)
+        judge.observe(TickObs(end_ts))
+        clock = end_ts
+    if exit_code is not None:
+        judge.observe(ExitObs(clock if clock is not None else 0.0, exit_code))
+    return judge.end_of_log()
+
+
+def judged_lines(
+    judge: RunJudge, lines: Iterable[str], *, regex: str | None = None, line_interval_s: float | None = None,
+    tick_s: float = 1.0,
+) -> Iterator[tuple[float, Observation]]:
+    """Feed `judge` the log line by line on the log's own clock (ticks between lines, as the watcher's);
+    yields (clock, observation) after each line, for a caller that looks at `judge.decision()` as it goes
+    (`replay` keeps the last; a test can check what the watch showed at every step)."""
     parse = make_parser(regex)
     clock: float | None = None
     for index, text in enumerate(lines):
@@ -65,14 +86,4 @@ def replay(
             clock = obs.ts
             judge.observe(TickObs(clock))
         judge.observe(obs)
-        if judge.settled:
-            break  # the watcher acts on it; what follows in the log cannot change the verdict
-    if end_ts is not None and clock is not None and end_ts > clock:
-        for tick in _ticks_between(clock, end_ts, tick_s):
-            judge.observe(tick)
-        judge.observe(TickObs(end_ts))
-        clock = end_ts
-    if exit_code is not None:
-        judge.observe(ExitObs(clock if clock is not None else 0.0, exit_code))
-    return judge.end_of_log()
-
+        yield clock, obs

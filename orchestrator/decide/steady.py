@@ -23,6 +23,11 @@ the evidence). With p = `precision` (default 5%):
    both levels (the new one once declared). 3 p keeps a slow swing of a noisy run from being a shift at a
    fine precision; the 15% cap makes a move a person calls a shift one at a coarse precision too (at 10%,
    3 p would be 30%: a 20% drop would move the figure with no shift recorded).
+   Until then the same test on fewer blocks (shift_blocks, 2x, 4x ... below the m above), with the newest
+   shift_blocks blocks still beyond the threshold, makes the shift *suspected* from its change point on:
+   the figure and its interval stay those of the level before it (a mean over both levels is neither, and
+   its interval spans both) and `shift_suspected` says since when and the new level so far; a move that
+   does not hold (a dip) clears it, and its blocks count again.
 6. Never undecided forever: after `max_undecided_s` of steps (since the first step, or since a shift
    re-opened the verdict) the answer is final: steady, flagged noisy, with its wide interval when there is no
    trend (Mann-Kendall p >= 0.05, or a trend smaller than p), else drifting with the slope.
@@ -77,6 +82,7 @@ class SteadyEstimate:
     declared_step: int | None = None
     declared_ts: float | None = None
     drifting: bool = False
+    shift_suspected: dict | None = None  # steady, but a level shift not yet confirmed began: since_step, both levels
     reason: str = "waiting for steps"
     evidence: dict = field(default_factory=dict)
 
@@ -258,6 +264,7 @@ class SteadyDetector:
         self._open_since: float | None = None  # the undecided clock: first step, or the last shift
         self._forced_noisy = False  # steady by max_undecided_s: noisy whatever the spread
         self._since_refine = 0
+        self._suspect: int | None = None  # while steady: the block where a level shift not yet confirmed began
         self.shifts: list[dict] = []
 
     def feed(self, obs: StepObs) -> bool:
@@ -291,28 +298,60 @@ class SteadyDetector:
         self._prefix1.append(self._prefix1[-1] + scaled)
         self._prefix2.append(self._prefix2[-1] + scaled * scaled)
         if self.estimate.steady and not self._level_shifted():
-            self._refine()
+            suspect = self._suspected_shift()
+            changed, self._suspect = suspect != self._suspect, suspect
+            self._refine(force=changed)
         elif not self.estimate.steady:
             self._analyse()
 
     # ---- level shifts ----------------------------------------------------------------------------
     def _level_shifted(self) -> bool:
-        n, d = len(self._medians), self._truncation
-        threshold = shift_threshold(self.config.precision)
         shortest = self._blocks_holding_minimums()
         if shortest is None:
             return False
         for m in (shortest, 2 * shortest, 4 * shortest):
-            if n - m - d < self.config.min_blocks_after_warmup:
+            moved = self._moved(m)
+            if moved is None:
                 return False  # too little of the old level before the newest m blocks
-            before = self._medians[max(d, n - m - SHIFT_BEFORE_BLOCKS) : n - m]
-            level, recent = median(before), median(self._medians[n - m :])
-            se = 1.25 * stdev(before) * math.sqrt(autocorrelation_time(before)) * math.sqrt(1 / m + 1 / len(before))
-            gap = abs(recent - level)
-            if gap > threshold * level and gap > SHIFT_Z * se:
-                self._reopen(self._change_point(max(d, n - 2 * m), n))
+            if moved:
+                self._reopen(self._change_point(max(self._truncation, len(self._medians) - 2 * m), len(self._medians)))
                 return True
         return False
+
+    def _moved(self, m: int) -> bool | None:
+        """The shift test on the newest m blocks: their median further than the shift threshold and SHIFT_Z
+        standard errors from the median of the (up to SHIFT_BEFORE_BLOCKS) blocks before them; None when too
+        little of the old level lies before them."""
+        n, d = len(self._medians), self._truncation
+        if n - m - d < self.config.min_blocks_after_warmup:
+            return None
+        before = self._medians[max(d, n - m - SHIFT_BEFORE_BLOCKS) : n - m]
+        level, recent = median(before), median(self._medians[n - m :])
+        se = 1.25 * stdev(before) * math.sqrt(autocorrelation_time(before)) * math.sqrt(1 / m + 1 / len(before))
+        gap = abs(recent - level)
+        return gap > shift_threshold(self.config.precision) * level and gap > SHIFT_Z * se
+
+    def _suspected_shift(self) -> int | None:
+        """The block where a level shift not yet confirmed began: the shift test passed by the newest k blocks
+        (k = shift_blocks, 2k, 4k, ...) for a k shorter than the confirmation's (the minimum evidence), placed
+        by the change point of the last 2k blocks, while the newest shift_blocks blocks are still beyond the
+        shift threshold from the level before it (a dip that is over is no shift); None when no such move is
+        there. While one is suspected the steady figure stays the level before it (docs/decisions.md, point 6)."""
+        n, d = len(self._medians), self._truncation
+        shortest = self._blocks_holding_minimums() or n - d
+        k = self.config.shift_blocks
+        while k < shortest:
+            moved = self._moved(k)
+            if moved is None:
+                return None
+            if moved:
+                start = self._change_point(max(d, n - 2 * k), n)
+                start = start if self._suspect is None else min(self._suspect, start)
+                before = median(self._medians[max(d, start - SHIFT_BEFORE_BLOCKS) : start])
+                now = median(self._medians[n - self.config.shift_blocks :])
+                return start if abs(now - before) > shift_threshold(self.config.precision) * before else None
+            k *= 2
+        return None
 
     def _change_point(self, lo: int, hi: int) -> int:
         """Where in blocks [lo, hi) the level changed: the split minimising the two parts' summed squared
@@ -355,7 +394,7 @@ class SteadyDetector:
             f"{self._block_first_step[origin]}; re-estimating"
         )
         self._good_blocks_in_a_row = self._out_of_reach_in_a_row = 0
-        self._truncation = None
+        self._truncation = self._suspect = None
         self._analyse()
 
     # ---- analysis before steady ---------------------------------------------------------------
@@ -532,20 +571,21 @@ class SteadyDetector:
             self.estimate.evidence["level_shifts"] = self.shifts
 
     # ---- once steady ----------------------------------------------------------------------------
-    def _refine(self) -> None:
+    def _refine(self, force: bool = False) -> None:
         """A new block while steady: the level and its interval follow it (no trend test: that is the
-        shift rule's job now)."""
+        shift rule's job now), up to the block where a suspected level shift began, if one is."""
         n = len(self._medians)
         first = max(self._truncation, n - REFINE_BLOCKS)
         self._since_refine += 1
-        if self._since_refine < max(1, (n - first) // 100):
+        if self._since_refine < max(1, (n - first) // 100) and not force:
             return  # refined after ~1% more blocks each time: O(1) per block on long runs
         self._since_refine = 0
-        later = mser_truncation(self._prefix1, self._prefix2, first, n, self.config.min_blocks_after_warmup)
-        if later is not None and self._truncation < later <= first + (n - first) // 2:
+        end = self._suspect if self._suspect is not None and self._suspect - first >= 2 else n
+        later = mser_truncation(self._prefix1, self._prefix2, first, end, self.config.min_blocks_after_warmup)
+        if later is not None and self._truncation < later <= first + (end - first) // 2:
             self._truncation = first = later  # with more data MSER sees the warm-up's tail: cut it too
-        level = batch_means_level(self._medians[first:])
-        raw = [v for block in self._raw[first:] for v in block]
+        level = batch_means_level(self._medians[first:end])
+        raw = [v for block in self._raw[first:end] for v in block]
         stats = {"first": first, "level": level, "noise_rel": noise_of(raw)}
         checks = dict(self.estimate.evidence.get("checks") or {})
         checks.update({
@@ -554,6 +594,28 @@ class SteadyDetector:
             "noise_rel": round(stats["noise_rel"], 4),
         })
         self._set_level(stats, checks)
+        self._note_suspicion(end)
+
+    def _note_suspicion(self, end: int) -> None:
+        """While a shift is suspected: say so beside the level before it (the figure), with the new level as
+        seen so far and what confirming it takes."""
+        if end == len(self._medians):
+            self.estimate.shift_suspected = None
+            return
+        since_step = self._block_first_step[end]
+        recent = fmean(self._medians[end:])
+        self.estimate.shift_suspected = {
+            "since_step": since_step,
+            "since_ts": self._block_ts[end - 1],
+            "from_tok_s": round(self.estimate.tok_s, 1),
+            "to_tok_s": round(recent, 1),
+        }
+        self.estimate.reason += (
+            f"; level shift suspected since step {since_step}: ~{recent:,.0f} tok/s since, being confirmed (the "
+            f"new level must hold {self.config.min_steady_seconds:.0f} s and {self.config.min_steady_steps} steps); "
+            f"the figure is the level before it"
+        )
+        self.estimate.evidence["shift_suspected"] = self.estimate.shift_suspected
 
     def _set_level(self, stats: dict, checks: dict) -> None:
         level: Level = stats["level"]

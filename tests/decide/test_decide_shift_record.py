@@ -3,7 +3,8 @@ both levels with the intervals they were declared with, and the precision; [] on
 
 from reallogs import LEVEL_TOLERANCE, judge, labelled
 
-from orchestrator.decide import DecideConfig
+from orchestrator.decide import DecideConfig, Decision, RunJudge, StepObs
+from orchestrator.decide.replay import judged_lines
 
 LOGS = {log.name: log for log in labelled()}
 
@@ -22,3 +23,33 @@ def test_a_shift_seen_before_its_new_level_holds_records_both_moments_and_both_i
 
 def test_a_run_with_no_shift_has_none():
     assert judge(LOGS["tiny-nographs"]).level_shifts == []
+
+
+def shown_at_each_step(log, **kwargs) -> list[tuple[int, Decision]]:
+    """What the watch shows (the judge's decision) after each step line of `log`, replayed on its own clock."""
+    judge_ = RunJudge(run=log.name, **kwargs)
+    return [(obs.step, judge_.decision()) for _, obs in judged_lines(judge_, log.lines()) if isinstance(obs, StepObs)]
+
+
+def test_while_a_shift_is_being_confirmed_the_figure_stays_the_level_before_it_with_its_interval():
+    """small-thr-eager drops from ~56.8k to ~40.3k at step 1,861; the shift is recorded at step 2,700, ~20 s
+    later. In between, the steady figure used to slide between the levels (56.8k -> 47.5k) and its interval
+    to widen to -26k..121k. Now, at every step line of that window, the figure is one of the two levels and
+    its interval positive and narrower than the move; from a few lines after the drop the decision says a
+    shift is suspected since step 1,861, with the new level as seen so far."""
+    shown = shown_at_each_step(LOGS["small-thr-eager"])
+    [shift] = shown[-1][1].level_shifts
+    old, new = shift["from_tok_s"], shift["declared_tok_s"]
+    window = [(step, d) for step, d in shown if shift["at_step"] <= step < shift["detected_step"]]
+    assert len(window) >= 40  # a line every 20 steps, ~20 s
+    for step, d in window:
+        assert d.decision == "steady", (step, d.reason)
+        assert min(abs(d.steady_tok_s / old - 1), abs(d.steady_tok_s / new - 1)) < LEVEL_TOLERANCE, (step, d.reason)
+        lo, hi = d.interval
+        assert 0 < lo <= d.steady_tok_s <= hi and hi - lo < old - new, (step, d.reason)
+    first_step, first = next((step, d) for step, d in window if d.shift_suspected)
+    assert first_step - shift["at_step"] <= 100 and all(d.shift_suspected for step, d in window if step >= first_step)
+    assert first.shift_suspected["since_step"] == shift["at_step"] and abs(first.steady_tok_s - old) < 1
+    assert abs(first.shift_suspected["to_tok_s"] / new - 1) < 0.10
+    assert f"level shift suspected since step {shift['at_step']}: ~" in first.reason
+    assert shown[-1][1].shift_suspected is None  # confirmed, then declared: no longer suspected

@@ -153,3 +153,27 @@ def test_the_precision_is_the_users_a_looser_one_answers_a_noisy_run_sooner():
     assert lo <= detector.estimate.tok_s <= hi and (hi - lo) / 2 <= 0.10 * detector.estimate.tok_s
     with pytest.raises(UsageError, match="watch.precision must be between 0 and 1"):
         DecideConfig(precision=5)
+
+
+def test_while_a_shift_is_being_confirmed_the_figure_and_interval_stay_those_of_the_level_before_it():
+    """100k -> 70k at step 201 (a step a second): the shift needs 30 s of the new level to be confirmed. Until
+    the verdict re-opens, every figure shown is the old level (never one between the two) with an interval
+    narrower than the move and above zero, and from a few blocks after the drop a shift is suspected since
+    the drop with the new level as seen so far; once confirmed, no suspicion is left."""
+    rng = np.random.default_rng(7)
+    values = np.concatenate([noisy(rng, 100_000, 200), noisy(rng, 70_000, 300)])
+    detector = SteadyDetector(DecideConfig())
+    shown = []
+    for i, value in enumerate(values):
+        detector.feed(StepObs(T0 + i + 1, i + 1, float(value)))
+        shown.append((i + 1, detector.estimate.steady, detector.estimate.tok_s, detector.estimate.interval,
+                      detector.estimate.shift_suspected))
+    reopened = next(row[0] for row in shown[200:] if not row[1])
+    window = [row for row in shown[200:] if row[0] < reopened]
+    assert len(window) >= 25  # ~30 s until the shift is recorded
+    for step, _, figure, (lo, hi), _ in window:
+        assert abs(figure / 100_000 - 1) < 0.03 and 0 < lo and hi - lo < 30_000, (step, figure, lo, hi)
+    suspected = [row for row in window if row[4]]
+    assert suspected and suspected[0][0] <= 220
+    assert 200 <= suspected[0][4]["since_step"] <= 215 and abs(suspected[0][4]["to_tok_s"] / 70_000 - 1) < 0.03
+    assert detector.estimate.shift_suspected is None and abs(detector.estimate.tok_s / 70_000 - 1) < 0.01
