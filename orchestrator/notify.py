@@ -11,6 +11,9 @@ with a bounded timeout and bounded retries: a slow or dead receiver never holds 
 is recorded (registry + an event) and logged, never raised. The worker threads are not daemons, so dfo exits
 only once the notifications it started are done (at most timeout x (retries + 1) plus the back-off).
 
+A steady verdict re-declared at a new level after a level shift is a decision of its own (keyed by the
+shift), with both levels in its text: steady -> steady at another level is news.
+
 This module must not decide anything: it is told about decisions (Notifier.decision) and passes them on.
 """
 
@@ -35,12 +38,32 @@ BACKOFF_S = 1.0  # before the first retry; doubled for each further one
 QUIET = "undecided"
 
 
+def declared_shift(decision: dict[str, Any]) -> dict[str, Any] | None:
+    """The level shift whose new level the decision's steady verdict declares (its last shift, once declared)."""
+    shifts = decision.get("level_shifts") or []
+    if decision.get("decision") != "steady" or not shifts or shifts[-1].get("declared_tok_s") is None:
+        return None
+    return shifts[-1]
+
+
+def notification_key(decision: dict[str, Any]) -> str:
+    """What makes a decision news to the people told: its verdict and action, and for a steady verdict at a new
+    level after a level shift, that shift (steady -> steady at another level is news too)."""
+    key = f"{decision.get('decision')}:{decision.get('action') or 'none'}"
+    shift = declared_shift(decision)
+    return key if shift is None else f"{key}:level_shift@{shift['at_step']}"
+
+
 def message(decision: dict[str, Any], run: dict[str, Any]) -> str:
     """One line for a chat: what was decided about which run, with its figure and what dfo does next."""
     verdict = decision.get("decision")
     where = f"{run['name']} on {run.get('target') or '?'}" + (f" ({run['variant']})" if run.get("variant") else "")
     at = f" at step {decision['at_step']}" if decision.get("at_step") is not None else ""
     figure = f", {decision['steady_tok_s']:,.0f} tok/s" if decision.get("steady_tok_s") is not None else ""
+    shift = declared_shift(decision)
+    if shift is not None and figure:
+        figure = (f" at a new level, {shift['from_tok_s']:,.0f} -> {decision['steady_tok_s']:,.0f} tok/s (level shift "
+                  f"at step {shift['at_step']})")
     signature = f" [{decision['signature']}]" if decision.get("signature") else ""
     action = decision.get("action") or "none"
     then = f"; action {action}" + (f" -> {decision['next_run']}" if decision.get("next_run") else "")
@@ -73,7 +96,7 @@ class Notifier:
             return []
         about = {"name": run_name, "target": run.target if run else None, "variant": variant,
                  "batch": run.batch if run else None}
-        key = f"{verdict}:{decision.get('action') or 'none'}"
+        key = notification_key(decision)
         started = []
         for channel, send in (("command", self._command), ("webhook", self._webhook)):
             if getattr(settings, channel) is None or not self.store.claim_notification(run_name, key, channel):

@@ -150,6 +150,30 @@ def test_each_decision_is_sent_once_even_after_a_restart(receiver, tmp_path):
     assert "crash [cudagraph_tls] at step 3; action fallback -> r1.2-nographs" in hook.posts[1]["json"]["text"]
 
 
+def test_a_steady_verdict_at_a_new_level_after_a_declared_level_shift_is_news_with_both_levels(receiver, tmp_path):
+    """steady -> steady at another level (small-thr-eager's drop) notifies like a verdict change, once, with
+    both levels in the text; the shift while its new level is not declared (undecided) tells no one."""
+    hook = receiver()
+    shift = {"at_step": 1861, "from_tok_s": 56754.5, "to_tok_s": 40591.0, "declared_tok_s": None,
+             "declared_step": None}
+    reopened = {**STEADY, "decision": "undecided", "action": "none", "steady_tok_s": None, "level_shifts": [shift]}
+    declared = {**STEADY, "at_step": 2700, "steady_tok_s": 40296.1,
+                "level_shifts": [{**shift, "declared_tok_s": 40296.1, "declared_step": 2700}]}
+    inventory = inventory_with(json.dumps({"webhook": hook.url}))
+    with registry(tmp_path / "dfo.db", ("r1", "trees")) as store:
+        notifier = Notifier(inventory, store)
+        for decision in (STEADY, reopened, declared, declared):
+            send(notifier, "r1", decision)
+    with Store(tmp_path / "dfo.db") as reopened_store:  # a restart does not send it again
+        send(Notifier(inventory, reopened_store), "r1", declared)
+    assert [(p["json"]["decision"], p["json"]["steady_tok_s"]) for p in hook.posts] == [
+        ("steady", 153000.0), ("steady", 40296.1)]
+    assert hook.posts[1]["json"]["text"] == (
+        "dfo: r1 on ct200 (trees): steady at step 2700 at a new level, 56,754 -> 40,296 tok/s (level shift at step "
+        "1861); action keep")
+    assert hook.posts[1]["json"]["level_shifts"][0]["from_tok_s"] == 56754.5
+
+
 def test_failures_are_retried_within_bounds_recorded_and_never_raised(receiver, tmp_path):
     flaky = receiver(statuses=[503, 200])  # a retry gets through
     broken = receiver(statuses=[500, 500, 500, 500])

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -77,22 +79,29 @@ def make_lab(tmp_path: Path, container: LxcContainer, log: Path, pause_after: in
     return inventory, tmp_path / "state", scripts / "go"
 
 
-def watch_until_the_shift(inventory_path: Path, state: Path, name: str, monkeypatch):
-    """Launch the player as `name` and watch it until the registry holds a level_shift event; then the watch
-    goes (the run goes on, paused until `go` exists). Returns the watch's events, its live view as text, and
-    the run's stored decision."""
+@contextmanager
+def watching(inventory_path: Path, state: Path, name: str, monkeypatch) -> Iterator[tuple[Watcher, Store]]:
+    """Launch the player as `name` and watch it (a Watcher attached to it, and the registry) until the block
+    ends; then the watch goes and the run goes on."""
     monkeypatch.setenv("DFO_HOME", str(state))
     inventory = load_inventory(inventory_path)
     with Connections(inventory) as connections, Store(state / "dfo.db") as store:
         launch(connections.container("ct_a"), spec_for(inventory, "ct_a", "replayed"), store, name=name)
-        first = Watcher(inventory, connections, store)
+        watcher = Watcher(inventory, connections, store)
         try:
-            first.attach(name)
-            events = run_until(first, lambda w: store.events(name, kind="level_shift"), timeout=60)
-            panel = shown(render(first))
+            watcher.attach(name)
+            yield watcher, store
         finally:
-            first.close()
-        return events, panel, store.get_run(name).decision
+            watcher.close()
+
+
+def watch_until_the_shift(inventory_path: Path, state: Path, name: str, monkeypatch):
+    """Launch the player as `name` and watch it until the registry holds a level_shift event; then the watch
+    goes (the run goes on, paused until `go` exists). Returns the watch's events, its live view as text, and
+    the run's stored decision."""
+    with watching(inventory_path, state, name, monkeypatch) as (first, store):
+        events = run_until(first, lambda w: store.events(name, kind="level_shift"), timeout=60)
+        return events, shown(render(first)), store.get_run(name).decision
 
 
 @pytest.fixture
@@ -204,20 +213,12 @@ def test_while_a_shift_is_being_confirmed_the_watch_shows_the_level_before_it_an
     interval, says a shift is suspected since step 1,861 (live view, scroll-back, the stored decision), and
     once the rest of the log arrives it records the shift and the suspicion is gone."""
     inventory_path, state, go = make_lab(tmp_path, container, SHIFT_LOG, 2_200)
-    monkeypatch.setenv("DFO_HOME", str(state))
-    inventory = load_inventory(inventory_path)
-    with Connections(inventory) as connections, Store(state / "dfo.db") as store:
-        launch(connections.container("ct_a"), spec_for(inventory, "ct_a", "replayed"), store, name="sh4")
-        watcher = Watcher(inventory, connections, store)
-        try:
-            watcher.attach("sh4")
-            events = run_until(watcher, lambda w: (w.chains()[0]["decision"] or {}).get("shift_suspected"), timeout=60)
-            panel = shown(render(watcher))
-            stored = store.get_run("sh4").decision
-            go.write_text("")
-            events += run_until(watcher, lambda w: store.events("sh4", kind="level_shift"), timeout=60)
-        finally:
-            watcher.close()
+    with watching(inventory_path, state, "sh4", monkeypatch) as (watcher, store):
+        events = run_until(watcher, lambda w: (w.chains()[0]["decision"] or {}).get("shift_suspected"), timeout=60)
+        panel = shown(render(watcher))
+        stored = store.get_run("sh4").decision
+        go.write_text("")
+        events += run_until(watcher, lambda w: store.events("sh4", kind="level_shift"), timeout=60)
     [suspected] = [e for e in events if e.kind == "decision" and e.decision["shift_suspected"]]
     decision = suspected.decision
     since = decision["shift_suspected"]["since_step"]
@@ -231,3 +232,35 @@ def test_while_a_shift_is_being_confirmed_the_watch_shows_the_level_before_it_an
     [shift] = [e for e in events if e.kind == "level_shift"]
     assert shift.at_step == since and shift.from_tok_s == pytest.approx(decision["steady_tok_s"], abs=1)
     assert [e for e in events if e.kind == "decision"][-1].decision["shift_suspected"] is None
+
+
+def test_a_declared_level_shift_notifies_like_a_verdict_change_once_also_after_a_reattach(
+        tmp_path, sshd, ssh_home, container, monkeypatch) -> None:
+    """The inventory's notify: webhook (a real HTTP server on 127.0.0.1) hears of the first steady verdict (the
+    player pauses at step 1,800, after it) and then of the steady verdict at the new level after
+    small-thr-eager's drop, with both levels in its text; a second watch that re-attaches and follows the
+    log to its end sends neither again."""
+    from test_notify import Receiver
+
+    hook = Receiver()
+    try:
+        inventory_path, state, go = make_lab(tmp_path, container, SHIFT_LOG, 1_800)
+        inventory_path.write_text(inventory_path.read_text() + f"notify: {{webhook: {json.dumps(hook.url)}}}\n")
+        with watching(inventory_path, state, "sh5", monkeypatch) as (watcher, store):
+            run_until(watcher, lambda w: w.chains()[0]["decision"]["decision"] == "steady", timeout=60)
+            go.write_text("")
+            events = run_until(watcher, lambda w: store.events("sh5", kind="level_shift"), timeout=60)
+            watcher.notifier.wait(10)
+        watched = dfo(inventory_path, state, "watch", "sh5", "--json", timeout=120)
+        assert watched.returncode == 0, watched.stderr + watched.stdout[-2000:]
+    finally:
+        hook.close()
+    [shift] = [e for e in events if e.kind == "level_shift"]
+    assert len(hook.posts) == 2, [p["json"]["text"] for p in hook.posts]
+    first, second = (p["json"] for p in hook.posts)
+    assert first["decision"] == second["decision"] == "steady" and first["level_shifts"] == []
+    assert abs(first["steady_tok_s"] / shift.from_tok_s - 1) < 0.03
+    assert abs(second["steady_tok_s"] / shift.declared_tok_s - 1) < 0.01
+    assert second["text"] == (
+        f"dfo: sh5 on ct_a (replayed): steady at step {second['at_step']} at a new level, {shift.from_tok_s:,.0f} -> "
+        f"{second['steady_tok_s']:,.0f} tok/s (level shift at step {shift.at_step}); action keep")
