@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import socket
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterator, Mapping, Sequence
@@ -50,6 +51,7 @@ SET_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NAME_SUFFIX = 50
 FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"  # tests: where a fallback is killed (exit_at_hook)
+PAUSE_MAX_S = 120.0  # tests: the longest pause_at_hook holds dfo
 WANDB_MODES = ("off", "offline", "online", "auto")
 """`python -m trainer --wandb` choices (auto: offline unless WANDB_API_KEY is set)."""
 TRAINER_TOPOLOGIES = {"threaded": "threads", "procsplit": "procsplit"}
@@ -413,6 +415,19 @@ def exit_at_hook(point: str, variable: str = "DFO_TEST_LAUNCH_EXIT_AT") -> None:
         os._exit(137)
 
 
+def pause_at_hook(point: str) -> None:
+    """Tests hold dfo at a named point (DFO_TEST_PAUSE_AT=identified: `dfo stop` between its identity check and
+    its signal) to make something happen exactly there: dfo creates DFO_TEST_PAUSE_FILE and goes on once the
+    test removes it (at most PAUSE_MAX_S later). Nothing else sets them."""
+    if os.environ.get("DFO_TEST_PAUSE_AT") != point:
+        return
+    flag = os.environ["DFO_TEST_PAUSE_FILE"]
+    open(flag, "w").close()
+    deadline = time.monotonic() + PAUSE_MAX_S
+    while os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _command(spec: RunSpec, name: str, package: Package | None) -> str:
     return trainer_command(spec, name, pkg_dir(spec.workspace, package.sha256)) if package else spec.command
 
@@ -593,23 +608,33 @@ def identity_script(run: Run) -> str:
 def kill_script(pid: int, grace_s: float, exit_file: str) -> str:
     """SIGTERM the process group, wait up to grace_s for every non-zombie member to go, then SIGKILL it.
 
+    `signal=none` when the run had ended by then: nothing is signalled. The wrapper (the group's leader) alone
+    is writing the run's exit status, or, on a stop right after the launch, about to start the run: it gets
+    KILL_SETTLE_S to do either, and a run that ended is never signalled nor recorded as stopped. (A run that
+    ends between the last look and the kill, two shell builtins apart, is still taken as stopped.)
+
     The waits are measured on /proc/uptime, not counted in polls: a scan of /proc takes a good part of a
     second on a busy machine with many processes, and a counted wait would stretch the grace by that much."""
     grace_cs, settle_cs = max(1, round(grace_s * 100)), round(KILL_SETTLE_S * 100)
     return f"""
 now() {{ read -r u _ < /proc/uptime; cs=$(( ${{u%.*}} * 100 + 1${{u#*.}} - 100 )); }}
-alive() {{
+alive() {{  # a non-zombie member of the group other than PID $1 ('': any)
+  skip=$1
   kill -0 -{pid} 2>/dev/null || return 1
   for f in /proc/[0-9]*/stat; do
+    p=${{f#/proc/}}; [ "${{p%/stat}}" = "$skip" ] && continue
     {{ read -r l < "$f"; }} 2>/dev/null || continue
     set -- ${{l##*) }}
     if [ "$3" = {pid} ] && [ "$1" != Z ]; then return 0; fi
   done
   return 1
 }}
-wait_gone() {{ now; end=$((cs + $1)); while alive; do now; [ $cs -lt $end ] || return 1; sleep {POLL_S}; done; }}
-kill -TERM -{pid} 2>/dev/null
-if wait_gone {grace_cs}; then
+wait_gone() {{ now; end=$((cs + $1)); while alive ''; do now; [ $cs -lt $end ] || return 1; sleep {POLL_S}; done; }}
+now; end=$((cs + {settle_cs}))
+while alive '' && ! alive {pid}; do now; [ $cs -lt $end ] || break; sleep {POLL_S}; done
+if ! alive '' || ! kill -TERM -{pid} 2>/dev/null; then
+  echo signal=none
+elif wait_gone {grace_cs}; then
   echo signal=TERM
 else
   echo signal=KILL; kill -KILL -{pid} 2>/dev/null
@@ -640,9 +665,7 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GR
     if gone(stat) or (run.exit_path not in cmdline and run.proc_starttime in (None, started)
                       and gone(info.get("again", ""), started)):
         # ended before the look, or while it looked (its cmdline then reads empty): nothing to signal
-        # (a stop asked before, a multi-node run's for all nodes at once, holds)
-        state = RunState.STOPPED if run.stop_requested_at and info.get("exit", "").strip() else None
-        return Stopped(_record_end(store, run, info.get("exit", ""), "exited on its own before stop", state=state), None)
+        return Stopped(_ended_before_stop(store, run, info.get("exit", "")), None)
     if (run.proc_starttime is not None and started != run.proc_starttime) or run.exit_path not in cmdline:
         _record_end(store, run, info.get("exit", ""), "its PID was reused")
         raise RefusedError(
@@ -650,11 +673,24 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GR
             f"the run at tick {run.proc_starttime} (command {cmdline.strip()[:60]!r}); not signalling it",
             hint="the run had already ended; it is now recorded as such",
         )
+    pause_at_hook("identified")
     store.request_stop(name)  # before the signal: a watch of the run reads its exit as stopped, not as a crash
     output = _stop_call(target, run, kill_script(run.pid, grace_s, run.exit_path), grace_s + KILL_SETTLE_S + STOP_PROBE_TIMEOUT)
     info = parse_probe(output)
-    ended = _record_end(store, run, info.get("exit", ""), f"stopped by dfo (SIG{info.get('signal', 'TERM')})", state="stopped")
-    return Stopped(ended, info.get("signal"))
+    if info.get("signal", "none") == "none":  # it ended after the look, before the signal: its own end
+        if run.stop_requested_at is None:
+            store.update_run(name, stop_requested_at=None)  # no stop of ours reached it
+        return Stopped(_ended_before_stop(store, run, info.get("exit", "")), None)
+    ended = _record_end(store, run, info.get("exit", ""), f"stopped by dfo (SIG{info['signal']})", state="stopped")
+    return Stopped(ended, info["signal"])
+
+
+def _ended_before_stop(store: Store, run: Run, exit_text: str) -> Run:
+    """Record the end of a run that ended on its own before stop signalled it: `exited`/`crashed` with its exit
+    status (`lost` without one), unless a stop was asked before this one (a multi-node run's, for all nodes
+    at once, whose node 0's SIGTERM ended this node): that holds, `stopped`."""
+    state = RunState.STOPPED if run.stop_requested_at and exit_text.strip() else None
+    return _record_end(store, run, exit_text, "exited on its own before stop signalled it", state=state)
 
 
 def _stop_call(target: Target, run: Run, script: str, timeout: float) -> str:

@@ -33,6 +33,8 @@ pytestmark = [pytest.mark.lxc, pytest.mark.slow]
 DFO = str(Path(sys.executable).parent / "dfo")
 # Steady for 1000 steps (about 20 s), then exit 3: long enough for a watcher's lease (15 s) to run out.
 LONG_THEN_CRASH = "{py} /workspace/scripts/steady_trainer.py 1000 0.02; exit 3"
+GATE = "/workspace/go"
+GATED = f"while [ ! -e {GATE} ]; do sleep 0.1; done; exit 3"  # runs until the test opens the gate, then exits 3
 
 
 @dataclass
@@ -50,9 +52,9 @@ class Lab:
         argv = [DFO, *args, *(["-i", str(self.inventory)] if inventory else [])]
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env(**env))
 
-    def popen(self, *args: str) -> subprocess.Popen:
+    def popen(self, *args: str, **env: str) -> subprocess.Popen:
         return subprocess.Popen([DFO, *args, "-i", str(self.inventory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=self.env())
+                                text=True, env=self.env(**env))
 
     def launch(self, variant: str, name: str, *extra: str) -> None:
         done = self.dfo("launch", "--host", "ct_a", "--variant", variant, "--name", name, "--no-preflight", *extra)
@@ -78,6 +80,7 @@ def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
               for name, command in commands.items()}
     variants = {name: {"command": command} for name, command in inside.items()}
     variants["longcrash"] = {"command": LONG_THEN_CRASH.format(py=PY)}
+    variants["gated"] = {"command": GATED}
     variants["eager"] = {"compile": "eager", "preset": "tiny-cpu"}
     inventory = write_inventory(tmp_path, {
         "defaults": {"min_free_disk_gb": 0},
@@ -369,3 +372,28 @@ def test_a_successor_whose_name_was_taken_is_retried_as_the_next_suffix_not_a_su
     runs = lab.runs()
     assert sorted(runs) == ["hn", "hn.2-nographs", "hn.2-nographs-2", "hn.2-nographs-3"]
     assert runs["hn.2-nographs-2"]["state"] == "failed" and runs["hn.2-nographs-3"]["parent"] == "hn"
+
+
+def test_a_run_that_ends_between_stops_identity_check_and_its_signal_is_recorded_with_its_own_end(lab: Lab,
+                                                                                                  tmp_path: Path) -> None:
+    lab.launch("gated", "g1")
+    paused = tmp_path / "paused"
+    stopper = lab.popen("stop", "g1", "--grace", "5", "--json", DFO_TEST_PAUSE_AT="identified",
+                        DFO_TEST_PAUSE_FILE=str(paused))
+    try:
+        wait_for(paused.exists, timeout=60, what="dfo stop past its identity check")  # the run was alive then
+        lab.container.path(GATE).touch()  # now it ends on its own: exit 3
+        wait_for(lambda: lab.container.path("/workspace/logs/g1.log.exit").exists(), timeout=30, what="the run's end")
+        paused.unlink()  # stop goes on to its signal
+        out, err = stopper.communicate(timeout=90)
+    finally:
+        stopper.kill()
+    assert stopper.returncode == 0, err
+    assert json.loads(out) == {"run": "g1", "state": "crashed", "exit_code": 3, "signal": None}  # not `stopped`
+    run = lab.runs()["g1"]
+    assert (run["state"], run["exit_code"]) == ("crashed", 3)
+    with lab.store() as store:
+        assert store.get_run("g1").stop_requested_at is None  # no stop reached it: a watch reads its crash
+        [ended] = store.events("g1", kind="ended")
+    assert ended["data"]["why"] == "exited on its own before stop signalled it"
+

@@ -23,7 +23,7 @@ import pytest
 from orchestrator.errors import InvalidName, RefusedError, RemoteError, UsageError
 from orchestrator.package import build_package, package_files
 from orchestrator.remote.local import LocalTarget
-from orchestrator.runs import RunSpec, follow_log, launch, log_tail, stop
+from orchestrator.runs import RunSpec, follow_log, kill_script, launch, log_tail, stop
 from orchestrator.store import Run, Store
 
 FAKE_TRAINER_MAIN = """
@@ -493,6 +493,24 @@ def _read(path: Path) -> bytes:
         return path.read_bytes()
     except OSError:
         return b""
+
+
+BUSY = "i=0; while [ $i -lt 300000 ]; do i=$((i + 1)); done"  # builtins only: the group's leader alone, for a while
+
+
+@pytest.mark.parametrize("then, signal", [("echo 7 > {exit}", "none"), ("sleep 30", "TERM")])
+def test_stops_signal_waits_out_a_wrapper_alone_in_its_group_and_goes_only_to_a_run(tmp_path, then, signal):
+    # the wrapper alone is writing its run's exit status (the run ended: no signal, its status read), or is
+    # about to start the run (a stop right after the launch: the run is signalled once it is there)
+    exit_file = tmp_path / "run.exit"
+    wrapper = subprocess.Popen(["sh", "-c", f"{BUSY}; {then.format(exit=exit_file)}"], start_new_session=True)
+    try:
+        out = LocalTarget("here").run(kill_script(wrapper.pid, 5, str(exit_file)), timeout=40).stdout
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+    assert f"signal={signal}\n" in out
+    assert ("exit=7" in out) == (signal == "none")
 
 
 def test_the_grace_period_is_time_not_a_count_of_polls(store, workspace):
