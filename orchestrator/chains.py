@@ -39,7 +39,8 @@ from .inventory import Inventory, TargetSpec, load_inventory
 from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
-from .runs import FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, exit_at_hook, look, out_dir, resolve_launch, spec_for, started
+from .runs import (FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, exit_at_hook, look, needs_look, out_dir, resolve_launch,
+                   spec_for, start_unseen, started)
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
@@ -318,6 +319,11 @@ class StopFailed(DfoError):
     """A fallback's stop failed (its target out of reach): the fallback stays open for the next watch."""
 
 
+class StartUnseen(DfoError):
+    """A successor's start got no answer (runs.start_unseen): whether it runs is unknown, so the fallback stays
+    open; the next look adopts it when it runs, else launches the next name (successor_name)."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What an action did: the stop (signal sent, or why none), the next run launched, or the error."""
@@ -406,6 +412,9 @@ class Supervisor:
             except GpusStillBusy as exc:
                 error = str(exc)
             except DfoError as exc:
+                if start_unseen(self.store.get_run(name)):
+                    raise StartUnseen(f"the start of {name} got no answer ({exc}); the fallback stays open: the next "
+                                      f"look adopts {name} if it runs, else launches the next name") from exc
                 error = f"launching {data['variant']} failed: {exc}"
             return {**data, "next_run": launched.name if launched else None, "error": error}
 
@@ -491,13 +500,14 @@ def inventory_for(run: Run, given: Path | None) -> tuple[Inventory, str | None]:
 
 def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], Any], *,
             timeout: float = LOOK_TIMEOUT) -> dict[str, str]:
-    """Look at every target holding an active run of `runs` at once (one remote call each, see runs.look) and
-    record what changed; returns {target: why it could not be looked at}. Bounded: a target that has not
-    answered within `timeout` (plus a little) is left as it was."""
+    """Look at every target holding a run of `runs` that needs a look (runs.needs_look: active, or its start
+    never seen answered) at once (one remote call each, see runs.look) and record what changed; returns
+    {target: why it could not be looked at}. Bounded: a target that has not answered within `timeout` (plus a
+    little) is left as it was."""
     groups: dict[str, tuple[Any, list[Run]]] = {}
     problems: dict[str, str] = {}
     for run in runs:
-        if not run.active:
+        if not needs_look(run):
             continue
         try:
             connections = groups[run.target][0] if run.target in groups else connections_for(run)

@@ -537,13 +537,23 @@ def _launching_run(spec: RunSpec, name: str, package: Package | None) -> Run:
 
 
 def _start(opened: Opened, spec: RunSpec, name: str, secrets: Mapping[str, str]) -> tuple[int, str]:
+    timeout_at_hook("before_start", spec)
     result = opened.call.start(_env_file(secrets) if secrets else b"", timeout=START_TIMEOUT)
     if result.exit_code == LOG_EXISTS_EXIT:
         raise RefusedError(f"{log_path(spec.workspace, name)} appeared on {spec.target} meanwhile; dfo never overwrites a log")
     info = parse_probe(result.stdout)
     if result.failed or not info.get("pid", "").isdigit():
         raise RemoteError(f"starting run {name} failed: {result.tail(3) or 'no PID printed'}", where=spec.target)
+    timeout_at_hook("after_start", spec)
     return int(info["pid"]), info.get("stat", "")
+
+
+def timeout_at_hook(point: str, spec: RunSpec) -> None:
+    """Tests: a successor's start (a fallback's) whose answer does not come in time, as over a link that drops
+    (DFO_TEST_START_TIMEOUT_AT=before_start: the word to start never went out; after_start: the run started, its
+    PID never came back). Nothing else sets it."""
+    if spec.parent and os.environ.get("DFO_TEST_START_TIMEOUT_AT") == point:
+        raise CommandTimeout(f"the launch script gave no answer to the start within {START_TIMEOUT:g}s (test: {point})")
 
 
 def _env_file(secrets: Mapping[str, str]) -> bytes:
@@ -572,6 +582,18 @@ def _remove_launch_files(target: Target, workspace: str, name: str, *, log: bool
         pass  # the target is unreachable: nothing more can be removed now
 
 
+def start_unseen(run: Run) -> bool:
+    """A start dfo sent but never saw answered (it timed out, or dfo was interrupted): `lost` without a PID or an
+    exit status. Its run may well be going: look (resolve_launch) before taking it for nothing."""
+    return run.state == RunState.LOST and run.pid is None and run.exit_code is None
+
+
+def needs_look(run: Run) -> bool:
+    """Whether what the registry says of `run` may be out of date: it is active, or its start was never seen
+    answered (start_unseen)."""
+    return run.active or start_unseen(run)
+
+
 def started(run: Run) -> bool:
     """Whether `run`'s process was ever seen: a PID recorded, or an end read from its exit file (a launch a dfo
     did not finish recording whose run ended before anyone looked has no PID)."""
@@ -579,13 +601,14 @@ def started(run: Run) -> bool:
 
 
 def resolve_launch(target: Target, store: Store, run: Run) -> Run:
-    """`run` as `target` shows it now (look; ended rows as they are). A launch a dfo that died left `launching`
-    is settled: its process, found by its exit file path, adopted (`running`, with its PID), or with none found
-    the run marked `failed` and the secrets file and empty log its start may have made removed."""
-    if not run.active:
+    """`run` as `target` shows it now (look; ended rows as they are). A launch a dfo that died left `launching`,
+    or a start it never saw answered (start_unseen), is settled: its process, found by its exit file path,
+    adopted (`running`, with its PID; or its end, read from its exit file), or with none found the run marked
+    `failed` and the secrets file and empty log its start may have made removed."""
+    if not needs_look(run):
         return run
     [settled] = look(target, store, [run]) or [run]
-    if run.state == RunState.LAUNCHING and settled.state == RunState.FAILED:
+    if run.pid is None and settled.state == RunState.FAILED:
         _remove_launch_files(target, run.workspace, run.name, log=True)
     return settled
 
@@ -752,9 +775,10 @@ def look_script(runs: Sequence[Run]) -> str:
 
 
 def look(target: Target, store: Store, runs: Sequence[Run], *, timeout: float = LOOK_TIMEOUT) -> list[Run]:
-    """Bring the registry up to date with what `target` shows of `runs` (active rows; a `launching` row only
-    once its launcher is gone) in one remote call. Returns the runs as now recorded."""
-    runs = [run for run in runs if run.state == RunState.RUNNING or not launcher_alive(run)]
+    """Bring the registry up to date with what `target` shows of `runs` (active rows and starts never seen
+    answered, start_unseen; a `launching` row only once its launcher is gone) in one remote call. Returns the
+    runs as now recorded."""
+    runs = [run for run in runs if run.state != RunState.LAUNCHING or not launcher_alive(run)]
     if not runs:
         return []
     output = target.run(look_script(runs), timeout=timeout, check=True).stdout
@@ -774,11 +798,13 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str]) -> Run:
             pid, _, stat = seen["found"].partition(" ")
             store.add_event(run.name, "launch_resolved", {"pid": int(pid), "how": "found by its exit file path"})
             run = store.update_run(run.name, state=RunState.RUNNING, pid=int(pid), proc_starttime=proc_starttime(stat),
-                                   started_at=run.started_at or utc_now(), owner=None)
+                                   started_at=run.started_at or utc_now(), ended_at=None, owner=None)
             return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked")
         if exit_text.strip():
             return _record_end(store, run, exit_text, "ended before dfo looked (its launch was not recorded to the end)")
-        store.add_event(run.name, "launch_failed", {"error": "the dfo launching it went away before the start; no process found"})
+        why = ("its start got no answer; no process found" if run.state == RunState.LOST
+               else "the dfo launching it went away before the start; no process found")
+        store.add_event(run.name, "launch_failed", {"error": why})
         return store.update_run(run.name, state=RunState.FAILED, ended_at=utc_now(), owner=None)
     stat = seen.get("stat", "")
     alive = bool(stat) and proc_state(stat) != "Z" and (run.proc_starttime is None or proc_starttime(stat) == run.proc_starttime)

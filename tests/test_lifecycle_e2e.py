@@ -397,3 +397,35 @@ def test_a_run_that_ends_between_stops_identity_check_and_its_signal_is_recorded
         [ended] = store.events("g1", kind="ended")
     assert ended["data"]["why"] == "exited on its own before stop signalled it"
 
+
+@pytest.mark.parametrize("point", ["after_start", "before_start"])
+def test_a_successor_whose_start_got_no_answer_is_adopted_if_it_runs_and_launched_again_only_if_not(lab: Lab,
+                                                                                                   point: str) -> None:
+    # the successor's start times out: after_start, the run started and its PID never came back; before_start,
+    # the word to start never went out. Its row is `lost` without a PID; the fallback stays open.
+    first = lab.dfo("launch", "--host", "ct_a", "--variant", "failing", "--name", "hu", "--no-preflight",
+                    "--chain", "failing,nographs", "--watch", "--until-decided", "--json", timeout=120,
+                    DFO_TEST_START_TIMEOUT_AT=point)
+    assert "the start of hu.2-nographs got no answer" in first.stdout, first.stderr[-2000:] + first.stdout[-3000:]
+    with lab.store() as store:
+        unseen = store.get_run("hu.2-nographs")
+        assert (unseen.state, unseen.pid) == ("lost", None)
+    [intent] = open_intents(lab)
+    assert intent.data["run"] == "hu"
+
+    watched = lab.dfo("watch", "hu", "--until-decided", "--json", timeout=180)
+    assert watched.returncode == 0, watched.stderr[-2000:] + watched.stdout[-3000:]
+    successor = {"after_start": "hu.2-nographs", "before_start": "hu.2-nographs-2"}[point]
+    final = json.loads(watched.stdout.splitlines()[-1])
+    assert (final["run"], final["decision"]) == (successor, "steady"), watched.stdout[-3000:]
+    runs = lab.runs()
+    assert open_intents(lab) == [] and runs[successor]["parent"] == "hu"
+    logs = lab.container.path("/workspace/logs")
+    starts = sum((logs / f"{name}.log").read_text().count("event=start") for name in runs
+                 if name != "hu" and (logs / f"{name}.log").exists())
+    assert starts == 1  # one successor ran: the one that started is adopted, never a second one beside it
+    if point == "before_start":
+        assert list(runs) == ["hu", "hu.2-nographs", "hu.2-nographs-2"] and runs["hu.2-nographs"]["state"] == "failed"
+    else:
+        assert list(runs) == ["hu", "hu.2-nographs"]
+

@@ -215,12 +215,12 @@ def runs_command(
     with Store() as store:
         if name is not None and store.nodes_of(name):  # a multi-node run: its nodes
             nodes = [store.get_run(node) for node in store.nodes_of(name)]
-            if not no_refresh and any(node.active for node in nodes):
+            if not no_refresh and any(map(runs_lib.needs_look, nodes)):
                 _refresh(store, nodes, inventory)
             show_nodes(store, name, as_json)
             return
         runs = [store.get_run(name)] if name is not None else store.list_runs(batch=batch, active=True if active else None)
-        if not no_refresh and any(run.active for run in runs):
+        if not no_refresh and any(map(runs_lib.needs_look, runs)):
             _refresh(store, runs, inventory)
         if name is not None:
             show_run(name, as_json)
