@@ -30,6 +30,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
@@ -49,6 +50,16 @@ from .store import Run, Store
 EXIT_GRACE_S = 15.0  # time the Watcher gets to judge a run that ended before its cell is closed without a verdict
 STOP_WAIT_S = 120.0  # a stop that has not ended the run by then (target unreachable) closes the cell anyway
 MAX_PARALLEL_LAUNCHES = 16
+
+
+class FallbacksLeft(KeyboardInterrupt):
+    """A second Ctrl-C while `dfo batch` was finishing cells' fallbacks: they are left half done (their intents
+    open, nothing remote signalled), for the next `dfo batch` or `dfo watch` to finish. `fallbacks`: which
+    (`RUN to VARIANT (cell CELL)`). Their threads cannot be interrupted: the caller leaves the process at once."""
+
+    def __init__(self, fallbacks: list[str]) -> None:
+        super().__init__("; ".join(fallbacks))
+        self.fallbacks = fallbacks
 
 
 # ---------------------------------------------------------------------------------------------- GPU ledger
@@ -231,8 +242,10 @@ class Scheduler:
         catalogue: Optional[Catalogue] = None,
         stop_wait_s: float = STOP_WAIT_S,
         claims: Optional[Claims] = None,
+        on_interrupt: Optional[Callable[[list[str]], None]] = None,
     ) -> None:
         self.plan, self.store, self.watcher, self.start, self.supervisor = plan, store, watcher, start, supervisor
+        self.on_interrupt = on_interrupt or (lambda fallbacks: None)  # Ctrl-C with fallbacks under way: which
         self.fallbacks = ThreadPoolExecutor(max_workers=MAX_PARALLEL_LAUNCHES, thread_name_prefix="fallback")
         self.table = CellTable(store)
         self.clock, self.poll_s, self.stop_wait_s = clock, poll_s, stop_wait_s
@@ -256,6 +269,7 @@ class Scheduler:
         self.table.save_plan(self.plan, format_ts(self.clock()))
         wanted = {cell.id for cell in self.plan.cells}
         self.records = {r.cell.id: r for r in self.table.records(self.plan.batch) if r.cell.id in wanted}
+        left: Optional[FallbacksLeft] = None
         try:
             self._resume()
             while True:
@@ -267,8 +281,14 @@ class Scheduler:
                     self._check(active)
                 self._look_elsewhere()
                 self._report()
+        except KeyboardInterrupt:
+            left = self._finish_fallbacks()
+            if left is not None:
+                raise left from None
+            raise
         finally:
-            self.fallbacks.shutdown(wait=True)  # a fallback under way is carried to its end (or its intent stays open)
+            # a fallback under way is carried to its end (or its intent stays open), unless Ctrl-C twice left it
+            self.fallbacks.shutdown(wait=left is None)
             self.claims.release_all()
         self._report()
         return [self.records[cell.id] for cell in self.plan.cells]
@@ -482,6 +502,29 @@ class Scheduler:
     def _open_fallback(self, record: CellRecord) -> bool:
         return any(intent.kind == FALLBACK for intent in self.store.open_intents(record.root_run))
 
+    def _finish_fallbacks(self) -> Optional[FallbacksLeft]:
+        """Ctrl-C: the cells' fallbacks under way are carried to their end first (on_interrupt says which), so
+        each successor is started and recorded; a second Ctrl-C leaves them half done (returned FallbacksLeft):
+        their intents stay open for the next `dfo batch` or `dfo watch`. Neither signals anything remote."""
+        under_way = {active.record.cell.id: active.falling_back for active in self.active.values()
+                     if active.falling_back is not None and not active.falling_back.done()}
+        if not under_way:
+            return None
+        described = [self._describe_fallback(self.records[cell_id]) for cell_id in under_way]
+        self.on_interrupt(described)
+        try:
+            wait_futures(under_way.values())
+        except KeyboardInterrupt:
+            return FallbacksLeft(described)
+        return None
+
+    def _describe_fallback(self, record: CellRecord) -> str:
+        """`RUN to VARIANT (cell CELL)` for the cell's open fallback (what its intent says), else `cell CELL`."""
+        intent = next((i for i in self.store.open_intents(record.root_run) if i.kind == FALLBACK), None)
+        if intent is None:
+            return f"cell {record.cell.id}"
+        return f"{intent.data['run']} to {intent.data['variant']} (cell {record.cell.id})"
+
     def _carry_out(self, active: _Active, fallback: Callable[[], list[Outcome]]) -> None:
         """Carry out a cell's fallback on a thread (its stop waits for the run to end, its launch for the GPUs)
         while the other cells are watched; _check goes on once it is done."""
@@ -622,6 +665,7 @@ def run_batch(
     watcher: WatcherLike,
     *,
     on_progress: Optional[Callable[[Progress], None]] = None,
+    on_interrupt: Optional[Callable[[list[str]], None]] = None,
     wandb: str = "off",
     poll_s: float = 1.0,
 ) -> list[CellRecord]:
@@ -632,7 +676,8 @@ def run_batch(
     ours = frozenset(r.cell.target for r in records if r.state == "running")
     catalogue = catalogue_for(inventory)
     scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb, ours=ours),
-                          supervisor=Supervisor(inventory, connections, store), poll_s=poll_s, on_progress=on_progress, catalogue=catalogue)
+                          supervisor=Supervisor(inventory, connections, store), poll_s=poll_s, on_progress=on_progress, catalogue=catalogue,
+                          on_interrupt=on_interrupt)
     return scheduler.run()
 
 

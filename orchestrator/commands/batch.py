@@ -8,6 +8,7 @@ resumes.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -20,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import report as report_lib
-from ..batch import Progress, open_watcher, plan_rows, run_batch
+from ..batch import FallbacksLeft, Progress, open_watcher, plan_rows, run_batch
 from ..connections import Connections
 from ..experiments import Plan, load_experiments
 from ..inventory import load_inventory
@@ -67,24 +68,40 @@ def batch_command(
     if dry_run:
         show_plan(plan, as_json)
         return
+
+    def finishing(fallbacks: list[str]) -> None:
+        say(f"interrupted: finishing the fallback of {'; '.join(fallbacks)} first; "
+            f"Ctrl-C again leaves it to the next `dfo batch {file}` or `dfo watch`")
+
     with Connections(inv) as connections, Store() as store:
         watcher = open_watcher(inv, connections, store)
         try:
             if as_json:
-                run_batch(plan, inv, connections, store, watcher, wandb=wandb, poll_s=poll)
+                run_batch(plan, inv, connections, store, watcher, wandb=wandb, poll_s=poll, on_interrupt=finishing)
             else:
                 with Live(Text(f"batch {plan.batch}: preflight ..."), console=console, auto_refresh=False) as live:
-                    run_batch(plan, inv, connections, store, watcher, wandb=wandb, poll_s=poll,
+                    run_batch(plan, inv, connections, store, watcher, wandb=wandb, poll_s=poll, on_interrupt=finishing,
                               on_progress=lambda progress: live.update(render_progress(progress, watcher), refresh=True))
+        except FallbacksLeft as left:
+            say(f"interrupted again: the fallback of {left} is left half done; `dfo batch {file}` again (or "
+                f"`dfo watch`) finishes it; the runs go on")
+            # its thread may be inside a remote call and cannot be interrupted: leave as a kill would (what it
+            # did is in the registry, the intent open; nothing remote is signalled)
+            sys.stderr.flush()
+            os._exit(130)
         except KeyboardInterrupt:
-            err_console.print(f"interrupted: running cells go on; `dfo batch {file}` again resumes", highlight=False,
-                              markup=False, soft_wrap=True)
+            say(f"interrupted: running cells go on; `dfo batch {file}` again resumes")
             raise typer.Exit(130)
         finally:
             watcher.close()
         rows = report_lib.cell_rows(store, plan.batch)
     show_report(plan.batch, rows, as_json)
     raise typer.Exit(1 if any(row.state in FAILED_STATES for row in rows) else 0)
+
+
+def say(line: str) -> None:
+    """One line on stderr, as it is (no markup, no highlighting)."""
+    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def show_plan(plan: Plan, as_json: bool) -> None:
