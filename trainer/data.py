@@ -35,25 +35,30 @@ def _anchors(rng: random.Random, batch: int, seq_len: int, block: int, count: in
 class SyntheticSource:
     """A seeded Markov chain: each token has one fixed successor, taken with probability `stay`.
 
-    Learnable (the block's k-th token is the k-fold successor of the anchor with probability stay**k), so
-    the drafter's loss falls far below uniform; ids are drawn from [0, V-1) (V-1 is MASK).
+    The chain runs over `data.markov_tokens` ids drawn at random from [0, V-1) (V-1 is MASK), or over all
+    of them when that is 0. Learnable (the block's k-th token is the k-fold successor of the anchor with
+    probability stay**k), so the drafter's loss falls far below uniform, as long as the chain is small
+    enough to be learnt: over a large vocabulary a sample never revisits a token (see DataConfig).
     """
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.vocab = cfg.target.vocab_size - 1
         chain = random.Random(f"chain/{cfg.run.seed}")
-        self.successor = list(range(self.vocab))
+        count = cfg.data.markov_tokens or self.vocab
+        self.ids = chain.sample(range(self.vocab), count) if cfg.data.markov_tokens else None
+        self.successor = list(range(count))
         chain.shuffle(self.successor)
 
     def _sequence(self, rng: random.Random) -> list[int]:
-        token = rng.randrange(self.vocab)
+        count = len(self.successor)
+        token = rng.randrange(count)
         sequence = [token]
         stay = self.cfg.data.markov_stay
         for _ in range(self.cfg.data.seq_len - 1):
-            token = self.successor[token] if rng.random() < stay else rng.randrange(self.vocab)
+            token = self.successor[token] if rng.random() < stay else rng.randrange(count)
             sequence.append(token)
-        return sequence
+        return sequence if self.ids is None else [self.ids[index] for index in sequence]
 
     def batch(self, step: int, stream: int) -> tuple[torch.Tensor, torch.Tensor]:
         rng = _rng(self.cfg.run.seed, step, stream)
