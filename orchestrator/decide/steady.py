@@ -432,13 +432,17 @@ class SteadyDetector:
             "slope_tok_s_per_s": slope.slope * span / seconds if seconds > 0 else 0.0,
             "noise_rel": noise,
             "horizon_floor": span > half_window,  # projected over trend_horizon_steps, not half the window
+            "window_steps": self.last_step - self._block_first_step[first] + 1,
         }
 
     def _checks(self, stats: dict) -> dict:
         precision = self.config.precision
         lo, hi = stats["trend_rel_interval"]
         level: Level = stats["level"]
-        no_trend = -precision <= lo and hi <= precision
+        # "no trend beyond p over trend_horizon_steps" is judged on a window that long, never projected from a
+        # shorter one: a flat stretch inside a slow leak looks level (docs/benchmarks.md, Round 4, V4)
+        long_enough = stats["window_steps"] >= self.config.trend_horizon_steps
+        no_trend = long_enough and -precision <= lo and hi <= precision
         precise = level.half_width_rel <= precision
         return {
             "ok": no_trend and precise,
@@ -446,6 +450,8 @@ class SteadyDetector:
             "trend_rel": round(stats["trend_rel"], 4),
             "trend_rel_95": [round(lo, 4) if math.isfinite(lo) else None, round(hi, 4) if math.isfinite(hi) else None],
             "no_trend_beyond_precision": no_trend,
+            "window_steps": stats["window_steps"],
+            "trend_horizon_steps": self.config.trend_horizon_steps,
             "mann_kendall_z": round(stats["trend"].mk_z, 2),
             "mann_kendall_p": round(stats["trend"].mk_p, 4),
             "interval_half_width_rel": round(level.half_width_rel, 4) if math.isfinite(level.half_width_rel) else None,
@@ -514,7 +520,10 @@ class SteadyDetector:
     @staticmethod
     def _why_not(checks: dict) -> str:
         parts = []
-        if not checks["no_trend_beyond_precision"]:
+        if checks["window_steps"] < checks["trend_horizon_steps"]:
+            parts.append(f"the window is {checks['window_steps']} steps; a trend is judged over "
+                         f"{checks['trend_horizon_steps']}")
+        elif not checks["no_trend_beyond_precision"]:
             lo, hi = checks["trend_rel_95"]
             parts.append(f"a trend of {checks['trend_rel']:+.1%} over the window is still plausible "
                          f"(95% {lo if lo is not None else -math.inf:+.1%}..{hi if hi is not None else math.inf:+.1%})")

@@ -37,3 +37,15 @@ def test_clean_traces_reach_steady_within_a_bounded_delay_on_the_right_level(sco
     assert clean and all(row["steady_declared_step"] is not None for row in clean)
     assert all(row["delay_steps"] <= MAX_DELAY_STEPS or row["delay_s"] <= MAX_DELAY_S for row in clean)
     assert all(row["level_ok"] for _, row in scored)
+
+
+def test_a_leak_that_looks_flat_over_fewer_steps_than_the_trend_horizon_is_not_declared_steady():
+    """drift seed 506 (report seeds): a 0.056%-per-step leak whose noise rose while its curve fell, so its blocks
+    over steps 26-120 are flat; a trend judged on those 95 steps, projected to 150, let it through as steady
+    at step 120 (re-opened by the shift rule at ~500). A trend is now judged on a window of 150 steps."""
+    from tracegen import make_trace
+
+    trace = make_trace("drift", 506)
+    row = score(trace, replay(trace.lines, **trace.replay_kwargs()))
+    assert row["steady_declared_step"] is None and not row["premature"]
+    assert row["verdict_ok"]
