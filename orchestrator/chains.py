@@ -412,7 +412,8 @@ class Supervisor:
             except GpusStillBusy as exc:
                 error = str(exc)
             except DfoError as exc:
-                if start_unseen(self.store.get_run(name)):
+                tried = self.store.find_run(name)  # None: refused before its start, its row forgotten
+                if tried is not None and start_unseen(tried):
                     raise StartUnseen(f"the start of {name} got no answer ({exc}); the fallback stays open: the next "
                                       f"look adopts {name} if it runs, else launches the next name") from exc
                 error = f"launching {data['variant']} failed: {exc}"

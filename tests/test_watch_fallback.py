@@ -222,3 +222,23 @@ def test_a_container_out_of_reach_for_good_ends_the_watch_undecided_and_a_short_
         assert steps == sorted(set(steps)) and not watcher.settled()
     finally:
         lab.close()
+
+
+def test_a_fallback_whose_launch_is_refused_closes_with_the_refusal_and_is_not_tried_again(
+        tmp_path, monkeypatch, pct_env) -> None:
+    # the successor's log is already there: its launch is refused before anything starts (its row forgotten);
+    # the fallback ends with that refusal, it is not left open with "no run named ..." for every next watch
+    inventory, _ = make_lab(tmp_path, monkeypatch)
+    lab = session(tmp_path, inventory)
+    try:
+        lab.launch("trees", "r1")
+        (tmp_path / "ws" / "logs" / "r1.2-nographs.log").write_text("a log from before\n")
+        watcher = lab.watcher()
+        watcher.attach("r1")
+        events = run_until(watcher, Watcher.settled, timeout=30)
+        [error] = [e for e in events if e.kind == "action_error"]
+        assert "launching nographs failed" in error.error and "never overwrites a log" in error.error
+        assert lab.store.open_intents() == []  # closed: the next watch does not try it again
+        assert [r.name for r in lab.store.list_runs()] == ["r1"]
+    finally:
+        lab.close()
