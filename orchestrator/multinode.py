@@ -204,8 +204,23 @@ def launch_nodes(
                 later.cancel()
             for started, ready_before in zip(launched, prepared):
                 _stop_quietly(started.run.name, ready_before.target, store)
+            _stop_if_started(ready, store)
             raise
     return MultiLaunched(name, rendezvous, tuple(launched))
+
+
+def _stop_if_started(ready: runs_lib.Prepared, store: Store) -> None:
+    """A node whose start got no answer (runs.start_unseen) may run all the same: found by its exit file path
+    (runs.resolve_launch) and stopped, as the nodes started before it are; none found, it is marked failed."""
+    row = store.find_run(ready.name)
+    if row is None or not runs_lib.start_unseen(row):
+        return
+    try:
+        found = runs_lib.resolve_launch(ready.target, store, row)
+    except DfoError:
+        return  # its target went away: the row stays lost, and `dfo runs` looks again later
+    if found.active:
+        _stop_quietly(found.name, ready.target, store)
 
 
 def refused_nodes(refusals: list[tuple[str, DfoError]], nnodes: int) -> DfoError:

@@ -338,6 +338,21 @@ def test_a_multinode_fallback_killed_between_starting_its_nodes_is_relaunched_wh
     assert open_intents(hosts) == []
 
 
+@pytest.mark.slow
+def test_a_multinode_successor_whose_node_start_got_no_answer_leaves_no_node_running(hosts):
+    # node 0 of the successor starts, but its start's answer never comes (DFO_TEST_START_TIMEOUT_AT=after_start):
+    # the launch fails, and that node, which runs all the same (waiting for node 1 at the rendezvous), is found
+    # by its exit file path and stopped, as the nodes started before a failure are
+    watched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail", "--watch", "--until-decided",
+                           timeout=300, env={"DFO_TEST_START_TIMEOUT_AT": "after_start"})
+    assert "mn: falling back failed: launching ps2ok failed" in watched.stderr, watched.stdout[-3000:] + watched.stderr
+    runs = {r["name"]: r for r in hosts.runs()}
+    node0 = runs["mn.2-ps2ok.node0"]
+    assert node0["state"] == "stopped" and node0["pid"] is not None, node0  # found, then stopped
+    assert Path(f"{hosts.tmp}/ws0/logs/mn.2-ps2ok.node0.log.exit").exists()  # its process has ended
+    assert "mn.2-ps2ok.node1" not in runs  # never started
+
+
 @pytest.fixture
 def gpu_hosts(tmp_path, sshd, ssh_home, pct_standin_env):
     """Two hosts listing GPUs 0 and 1 whose nvidia-smi (one stand-in state for both) shows GPU 0 busy with
