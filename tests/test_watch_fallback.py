@@ -242,3 +242,44 @@ def test_a_fallback_whose_launch_is_refused_closes_with_the_refusal_and_is_not_t
         assert [r.name for r in lab.store.list_runs()] == ["r1"]
     finally:
         lab.close()
+
+
+def test_dfo_stop_stops_a_successor_whose_start_got_no_answer_but_runs(tmp_path, monkeypatch, pct_env, capsys) -> None:
+    # a fallback's successor started, its PID never came back: its row is `lost` without a PID, yet it runs
+    # (docs/runs.md); `dfo stop` finds it by its exit file path, as it does a `launching` row, and stops it
+    import json
+
+    from orchestrator.commands.runs import stop_command
+    from orchestrator.errors import CommandTimeout
+
+    inventory, _ = make_lab(tmp_path, monkeypatch)
+    lab = session(tmp_path, inventory)
+    try:
+        lab.launch("mine", "s1")
+        monkeypatch.setenv("DFO_TEST_START_TIMEOUT_AT", "after_start")
+        with pytest.raises(CommandTimeout):
+            launch(lab.connections.container("here"), spec_for(inventory, "here", "mine", parent="s1"), lab.store,
+                   name="s1.2-mine")
+        monkeypatch.delenv("DFO_TEST_START_TIMEOUT_AT")
+        unseen = lab.store.get_run("s1.2-mine")
+        assert (unseen.state, unseen.pid) == ("lost", None)
+        capsys.readouterr()
+        stop_command("s1.2-mine", grace=2, inventory=None, as_json=True)
+        stopped = json.loads(capsys.readouterr().out)
+        assert (stopped["state"], stopped["signal"]) == ("stopped", "TERM")
+        assert not run_processes(tmp_path / "ws", "s1.2-mine")  # nothing of it is left running
+    finally:
+        lab.close()
+
+
+def run_processes(workspace: Path, name: str) -> list[int]:
+    """PIDs whose command line names run `name`'s exit file."""
+    marker = str(workspace / "logs" / f"{name}.log.exit").encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids

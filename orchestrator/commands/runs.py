@@ -416,8 +416,8 @@ def stop_command(
         run = store.get_run(name)
         with Connections(_inventory_of(run, inventory)) as connections:
             target = connections.container(run.target)
-            if run.state == "launching":  # a launch that a dfo did not finish recording: find its process first
-                runs_lib.look(target, store, [run])
+            if runs_lib.needs_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a
+                runs_lib.look(target, store, [run])  # start it never saw answered: find its process first
             stopped = runs_lib.stop(target, store, name, grace_s=grace)
     run = stopped.run
     if as_json:
