@@ -510,9 +510,10 @@ class Scheduler:
                      if active.falling_back is not None and not active.falling_back.done()}
         if not under_way:
             return None
-        described = [self._describe_fallback(self.records[cell_id]) for cell_id in under_way]
-        self.on_interrupt(described)
-        try:
+        described = [f"cell {cell_id}" for cell_id in under_way]
+        try:  # a second Ctrl-C may come while the line is being written, not only during the wait
+            described = [self._describe_fallback(self.records[cell_id]) for cell_id in under_way]
+            self.on_interrupt(described)
             wait_futures(under_way.values())
         except KeyboardInterrupt:
             return FallbacksLeft(described)

@@ -520,6 +520,53 @@ def test_a_cells_fallback_is_recorded_once_and_one_a_dead_batch_left_open_is_fin
     assert launched2 == ["o.trees.ct200.r1.2-nographs"] and watcher2.stopped[-1][1] == "batch o: stop_when steady"
 
 
+def test_a_second_ctrl_c_while_the_first_is_being_reported_leaves_the_fallback_at_once():
+    # Ctrl-C while a cell falls back; the second comes while dfo is still saying which fallback it finishes
+    # (on_interrupt): dfo leaves at once with the fallback left half done (FallbacksLeft), as a second Ctrl-C
+    # during the wait does, instead of waiting for the fallback (here, a launch that never ends)
+    from orchestrator.batch import FallbacksLeft
+
+    text = "batch: cc\ntargets: [ct200]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n"
+    with Store.in_memory() as store:
+        _, _, _, scheduler = scheduled(text, {"trees": Script(stall_after=10)}, store)
+        launching, release = threading.Event(), threading.Event()
+
+        def stuck(target, spec, name, *, after):
+            launching.set()
+            release.wait(60)
+            raise KeyboardInterrupt
+
+        def first_ctrl_c(progress):
+            if launching.is_set():
+                raise KeyboardInterrupt
+
+        def second_ctrl_c(fallbacks):
+            raise KeyboardInterrupt
+
+        scheduler.supervisor.launch_when_released = stuck
+        scheduler.on_progress, scheduler.on_interrupt = first_ctrl_c, second_ctrl_c
+        raised: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                scheduler.run()
+            except BaseException as exc:  # noqa: BLE001 - what the batch command would get
+                raised.append(exc)
+
+        runner = threading.Thread(target=run, daemon=True)
+        runner.start()
+        try:
+            runner.join(10)
+            assert not runner.is_alive(), "dfo batch waited for the fallback after a second Ctrl-C"
+        finally:
+            release.set()
+            runner.join(10)
+        [left] = raised
+        assert isinstance(left, FallbacksLeft) and left.fallbacks == ["cc.trees.ct200.r1 to nographs (cell trees.ct200.r1)"]
+        [intent] = store.open_intents("cc.trees.ct200.r1")  # half done, for the next dfo batch
+        assert intent.data["variant"] == "nographs"
+
+
 def test_a_fallback_that_cannot_start_closes_its_cell_as_failed_with_the_verdict_and_why():
     from orchestrator.chains import GpusStillBusy
 
