@@ -429,7 +429,9 @@ class SteadyDetector:
             "trend": slope,
             "trend_rel": slope.slope * span / scale,
             "trend_rel_interval": (slope.lo * span / scale, slope.hi * span / scale),
-            "slope_tok_s_per_s": slope.slope * span / seconds if seconds > 0 else 0.0,
+            # per second: the slope is per batch mean, each batch_size blocks of seconds / len(window) seconds
+            "slope_tok_s_per_s": slope.slope * len(window) / (level.batch_size * seconds) if seconds > 0 else 0.0,
+            "window_s": seconds,
             "noise_rel": noise,
             "horizon_floor": span > half_window,  # projected over trend_horizon_steps, not half the window
             "window_steps": self.last_step - self._block_first_step[first] + 1,
@@ -549,8 +551,8 @@ class SteadyDetector:
         self.estimate.drifting = True
         self.estimate.declared_step, self.estimate.declared_ts = self.last_step, self.last_ts
         self.estimate.reason = (
-            f"drifting: still trending {per_min:+.1%} per minute ({stats['trend_rel']:+.1%} over the last "
-            f"{self.last_ts - (self._block_ts[stats['first'] - 1] if stats['first'] else self.first_ts):.0f} s, "
+            f"drifting: still trending {per_min:+.1%} per minute ({per_min * stats['window_s'] / 60:+.1%} over the last "
+            f"{stats['window_s']:.0f} s, "
             f"Mann-Kendall p={stats['trend'].mk_p:.3f}) after {self.config.max_undecided_s:.0f} s undecided"
         )
         self.estimate.evidence = {

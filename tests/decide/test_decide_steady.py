@@ -1,6 +1,7 @@
 """Steady-state detection: declared on real levels, never on plateaus, drifts or thin evidence."""
 
 import math
+import re
 import time
 
 import numpy as np
@@ -177,3 +178,19 @@ def test_while_a_shift_is_being_confirmed_the_figure_and_interval_stay_those_of_
     assert suspected and suspected[0][0] <= 220
     assert 200 <= suspected[0][4]["since_step"] <= 215 and abs(suspected[0][4]["to_tok_s"] / 70_000 - 1) < 0.03
     assert detector.estimate.shift_suspected is None and abs(detector.estimate.tok_s / 70_000 - 1) < 0.01
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_drifting_answer_names_the_leak_at_its_rate_per_minute(seed):
+    """A run losing 25 tok/s every second (a line a second, 5% noise) is still trending at max_undecided_s:
+    `drifting` must give the slope a user can act on. It was the slope over the trend's projection span divided
+    by the whole window's seconds: half the rate or less (-2.8% instead of -4.0% per minute)."""
+    rng = np.random.default_rng(seed)
+    values = 50_000 * (1 - 0.0005 * np.arange(700)) * (1 + rng.normal(0, 0.05, 700))
+    detector, _ = run_detector(values, config=DecideConfig(precision=0.01))
+    assert detector.estimate.drifting
+    evidence = detector.estimate.evidence
+    assert evidence["slope_tok_s_per_s"] == pytest.approx(-25, rel=0.15)
+    assert evidence["slope_rel_per_min"] == pytest.approx(-25 * 60 / evidence["level_tok_s"], rel=0.15)
+    per_min = float(re.search(r"trending ([-+\d.]+)% per minute", detector.estimate.reason)[1]) / 100
+    assert per_min == pytest.approx(evidence["slope_rel_per_min"], abs=0.001)
