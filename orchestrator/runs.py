@@ -697,21 +697,25 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GR
             hint="the run had already ended; it is now recorded as such",
         )
     pause_at_hook("identified")
-    store.request_stop(name)  # before the signal: a watch of the run reads its exit as stopped, not as a crash
+    asked_before = store.get_run(name).stop_requested_at  # another stop's (or a multi-node run's), now
+    ours = store.request_stop(name).stop_requested_at  # before the signal: a watch reads its exit as stopped
     output = _stop_call(target, run, kill_script(run.pid, grace_s, run.exit_path), grace_s + KILL_SETTLE_S + STOP_PROBE_TIMEOUT)
     info = parse_probe(output)
-    if info.get("signal", "none") == "none":  # it ended after the look, before the signal: its own end
-        if run.stop_requested_at is None:
-            store.update_run(name, stop_requested_at=None)  # no stop of ours reached it
-        return Stopped(_ended_before_stop(store, run, info.get("exit", "")), None)
+    if info.get("signal", "none") == "none":  # it ended after the look, before the signal
+        now = store.get_run(name)
+        if not now.active:  # its end is recorded already: by another stop, whose signal ended it, or a watch
+            return Stopped(now, None)
+        if now.stop_requested_at == ours:  # no stop of ours reached it: ours is withdrawn, one asked before holds
+            now = store.update_run(name, stop_requested_at=asked_before)
+        return Stopped(_ended_before_stop(store, now, info.get("exit", "")), None)
     ended = _record_end(store, run, info.get("exit", ""), f"stopped by dfo (SIG{info['signal']})", state="stopped")
     return Stopped(ended, info["signal"])
 
 
 def _ended_before_stop(store: Store, run: Run, exit_text: str) -> Run:
     """Record the end of a run that ended on its own before stop signalled it: `exited`/`crashed` with its exit
-    status (`lost` without one), unless a stop was asked before this one (a multi-node run's, for all nodes
-    at once, whose node 0's SIGTERM ended this node): that holds, `stopped`."""
+    status (`lost` without one), unless another stop was asked (a multi-node run's, for all nodes at once,
+    whose node 0's SIGTERM ended this node; or a second `dfo stop` of the run): that holds, `stopped`."""
     state = RunState.STOPPED if run.stop_requested_at and exit_text.strip() else None
     return _record_end(store, run, exit_text, "exited on its own before stop signalled it", state=state)
 

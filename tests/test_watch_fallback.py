@@ -4,8 +4,11 @@ out of reach for good ends the watch undecided, while a shorter outage resumes."
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,8 +18,10 @@ from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 
 from rich.console import Console
 
+from orchestrator.commands.runs import stop_command
 from orchestrator.connections import Connections
 from orchestrator.decide import DecideConfig
+from orchestrator.errors import CommandTimeout
 from orchestrator.inventory import load_inventory
 from orchestrator.remote.base import render as shell_form
 from orchestrator.remote.local import LocalTarget
@@ -247,11 +252,6 @@ def test_a_fallback_whose_launch_is_refused_closes_with_the_refusal_and_is_not_t
 def test_dfo_stop_stops_a_successor_whose_start_got_no_answer_but_runs(tmp_path, monkeypatch, pct_env, capsys) -> None:
     # a fallback's successor started, its PID never came back: its row is `lost` without a PID, yet it runs
     # (docs/runs.md); `dfo stop` finds it by its exit file path, as it does a `launching` row, and stops it
-    import json
-
-    from orchestrator.commands.runs import stop_command
-    from orchestrator.errors import CommandTimeout
-
     inventory, _ = make_lab(tmp_path, monkeypatch)
     lab = session(tmp_path, inventory)
     try:
@@ -283,3 +283,36 @@ def run_processes(workspace: Path, name: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+def test_a_second_dfo_stop_that_finds_the_run_ended_by_the_first_keeps_the_first_ones_record(
+        tmp_path, monkeypatch, pct_env) -> None:
+    # two stops of one run (a batch's stop_when and the user's, say): the second is past its identity check when
+    # the first's SIGTERM ends the run; it signals nothing, and must not rewrite the run as having crashed on
+    # its own (exit 143) nor withdraw the first's stop request (a watch would then take the exit for a crash)
+    inventory, _ = make_lab(tmp_path, monkeypatch)
+    lab = session(tmp_path, inventory)
+    paused = tmp_path / "paused"
+    try:
+        lab.launch("mine", "d1")
+        second = subprocess.Popen([str(Path(sys.executable).parent / "dfo"), "stop", "d1", "--grace", "5", "--json"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "DFO_TEST_PAUSE_AT": "identified", "DFO_TEST_PAUSE_FILE": str(paused)})
+        try:
+            deadline = time.monotonic() + 60
+            while not paused.exists():
+                assert second.poll() is None and time.monotonic() < deadline, second.communicate(timeout=5)
+                time.sleep(0.05)
+            first = stop(lab.connections.container("here"), lab.store, "d1", grace_s=5)
+            assert (first.run.state, first.signal) == ("stopped", "TERM")
+            paused.unlink()
+            out, err = second.communicate(timeout=60)
+        finally:
+            second.kill()
+        assert second.returncode == 0, err
+        assert json.loads(out)["signal"] is None  # the second signalled nothing
+        run = lab.store.get_run("d1")
+        assert (run.state, run.exit_code) == ("stopped", first.run.exit_code)
+        assert run.stop_requested_at is not None
+    finally:
+        lab.close()
