@@ -42,7 +42,7 @@ from .logfmt import EventRecord, MalformedLine, StepRecord, make_parser, parse_t
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
-from .runs import look
+from .runs import look, needs_look
 from .states import RunState
 from .store import Run, Store, utc_now
 
@@ -198,8 +198,8 @@ class Watcher:
                 return self.watched[name]
             run = self.store.get_run(name)
             observer = self._observer_for(run.target)  # first: a target out of reach registers nothing
-            if run.state == RunState.LAUNCHING:  # a launch a dfo did not finish recording: find its process
-                look(self.connections.container(run.target), self.store, [run])
+            if needs_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a start it
+                look(self.connections.container(run.target), self.store, [run])  # never saw answered: find it
                 run = self.store.get_run(name)
             chain_runs = self.store.lineage(run.name)
             root = chain_runs[0]

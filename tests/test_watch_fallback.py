@@ -316,3 +316,25 @@ def test_a_second_dfo_stop_that_finds_the_run_ended_by_the_first_keeps_the_first
         assert run.stop_requested_at is not None
     finally:
         lab.close()
+
+
+def test_a_watch_of_a_run_whose_start_got_no_answer_follows_it_when_it_runs(tmp_path, monkeypatch, pct_env) -> None:
+    # its row is `lost` without a PID, yet it runs: the watch finds it by its exit file path first (as for a
+    # `launching` row) and judges its steps, instead of reading "no exit file" as a crash (exit -1)
+    inventory, _ = make_lab(tmp_path, monkeypatch)
+    lab = session(tmp_path, inventory)
+    try:
+        lab.launch("mine", "w1")
+        monkeypatch.setenv("DFO_TEST_START_TIMEOUT_AT", "after_start")
+        with pytest.raises(CommandTimeout):
+            launch(lab.connections.container("here"), spec_for(inventory, "here", "mine", parent="w1"), lab.store,
+                   name="w1.2-mine")
+        monkeypatch.delenv("DFO_TEST_START_TIMEOUT_AT")
+        watcher = lab.watcher()
+        watcher.attach("w1.2-mine")
+        run_until(watcher, Watcher.settled, timeout=40)
+        [chain] = watcher.chains()
+        assert (chain["current"], chain["decision"]["decision"]) == ("w1.2-mine", "steady"), chain["decision"]["reason"]
+        assert lab.store.get_run("w1.2-mine").state == "running"
+    finally:
+        lab.close()
