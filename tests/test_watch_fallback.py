@@ -249,18 +249,24 @@ def test_a_fallback_whose_launch_is_refused_closes_with_the_refusal_and_is_not_t
         lab.close()
 
 
+def start_unanswered(lab: Session, monkeypatch, parent: str, name: str) -> None:
+    """Launch `parent` (a steady run), then its successor `name` whose start gets no answer although it started
+    (DFO_TEST_START_TIMEOUT_AT=after_start): its row `lost` without a PID, its process running."""
+    lab.launch("mine", parent)
+    monkeypatch.setenv("DFO_TEST_START_TIMEOUT_AT", "after_start")
+    with pytest.raises(CommandTimeout):
+        launch(lab.connections.container("here"), spec_for(lab.inventory, "here", "mine", parent=parent), lab.store,
+               name=name)
+    monkeypatch.delenv("DFO_TEST_START_TIMEOUT_AT")
+
+
 def test_dfo_stop_stops_a_successor_whose_start_got_no_answer_but_runs(tmp_path, monkeypatch, pct_env, capsys) -> None:
     # a fallback's successor started, its PID never came back: its row is `lost` without a PID, yet it runs
     # (docs/runs.md); `dfo stop` finds it by its exit file path, as it does a `launching` row, and stops it
     inventory, _ = make_lab(tmp_path, monkeypatch)
     lab = session(tmp_path, inventory)
     try:
-        lab.launch("mine", "s1")
-        monkeypatch.setenv("DFO_TEST_START_TIMEOUT_AT", "after_start")
-        with pytest.raises(CommandTimeout):
-            launch(lab.connections.container("here"), spec_for(inventory, "here", "mine", parent="s1"), lab.store,
-                   name="s1.2-mine")
-        monkeypatch.delenv("DFO_TEST_START_TIMEOUT_AT")
+        start_unanswered(lab, monkeypatch, "s1", "s1.2-mine")
         unseen = lab.store.get_run("s1.2-mine")
         assert (unseen.state, unseen.pid) == ("lost", None)
         capsys.readouterr()
@@ -324,12 +330,7 @@ def test_a_watch_of_a_run_whose_start_got_no_answer_follows_it_when_it_runs(tmp_
     inventory, _ = make_lab(tmp_path, monkeypatch)
     lab = session(tmp_path, inventory)
     try:
-        lab.launch("mine", "w1")
-        monkeypatch.setenv("DFO_TEST_START_TIMEOUT_AT", "after_start")
-        with pytest.raises(CommandTimeout):
-            launch(lab.connections.container("here"), spec_for(inventory, "here", "mine", parent="w1"), lab.store,
-                   name="w1.2-mine")
-        monkeypatch.delenv("DFO_TEST_START_TIMEOUT_AT")
+        start_unanswered(lab, monkeypatch, "w1", "w1.2-mine")
         watcher = lab.watcher()
         watcher.attach("w1.2-mine")
         run_until(watcher, Watcher.settled, timeout=40)
