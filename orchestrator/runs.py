@@ -44,7 +44,7 @@ FOLLOW_DRAIN_S = 1.5  # then how long tail gets to print the last lines (it poll
 LOG_EXISTS_EXIT = 17
 KILL_SETTLE_S = 10.0
 STOP_PROBE_TIMEOUT = 20.0
-STOP_MARGIN_S = KILL_SETTLE_S + 2 * STOP_PROBE_TIMEOUT
+STOP_MARGIN_S = 2 * KILL_SETTLE_S + 2 * STOP_PROBE_TIMEOUT
 """A stop's remote calls end within grace + STOP_MARGIN_S (a wedged target gives CommandTimeout, not a hang)."""
 POLL_S = 0.2
 SET_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
@@ -699,7 +699,9 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GR
     pause_at_hook("identified")
     asked_before = store.get_run(name).stop_requested_at  # another stop's (or a multi-node run's), now
     ours = store.request_stop(name).stop_requested_at  # before the signal: a watch reads its exit as stopped
-    output = _stop_call(target, run, kill_script(run.pid, grace_s, run.exit_path), grace_s + KILL_SETTLE_S + STOP_PROBE_TIMEOUT)
+    output = _stop_call(target, run, kill_script(run.pid, grace_s, run.exit_path),
+                        # the kill script's own waits: the grace, a settle before the signal and one after KILL
+                        grace_s + 2 * KILL_SETTLE_S + STOP_PROBE_TIMEOUT)
     info = parse_probe(output)
     if info.get("signal", "none") == "none":  # it ended after the look, before the signal
         now = store.get_run(name)

@@ -346,7 +346,8 @@ class SteadyDetector:
                 return None
             if moved:
                 start = self._change_point(max(d, n - 2 * k), n)
-                start = start if self._suspect is None else min(self._suspect, start)
+                if self._suspect is not None and self._suspect > d:  # one the warm-up cut has passed is gone
+                    start = min(self._suspect, start)
                 before = median(self._medians[max(d, start - SHIFT_BEFORE_BLOCKS) : start])
                 now = median(self._medians[n - self.config.shift_blocks :])
                 return start if abs(now - before) > shift_threshold(self.config.precision) * before else None
