@@ -173,16 +173,24 @@ def test_a_fallback_onto_gpus_that_stay_busy_is_not_launched_and_says_why(tmp_pa
         lab.close()
 
 
-def agent_pids(workspace: Path) -> list[int]:
+def pids_where(match) -> list[int]:
+    """PIDs of the processes whose command line (its NUL-separated parts) `match` accepts."""
     pids = []
     for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
         try:
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            parts = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if proc.name.isdigit() and any(part.endswith(b"dfo_agent.py") and str(workspace).encode() in part for part in cmdline):
+        if match(parts):
             pids.append(int(proc.name))
     return pids
+
+
+def agent_pids(workspace: Path) -> list[int]:
+    where = str(workspace).encode()
+    return pids_where(lambda parts: any(part.endswith(b"dfo_agent.py") and where in part for part in parts))
 
 
 def cut_off(workspace: Path) -> list[Path]:
@@ -281,14 +289,7 @@ def test_dfo_stop_stops_a_successor_whose_start_got_no_answer_but_runs(tmp_path,
 def run_processes(workspace: Path, name: str) -> list[int]:
     """PIDs whose command line names run `name`'s exit file."""
     marker = str(workspace / "logs" / f"{name}.log.exit").encode()
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker in (proc / "cmdline").read_bytes():
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
+    return pids_where(lambda parts: any(marker in part for part in parts))
 
 
 def test_a_second_dfo_stop_that_finds_the_run_ended_by_the_first_keeps_the_first_ones_record(
