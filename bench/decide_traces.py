@@ -50,6 +50,13 @@ from orchestrator.decide import steady  # noqa: E402
 from orchestrator.logfmt import StepRecord, parse_logfmt  # noqa: E402
 
 
+
+def print_header(header: str) -> None:
+    """A table's header line and the rule under it (the footer's rule reuses len(header))."""
+    print(header)
+    print("-" * len(header))
+
+
 def seed_range(text: str) -> range:
     first, _, last = text.partition("-")
     return range(int(first), int(last or first) + 1)
@@ -70,8 +77,7 @@ def real_table() -> None:
     rows = [score_real(log, judge(log)) for log in labelled()]
     print(f"decide/ on {len(rows)} labelled real logs (tests/data/real/labels.csv)")
     header = f"{'log':24} {'label':>7} {'got':>9} {'level':>8} {'label lvl':>9} {'err':>6} {'steady s':>8} {'final s':>7} {'noise':>6}"
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for r in rows:
         level = f"{r['level']:,.0f}" if r["level"] is not None else "-"
         err = f"{r['level_error'] * 100:+.1f}%" if r["level_error"] is not None else "-"
@@ -183,8 +189,7 @@ def shift_real_table() -> None:
           "before (3 x precision) -> now (min(3 x precision, 15%));\n"
           "! = not steady at the labelled level now (at 2% the noisy logs stay undecided, as before)")
     header = f"{'log':24} " + " ".join(f"{f'p={p:.2f}':>23}" for p in SHIFT_PRECISIONS)
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for log in labelled():
         observations, cells = step_obs(log.lines()), []
         for precision in SHIFT_PRECISIONS:
@@ -221,8 +226,7 @@ def shift_synthetic_table(seeds: range) -> None:
           f"before the drop (a drop of 0: at all), those recording a shift placed within 60 s of it (a drop of 0: "
           f"any shift), before -> now; [median s from the drop to the record, now]")
     header = f"{'run':9} {'drop':>4} " + " ".join(f"{f'p={p:.2f}':>19}" for p in SHIFT_PRECISIONS)
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for busy in (False, True):
         for drop in (0.0, 0.10, 0.15, 0.20, 0.30):
             runs = [shifted_run(seed, drop, busy) for seed in seeds]
@@ -275,8 +279,7 @@ def reach_real_table() -> None:
           "verdict, level error, seconds from the first step line to the first steady; R = answered by the "
           "out-of-reach rule, ! = not steady within 5% of the label")
     header = f"{'log':24} " + " ".join(f"{name:>44}" for name in REACH_CONFIGS)
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     right = defaultdict(lambda: [0, 0])
     steady_logs = [log for log in labelled() if log.verdict == "steady"]
     for log in labelled():
@@ -341,8 +344,7 @@ def gap_table(seeds: range) -> None:
     print(f"known gaps (tracegen.GAP_KINDS, not in the suite above; seeds {seeds.start}-{seeds.stop - 1})")
     header = (f"{'kind':12} {'ok':>5} {'prem':>4} {'(R)':>4}  {'declared s med/p90/max':>22}  premature per leak "
               + " | ".join(f"{lo * 100:.2f}-{hi * 100:.2f}%/s" for lo, hi in LEAK_BANDS))
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     for kind in GAP_KINDS:
         rows = []
         for seed in seeds:
@@ -395,8 +397,7 @@ def main() -> None:
     cpu = time.process_time() - started
     print(f"decide/ on {len(traces)} labelled traces ({len(KINDS)} kinds x seeds {seeds.start}-{seeds.stop - 1})")
     header = f"{'kind':32} {'ok':>5} {'prem':>4} {'ffb':>4}  {'delay steps med/p90/max':>24}  {'delay s med/p90/max':>20}  {'trunc err med|abs|':>18}  {'level err max':>13}"
-    print(header)
-    print("-" * len(header))
+    print_header(header)
     totals = defaultdict(int)
     for kind, rows in rows_by_kind.items():
         delays = [r["delay_steps"] for r in rows if r["delay_steps"] is not None]
