@@ -45,7 +45,7 @@ from .launchplan import Gate
 from .logfmt import format_ts, parse_ts
 from .preflight import TOLERABLE_WHEN_BUSY, PreflightFailed
 from .states import CellState, Verdict
-from .store import Run, Store
+from .store import Intent, Run, Store
 
 EXIT_GRACE_S = 15.0  # time the Watcher gets to judge a run that ended before its cell is closed without a verdict
 STOP_WAIT_S = 120.0  # a stop that has not ended the run by then (target unreachable) closes the cell anyway
@@ -499,8 +499,9 @@ class Scheduler:
 
     # -- a cell's fallback
 
-    def _open_fallback(self, record: CellRecord) -> bool:
-        return any(intent.kind == FALLBACK for intent in self.store.open_intents(record.root_run))
+    def _open_fallback(self, record: CellRecord) -> Optional[Intent]:
+        """The cell's fallback intent still open (a stop or launch not carried out yet), or None."""
+        return next((intent for intent in self.store.open_intents(record.root_run) if intent.kind == FALLBACK), None)
 
     def _finish_fallbacks(self) -> Optional[FallbacksLeft]:
         """Ctrl-C: the cells' fallbacks under way are carried to their end first (on_interrupt says which), so
@@ -521,7 +522,7 @@ class Scheduler:
 
     def _describe_fallback(self, record: CellRecord) -> str:
         """`RUN to VARIANT (cell CELL)` for the cell's open fallback (what its intent says), else `cell CELL`."""
-        intent = next((i for i in self.store.open_intents(record.root_run) if i.kind == FALLBACK), None)
+        intent = self._open_fallback(record)
         if intent is None:
             return f"cell {record.cell.id}"
         return f"{intent.data['run']} to {intent.data['variant']} (cell {record.cell.id})"
