@@ -421,7 +421,8 @@ class SteadyDetector:
         half_window = (len(level.means) - 1) * TREND_HORIZON
         span = max(half_window, self.config.trend_horizon_steps / steps_per_batch)
         scale = abs(level.mean) or 1.0
-        seconds = self._block_ts[-1] - (self._block_ts[first - 1] if first > 0 else self.first_ts)
+        start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
+        seconds = self._block_ts[-1] - start_ts
         raw = [v for block in self._raw[first:] for v in block]
         noise = noise_of(raw)
         return {
@@ -433,6 +434,7 @@ class SteadyDetector:
             # per second: the slope is per batch mean, each batch_size blocks of seconds / len(window) seconds
             "slope_tok_s_per_s": slope.slope * len(window) / (level.batch_size * seconds) if seconds > 0 else 0.0,
             "window_s": seconds,
+            "start_ts": start_ts,  # where the window begins (the end of the block before it)
             "noise_rel": noise,
             "horizon_floor": span > half_window,  # projected over trend_horizon_steps, not half the window
             "window_steps": self.last_step - self._block_first_step[first] + 1,
@@ -505,9 +507,7 @@ class SteadyDetector:
         too thin to project from or a trend is plausible. Both the level's half-width and the trend's
         projected interval (its wider end: with no trend its centre is noise too) shrink ~ 1/sqrt(time) at a
         fixed autocorrelation, so the window needs (w / p)^2 times the seconds it spans."""
-        first = stats["first"]
-        start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
-        window_s = self._block_ts[-1] - start_ts
+        start_ts, window_s = stats["start_ts"], stats["window_s"]
         if window_s < REACH_MIN_SECONDS or checks["mann_kendall_p"] < TREND_P:
             return None  # a warm-up's widths are wide for want of points; a trend means drifting, not steady
         if abs(checks["trend_rel"]) > self.config.precision:
