@@ -122,7 +122,7 @@ def probe_drafter(args, cfg, out: Path) -> None:
     emit(out, part="drafter", mode=args.mode, strategy=args.strategy, ms=round(ms, 2),
          mfu=round(flops / (ms / 1e3) / PEAK, 3), spread_ms=[round(min(times[3:]), 1), round(max(times[3:]), 1)],
          peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 1))
-    emit(out, part="drafter", mode=args.mode, strategy=args.strategy, kernels=top_kernels(step))
+    emit(out, part="drafter", mode=args.mode, strategy=args.strategy, kernels=top_kernels(step, rows=args.rows))
 
 
 def probe_region(args, cfg, out: Path) -> None:
@@ -241,6 +241,7 @@ def main() -> None:
     parser.add_argument("--strategy", default="nographs")
     parser.add_argument("--preset", default="qwen3-8b-shape")
     parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--rows", type=int, default=18, help="kernels listed in the drafter profile")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = preset(args.preset)

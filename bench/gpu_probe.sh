@@ -8,6 +8,10 @@
 #                                   1 GPU on each GPU at once (cold; the cache of each device index), then
 #                                   both GPUs as one run (cache-warm), then --part layer and --part head
 #                                   (one region alone each, cold) to see which compile takes the time.
+#   bash bench/gpu_probe.sh mfu     nvidia-h200-x2, ~9 min: GPU 0 profiles the drafter step (scope layers, 45
+#                                   kernels), GPU 1 times the FlexAttention variants (--part attention); then
+#                                   qwen3-8b-shape procsplit nographs, 1 GPU at data.batch=1 (GPU 0) and 2
+#                                   (GPU 1) at once, then 2 GPUs at batch 1, then at batch 2 ($PS_S s each).
 #   bash bench/gpu_probe.sh cold    one GPU (nvidia-h200): qwen3-8b-shape threads, the preset's defaults
 #                                   (scope layers, target compiled), each strategy from a cold inductor
 #                                   cache of its own: nographs, trees, notrees, eager (or $STRATEGIES);
@@ -52,6 +56,22 @@ scale)
     run layer 0 "${PIECE_S:-200}" /tmp/ind-layer python3 bench/gpu_probe.py --out "$OUT/p-layer" --part layer &
     run head 1 "${PIECE_S:-200}" /tmp/ind-head python3 bench/gpu_probe.py --out "$OUT/p-head" --part head &
     wait ;;
+mfu)
+    run p-drafter 0 "${PROBE_S:-230}" /tmp/ind-pd python3 bench/gpu_probe.py --out "$OUT/p-drafter" --part drafter \
+        --mode layers --rows 45 &
+    run p-attn 1 "${PROBE_S:-230}" /tmp/ind-pa python3 bench/gpu_probe.py --out "$OUT/p-attn" --part attention &
+    wait
+    PS=("${QWEN[@]}" --variant nographs --topology procsplit)
+    run ps-1g-b1 0,1 "${PS_S:-100}" /tmp/ind-b1 "${PS[@]}" --run-name ps-1g-b1 --targets cuda:0 --drafters cuda:0 &
+    run ps-1g-b2 0,1 "${PS_S:-100}" /tmp/ind-b2 "${PS[@]}" --run-name ps-1g-b2 --targets cuda:1 --drafters cuda:1 \
+        --set data.batch=2 &
+    wait
+    python3 bench/qwen_summary.py "$OUT"/ps-*.log >"$OUT/summary.md" 2>&1
+    run ps-2g-b1 0,1 "${PS_S:-100}" /tmp/ind-b1 "${PS[@]}" --run-name ps-2g-b1 --targets cuda:0,cuda:1 --drafters cuda:0,cuda:1
+    python3 bench/qwen_summary.py "$OUT"/ps-*.log >"$OUT/summary.md" 2>&1
+    run ps-2g-b2 0,1 "${PS_S:-100}" /tmp/ind-b2 "${PS[@]}" --run-name ps-2g-b2 --targets cuda:0,cuda:1 --drafters cuda:0,cuda:1 \
+        --set data.batch=2
+    python3 bench/qwen_summary.py "$OUT"/ps-*.log | tee "$OUT/summary.md" ;;
 cold)
     EXTRA=(); for kv in ${SETS:-}; do EXTRA+=(--set "$kv"); done
     for strategy in ${STRATEGIES:-nographs trees notrees eager}; do
@@ -61,5 +81,5 @@ cold)
         python3 bench/qwen_summary.py "$OUT"/cold-*.log >"$OUT/summary.md" 2>&1
     done
     cat "$OUT/summary.md" ;;
-*) echo "usage: bash bench/gpu_probe.sh probe|scale|cold" >&2; exit 2 ;;
+*) echo "usage: bash bench/gpu_probe.sh probe|scale|mfu|cold" >&2; exit 2 ;;
 esac
