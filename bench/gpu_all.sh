@@ -9,6 +9,9 @@
 #                                    # GPUs as one run, then the compile of one layer / the head alone (~10 min)
 #     bash bench/gpu_all.sh e2e      # dfo end to end (bench/gpu_dfo_e2e.sh --procsplit) on GPU 0 while GPU 1
 #                                    # compiles one drafter layer alone; then h200-small 1 vs 2 nodes (~9 min)
+#     bash bench/gpu_all.sh current  # the rows of "Trainer figures on today's code": qwen3-8b-shape threads,
+#                                    # every strategy cold, two at a time (GPU 0: nographs, notrees; GPU 1:
+#                                    # trees, eager), then procsplit 1 GPU on each GPU vs 2 GPUs (~9 min)
 # Everything lands in $OUT as it is measured (a call that runs out of time still returns what it has);
 # summary.md there holds the tables (bench/qwen_summary.py), with the commit measured. Then
 # `python bench/stale.py` here says which rows of docs/benchmarks.md the new figures replace.
@@ -25,6 +28,13 @@ case "${1:-}" in
     qwen) bash bench/gpu_qwen.sh "${QWEN_P1:-290}" "${QWEN_P2:-235}" ;;  # history: whole-scope figures
     small) GPU_MULTI_BUDGET=${GPU_MULTI_BUDGET:-280} timeout 330 bash bench/gpu_multi.sh ;;
     regional) timeout 590 bash bench/gpu_probe.sh scale ;;
+    current)
+        export SIG=${SIG:-KILL} NOGRAPHS_S=${NOGRAPHS_S:-110} GRAPHS_S=${GRAPHS_S:-110} EAGER_S=${EAGER_S:-70}
+        GPU=0 STRATEGIES="nographs notrees" bash bench/gpu_probe.sh cold >"$OUT/cold-gpu0.txt" 2>&1 &
+        GPU=1 STRATEGIES="trees eager" bash bench/gpu_probe.sh cold >"$OUT/cold-gpu1.txt" 2>&1 &
+        wait
+        python3 bench/qwen_summary.py "$OUT"/cold-*.log | tee "$OUT/summary-cold.md"
+        PIECES=0 P1_S=${P1_S:-150} P2_S=${P2_S:-160} bash bench/gpu_probe.sh scale ;;
     e2e)
         # GPU 0: dfo end to end, both chains; GPU 1 meanwhile: one drafter layer's compile alone (cold);
         # then both GPUs: h200-small procsplit as 1 node vs 2 nodes (bench/gpu_multinode.sh)
@@ -34,5 +44,5 @@ case "${1:-}" in
             bash bench/gpu_dfo_e2e.sh --procsplit 2>&1 | tee "$OUT/e2e.txt"
         wait
         mkdir -p "$OUT/mn" && OUT=$OUT/mn ONE_S=${ONE_S:-80} TWO_S=${TWO_S:-100} timeout 230 bash bench/gpu_multinode.sh ;;
-    *) echo "usage: bash bench/gpu_all.sh qwen|small|regional|e2e" >&2; exit 2 ;;
+    *) echo "usage: bash bench/gpu_all.sh current|qwen|small|regional|e2e" >&2; exit 2 ;;
 esac

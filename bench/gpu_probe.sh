@@ -7,7 +7,8 @@
 #   bash bench/gpu_probe.sh scale   qwen3-8b-shape procsplit nographs (scope layers, target compiled):
 #                                   1 GPU on each GPU at once (cold; the cache of each device index), then
 #                                   both GPUs as one run (cache-warm), then --part layer and --part head
-#                                   (one region alone each, cold) to see which compile takes the time.
+#                                   (one region alone each, cold) to see which compile takes the time;
+#                                   PIECES=0 stops after the 2-GPU run.
 #   bash bench/gpu_probe.sh mfu     nvidia-h200-x2, ~9 min: GPU 0 profiles the drafter step (scope layers, 45
 #                                   kernels), GPU 1 times the FlexAttention variants (--part attention); then
 #                                   qwen3-8b-shape procsplit nographs, 1 GPU at data.batch=1 (GPU 0) and 2
@@ -16,7 +17,8 @@
 #                                   (scope layers, target compiled), each strategy from a cold inductor
 #                                   cache of its own: nographs, trees, notrees, eager (or $STRATEGIES);
 #                                   then the summary. $SETS (e.g. "data.batch=2") adds --set KEY=VALUE
-#                                   to every run, and $TAG (e.g. "b2") is added to the runs' names.
+#                                   to every run, and $TAG (e.g. "b2") is added to the runs' names;
+#                                   $GPU (default 0) is the GPU the runs take.
 # SIG=KILL ends each run at its time without the trainer's checkpointed stop (~25 s for qwen3-8b-shape).
 # Probe processes get their own inductor cache (cold figures); the scale runs share one, named in rc.txt.
 set -uo pipefail
@@ -53,6 +55,7 @@ scale)
     run ps-2g 0,1 "${P2_S:-120}" $C "${QWEN[@]}" --variant nographs --topology procsplit --run-name ps-2g \
         --targets cuda:0,cuda:1 --drafters cuda:0,cuda:1 "${REGIONAL[@]}"
     python3 bench/qwen_summary.py "$OUT"/ps-*.log | tee "$OUT/summary.md"
+    [ "${PIECES:-1}" = 0 ] && exit 0
     run layer 0 "${PIECE_S:-200}" /tmp/ind-layer python3 bench/gpu_probe.py --out "$OUT/p-layer" --part layer &
     run head 1 "${PIECE_S:-200}" /tmp/ind-head python3 bench/gpu_probe.py --out "$OUT/p-head" --part head &
     wait ;;
@@ -77,7 +80,7 @@ cold)
     for strategy in ${STRATEGIES:-nographs trees notrees eager}; do
         case $strategy in nographs) secs=${NOGRAPHS_S:-170} ;; eager) secs=${EAGER_S:-75} ;; *) secs=${GRAPHS_S:-135} ;; esac
         name="cold-$strategy${TAG:+-$TAG}"
-        run "$name" 0 "$secs" "/tmp/ind-$name" "${QWEN[@]}" --variant "$strategy" --run-name "$name" "${EXTRA[@]}"
+        run "$name" "${GPU:-0}" "$secs" "/tmp/ind-$name" "${QWEN[@]}" --variant "$strategy" --run-name "$name" "${EXTRA[@]}"
         python3 bench/qwen_summary.py "$OUT"/cold-*.log >"$OUT/summary.md" 2>&1
     done
     cat "$OUT/summary.md" ;;

@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--preset", default="qwen3-8b-shape")
     args = parser.parse_args()
     cfg = build_config(args.preset, [])
-    flops, seq = flops_per_sample(cfg)["total"], cfg.data.seq_len * cfg.data.batch
+    flops, seq = flops_per_sample(cfg)["total"], cfg.data.seq_len  # tok_s counts every sample's tokens
     print("| log | GPUs | step lines | steady tok/s | samples/s | MFU per GPU (989) | first step after start | compile s | end |")
     print("|---|---|---|---|---|---|---|---|---|")
     for path in args.logs:
