@@ -40,11 +40,11 @@ from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
 from .runs import (FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, exit_at_hook, look, needs_look, out_dir, resolve_launch,
-                   spec_for, start_unseen, started)
+                   look_due, spec_for, start_unseen, started)
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
-from .store import Claim, Intent, Run, Store
+from .store import Claim, Intent, Run, Store, utc_now
 
 GPU_RELEASE_S = 30.0  # after a stop, how long the run's GPUs get to go idle before the next run starts
 GPU_POLL_S = 1.0
@@ -500,15 +500,17 @@ def inventory_for(run: Run, given: Path | None) -> tuple[Inventory, str | None]:
 # ---------------------------------------------------------------------------------------------- fresh status
 
 def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], Any], *,
-            timeout: float = LOOK_TIMEOUT) -> dict[str, str]:
-    """Look at every target holding a run of `runs` that needs a look (runs.needs_look: active, or its start
-    never seen answered) at once (one remote call each, see runs.look) and record what changed; returns
-    {target: why it could not be looked at}. Bounded: a target that has not answered within `timeout` (plus a
-    little) is left as it was."""
+            timeout: float = LOOK_TIMEOUT, recheck: bool = False) -> dict[str, str]:
+    """Look at every target holding a run of `runs` that is due a look (runs.look_due: active, or its start never
+    seen answered and not tried within LOST_RECHECK_S; `recheck`: every such start) at once (one remote call
+    each, see runs.look) and record what changed; returns {target: why it could not be looked at}. A start
+    never seen answered on a target looked at anyway is looked for too; one whose target did not answer gets
+    its checked_at (when it was last tried).
+    Bounded: a target that has not answered within `timeout` (plus a little) is left as it was."""
     groups: dict[str, tuple[Any, list[Run]]] = {}
     problems: dict[str, str] = {}
     for run in runs:
-        if not needs_look(run):
+        if not (needs_look(run) if recheck else look_due(run)):
             continue
         try:
             connections = groups[run.target][0] if run.target in groups else connections_for(run)
@@ -516,6 +518,9 @@ def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], 
             problems[run.target] = str(exc)
             continue
         groups.setdefault(run.target, (connections, []))[1].append(run)
+    for run in runs:  # not due, but its target is looked at anyway: free
+        if run.target in groups and needs_look(run) and run not in groups[run.target][1]:
+            groups[run.target][1].append(run)
 
     def one(target: str, connections: Any, group: list[Run]) -> None:
         try:
@@ -531,6 +536,10 @@ def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], 
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             problems[target] = f"no answer within {timeout:g} s"
+    for target, (_, group) in groups.items():
+        for run in group if target in problems else ():  # not found: tried at a target that did not answer
+            if start_unseen(run):
+                store.update_run(run.name, checked_at=utc_now())
     return problems
 
 

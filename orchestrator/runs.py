@@ -43,6 +43,8 @@ FOLLOW_POLL_S = 0.5  # how often `dfo logs -f` looks for the run's end
 FOLLOW_DRAIN_S = 1.5  # then how long tail gets to print the last lines (it polls the file each second)
 LOG_EXISTS_EXIT = 17
 KILL_SETTLE_S = 10.0
+LOST_RECHECK_S = 300.0
+"""`dfo runs` looks for a run whose start got no answer (`lost` without a PID) at most this often (look_due)."""
 STOP_PROBE_TIMEOUT = 20.0
 STOP_MARGIN_S = 2 * KILL_SETTLE_S + 2 * STOP_PROBE_TIMEOUT
 """A stop's remote calls end within grace + STOP_MARGIN_S (a wedged target gives CommandTimeout, not a hang)."""
@@ -592,6 +594,17 @@ def needs_look(run: Run) -> bool:
     """Whether what the registry says of `run` may be out of date: it is active, or its start was never seen
     answered (start_unseen)."""
     return run.active or start_unseen(run)
+
+
+def look_due(run: Run, *, now: float | None = None, every_s: float = LOST_RECHECK_S) -> bool:
+    """Whether `dfo runs` looks at `run` now: an active row always; a start never seen answered (start_unseen)
+    when it was never tried, or last tried (checked_at) `every_s` or more ago: its target may be gone, and each
+    try can cost a timeout (`dfo runs --recheck` looks anyway)."""
+    if not needs_look(run):
+        return False
+    if run.active or not run.checked_at:
+        return True
+    return (now if now is not None else time.time()) - datetime.fromisoformat(run.checked_at).timestamp() >= every_s
 
 
 def started(run: Run) -> bool:

@@ -188,6 +188,13 @@ def _m006_multinode(db: sqlite3.Connection) -> None:
     )
 
 
+def _m007_checked_at(db: sqlite3.Connection) -> None:
+    """When dfo last tried to look at a run whose start got no answer (`lost` without a PID): `dfo runs` looks
+    at such a row again only every runs.LOST_RECHECK_S, since its target may be gone and each try can cost a
+    timeout."""
+    db.execute("ALTER TABLE runs ADD COLUMN checked_at TEXT")
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
@@ -195,6 +202,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("notifications: one per run, decision and channel", _m004_notifications),
     ("lifecycle: inventory per run, launcher, stop intents, claims, intents", _m005_lifecycle),
     ("run_nodes: the nodes of a multi-node run", _m006_multinode),
+    ("runs.checked_at: when a start never seen answered was last looked for", _m007_checked_at),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 
@@ -230,6 +238,7 @@ class Run:
     inventory_hash: str | None = None  # sha256 of that file's bytes then
     owner: str | None = None  # `host:pid` of the dfo that launches it, while state is launching
     stop_requested_at: str | None = None  # dfo was asked to stop it: its exit is no verdict of its own
+    checked_at: str | None = None  # a start never seen answered: when dfo last tried to look for it (_m007)
     id: int | None = None
 
     @property

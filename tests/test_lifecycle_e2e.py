@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ from harness.lxc import LxcContainer
 from orchestrator.connections import Connections
 from orchestrator.inventory import load_inventory
 from orchestrator.runs import stop
-from orchestrator.store import Store
+from orchestrator.store import Run, Store
 from test_launch_ssh import wait_for
 from test_watch import FAST_WATCH, PY, write_trainers
 
@@ -474,3 +475,31 @@ def test_ctrl_c_during_a_batch_fallback_says_what_it_finishes_and_a_second_leave
     assert (cell["state"], cell["runs"]) == ("done", [root, successor]), cell
     assert lab.container.path(f"/workspace/logs/{successor}.log").read_text().count("event=start") == 1
     assert open_intents(lab) == []
+
+
+def test_dfo_runs_looks_for_a_lost_start_on_a_stopped_container_once_then_says_when_until_recheck(lab: Lab, sshd) -> None:
+    # a start that got no answer: `lost` without a PID, as runs._abandon leaves it; then its container stops
+    with lab.store() as store:
+        store.add_run(Run(name="ls", target="ct_a", host="pve1", variant="gated", state="lost", workspace="/workspace",
+                          log_path="/workspace/logs/ls.log", exit_path="/workspace/logs/ls.log.exit",
+                          inventory_path=str(lab.inventory)))
+    lab.container.stop()
+    first = lab.dfo("runs", "--json", inventory=False)
+    assert first.returncode == 0 and "could not look at ct_a" in first.stderr, first.stderr
+    [row] = json.loads(first.stdout)
+    assert (row["state"], row["pid"]) == ("lost", None) and row["checked_at"]
+    connections = sshd.accepted_connections()
+    started = time.monotonic()
+    second = lab.dfo("runs", inventory=False, COLUMNS="200")
+    assert second.returncode == 0, second.stderr
+    assert sshd.accepted_connections() == connections and time.monotonic() - started < 10  # no look this time
+    checked = datetime.fromisoformat(row["checked_at"]).astimezone().strftime("%H:%M:%S")
+    [line] = [line for line in second.stdout.splitlines() if line.startswith("ls ")]
+    assert f"lost, checked {checked}" in line, second.stdout
+    assert f"its target did not answer at {checked}" in second.stderr and "dfo runs --recheck" in second.stderr
+    again = lab.dfo("runs", "--recheck", "--json", inventory=False)  # looks now: still out of reach, tried again
+    assert sshd.accepted_connections() > connections and "could not look at ct_a" in again.stderr, again.stderr
+    assert json.loads(again.stdout)[0]["checked_at"] > row["checked_at"]
+    lab.container.start()
+    assert lab.runs()["ls"]["state"] == "lost"  # not due yet: shown as it was
+    assert lab.dfo("runs", "ls", "--recheck", inventory=False).stdout.count("state:    failed") == 1  # nothing started

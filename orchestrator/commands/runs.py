@@ -209,19 +209,24 @@ def runs_command(
     batch: Optional[str] = typer.Option(None, "--batch", help="Only runs of this batch."),
     active: bool = typer.Option(False, "--active", help="Only launching/running runs."),
     no_refresh: bool = typer.Option(False, "--no-refresh", help="Show the registry as it is: no look at the targets of active runs."),
+    recheck: bool = typer.Option(False, "--recheck", help="Look for every `lost` run whose start got no answer now, even one "
+                                                          f"tried less than {runs_lib.LOST_RECHECK_S:g} s ago."),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
+    due = runs_lib.needs_look if recheck else runs_lib.look_due
     with Store() as store:
         if name is not None and store.nodes_of(name):  # a multi-node run: its nodes
             nodes = [store.get_run(node) for node in store.nodes_of(name)]
-            if not no_refresh and any(map(runs_lib.needs_look, nodes)):
-                _refresh(store, nodes, inventory)
+            if not no_refresh and any(map(due, nodes)):
+                _refresh(store, nodes, inventory, recheck)
             show_nodes(store, name, as_json)
             return
         runs = [store.get_run(name)] if name is not None else store.list_runs(batch=batch, active=True if active else None)
-        if not no_refresh and any(map(runs_lib.needs_look, runs)):
-            _refresh(store, runs, inventory)
+        if not no_refresh and any(map(due, runs)):
+            _refresh(store, runs, inventory, recheck)
+        if not no_refresh:
+            _say_not_looked_for(store, [run for run in runs if runs_lib.needs_look(run) and not due(run)])
         if name is not None:
             show_run(name, as_json)
             return
@@ -234,6 +239,17 @@ def runs_command(
         console.print(f"no {what} (registry: {store.path})", highlight=False, markup=False)
         return
     console.print(runs_table(runs, console.width))
+
+
+def _say_not_looked_for(store: Store, skipped: list[Run]) -> None:
+    """One note for the `lost` runs whose start got no answer that were not looked for (runs.look_due: their
+    target did not answer lately) and still are as they were."""
+    waiting = [run for run in skipped if store.get_run(run.name).checked_at == run.checked_at]
+    if waiting:
+        when = _local_time(max(run.checked_at for run in waiting), datetime.now().astimezone(), seconds=True)
+        _warn(f"note: {len(waiting)} lost run{'s' if len(waiting) > 1 else ''} not looked for again: "
+              f"{'their' if len(waiting) > 1 else 'its'} target did not answer at {when} (tried at most every "
+              f"{runs_lib.LOST_RECHECK_S:g} s; `dfo runs --recheck` looks now)")
 
 
 def show_nodes(store: Store, name: str, as_json: bool) -> None:
@@ -264,6 +280,8 @@ def show_run(name: str, as_json: bool) -> None:
     rows = [("run", run.name), ("target", run.target), ("variant", run.variant or ""),
             ("state", run.state + (f" (exit code {run.exit_code})" if run.exit_code is not None else "")),
             ("started", run.started_at or ""), ("ended", run.ended_at or ""), ("PID", _text(run.pid)),
+            ("checked", f"{run.checked_at} (its target did not answer; `dfo runs {run.name} --recheck` looks again)"
+                        if runs_lib.start_unseen(run) and run.checked_at else ""),
             ("log", run.log_path or ""), ("batch", run.batch or ""), ("after", run.parent or ""),
             ("decision", verdict), ("why", decision.get("reason") or ""),
             *(("shift", LevelShift.describe(shift)) for shift in decision.get("level_shifts") or ()),
@@ -274,7 +292,7 @@ def show_run(name: str, as_json: bool) -> None:
             console.print(f"{key + ':':10}{value}", highlight=False, markup=False, soft_wrap=True)
 
 
-def _refresh(store: Store, runs: list[Run], given: Optional[Path]) -> None:
+def _refresh(store: Store, runs: list[Run], given: Optional[Path], recheck: bool = False) -> None:
     """One look at each target holding an active run, all at once (chains.refresh), with the inventory each
     run came from; a target that cannot be looked at is named, its runs shown as last recorded."""
     from contextlib import ExitStack
@@ -289,7 +307,7 @@ def _refresh(store: Store, runs: list[Run], given: Optional[Path]) -> None:
                 opened[inv.source] = stack.enter_context(Connections(inv))
             return opened[inv.source]
 
-        problems = refresh(store, runs, connections_for)
+        problems = refresh(store, runs, connections_for, recheck=recheck)
     for target, why in problems.items():
         _warn(f"note: could not look at {target} ({why}); its runs show their last recorded state")
 
@@ -307,17 +325,20 @@ def runs_table(runs: list[Run], width: int, now: datetime | None = None) -> Tabl
 
 def _run_row(run: Run, now: datetime) -> dict[str, str]:
     state = run.state if run.exit_code is None or run.state == "exited" else f"{run.state} {run.exit_code}"
+    if runs_lib.start_unseen(run) and run.checked_at:  # looked for at a target that did not answer
+        state += f", checked {_local_time(run.checked_at, now, seconds=True)}"
     return {"name": run.name, "target": run.target, "variant": run.variant or "", "state": state,
             "started": _local_time(run.started_at, now), "PID": _text(run.pid),
             "decision": (run.decision or {}).get("decision", "")}
 
 
-def _local_time(utc_text: str | None, now: datetime) -> str:
-    """`HH:MM` in the workstation's time zone for a time of today, else `mm-dd HH:MM`."""
+def _local_time(utc_text: str | None, now: datetime, *, seconds: bool = False) -> str:
+    """`HH:MM` (`HH:MM:SS` with `seconds`) in the workstation's time zone for a time of today, else `mm-dd HH:MM`."""
     if not utc_text:
         return ""
     local = datetime.fromisoformat(utc_text).astimezone(now.tzinfo)
-    return f"{local:%H:%M}" if local.date() == now.date() else f"{local:%m-%d %H:%M}"
+    return f"{local:%H:%M:%S}" if seconds and local.date() == now.date() else (
+        f"{local:%H:%M}" if local.date() == now.date() else f"{local:%m-%d %H:%M}")
 
 
 def _table(columns: list[str], rows: list[dict[str, str]], hidden: list[str] = ()) -> Table:
