@@ -8,7 +8,8 @@ refusal leave nothing behind anywhere:
      rendezvous port is free there;
   2. every node prepared (runs.prepare: registry row, preflight and probe in the launch call, which then
      waits for dfo's word): one refusal cancels the calls already open, and nothing has started;
-  3. the nodes recorded as one run, then every node started (a start that fails stops those started).
+  3. the nodes recorded as one run, then every node started (a start that fails stops those started; from
+     here on no node's row is forgotten: one not started stays `failed`, saying why).
 The trainers meet on torch.distributed's TCPStore at the first target (trainer/procsplit.py). A node run
 never falls back on its own (its chain is empty): a crash anywhere is the run's, and decide/nodes.py names
 the node that failed first. fall_back() relaunches all nodes with the next variant of the inventory's
@@ -194,14 +195,15 @@ def launch_nodes(
         for ready in prepared:
             ready.cancel()
         raise
+    runs_lib.pause_at_hook("nodes_recorded")
     launched: list[runs_lib.Launched] = []
     for index, ready in enumerate(prepared):
         try:
-            launched.append(ready.start())
+            launched.append(ready.start(recorded=True))
             runs_lib.exit_at_hook(f"node{index}_started", FALLBACK_HOOK)
         except BaseException:
-            for later in prepared[index + 1:]:
-                later.cancel()
+            for later in prepared[index + 1:]:  # kept, `failed`: the run still names them
+                later.cancel(why=f"not started: the start of {ready.name} before it failed")
             for started, ready_before in zip(launched, prepared):
                 _stop_quietly(started.run.name, ready_before.target, store)
             _stop_if_started(ready, store)

@@ -322,7 +322,9 @@ def launch(target: Target, spec: RunSpec, store: Store, **options: Any) -> Launc
 class Prepared:
     """A launch up to its start: the name reserved (`launching` row), the call open on the target with its
     preflight and probe passed, waiting for the word to start. `start()` pushes and starts it; `cancel()`
-    starts nothing and forgets the row. A multi-node launch prepares every node before it starts any."""
+    starts nothing and forgets the row. A multi-node launch prepares every node before it starts any; once
+    the nodes are recorded as one run (store.add_nodes), a node that is not started keeps its row, `failed`
+    with why (`start(recorded=True)`, `cancel(why)`): the run goes on naming it."""
 
     target: Target
     spec: RunSpec
@@ -333,7 +335,9 @@ class Prepared:
     secrets: Mapping[str, str]
     missing: tuple[str, ...]
 
-    def start(self) -> Launched:
+    def start(self, *, recorded: bool = False) -> Launched:
+        """Push and start it; a start that fails forgets the row (`recorded`: marks it `failed`), one that got
+        no answer leaves it `lost` (start_unseen)."""
         target, spec, store, name, opened, package = self.target, self.spec, self.store, self.name, self.opened, self.package
         starting = False
         try:
@@ -342,7 +346,8 @@ class Prepared:
             pid, stat = _start(opened, spec, name, self.secrets)
         except BaseException as exc:
             opened.call.cancel()
-            _abandon(target, spec, name, store, exc, maybe_started=starting and isinstance(exc, (CommandTimeout, KeyboardInterrupt)))
+            _abandon(target, spec, name, store, exc, maybe_started=starting and isinstance(exc, (CommandTimeout, KeyboardInterrupt)),
+                     forget=not recorded)
             raise
         exit_at_hook("started")
         if spec.parent:
@@ -358,9 +363,13 @@ class Prepared:
             _refuse_settings_the_trainer_refused(target, store, spec, run)
         return Launched(run, pushed, self.missing, opened.report)
 
-    def cancel(self) -> None:
+    def cancel(self, why: str | None = None) -> None:
+        """Start nothing: the row is forgotten, or with `why` (its run names it) kept as `failed` with `why`."""
         self.opened.call.cancel()
-        self.store.delete_run(self.name)
+        if why is None:
+            self.store.delete_run(self.name)
+        else:
+            mark_failed(self.store, self.name, why)
 
 
 def prepare(
@@ -419,8 +428,9 @@ def exit_at_hook(point: str, variable: str = "DFO_TEST_LAUNCH_EXIT_AT") -> None:
 
 def pause_at_hook(point: str) -> None:
     """Tests hold dfo at a named point (DFO_TEST_PAUSE_AT=identified: `dfo stop` between its identity check and
-    its signal) to make something happen exactly there: dfo creates DFO_TEST_PAUSE_FILE and goes on once the
-    test removes it (at most PAUSE_MAX_S later). Nothing else sets them."""
+    its signal; nodes_recorded: a multi-node launch between recording its nodes and starting them) to make
+    something happen exactly there: dfo creates DFO_TEST_PAUSE_FILE and goes on once the test removes it (at
+    most PAUSE_MAX_S later). Nothing else sets them."""
     if os.environ.get("DFO_TEST_PAUSE_AT") != point:
         return
     flag = os.environ["DFO_TEST_PAUSE_FILE"]
@@ -563,16 +573,28 @@ def _env_file(secrets: Mapping[str, str]) -> bytes:
     return "".join(f"{key}={shlex.quote(value)}\n" for key, value in secrets.items()).encode()
 
 
-def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseException, *, maybe_started: bool) -> None:
-    """After a failed launch: remove the secrets file and the empty log we made, and forget the run; a start
-    that timed out or was interrupted may be running, so its log stays and it is recorded as `lost`."""
+def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseException, *, maybe_started: bool,
+             forget: bool = True) -> None:
+    """After a failed launch: remove the secrets file and the empty log we made, and forget the run (unless not
+    `forget`: marked `failed`); a start that timed out or was interrupted may be running, so its log stays and
+    it is recorded as `lost`."""
     log_is_ours = not maybe_started and not isinstance(exc, RefusedError)  # a refused start never made the log
     _remove_launch_files(target, spec.workspace, name, log=log_is_ours)
-    store.add_event(name, "launch_failed", {"error": str(exc)[:500] or type(exc).__name__})
+    error = str(exc)[:500] or type(exc).__name__
     if maybe_started:
+        store.add_event(name, "launch_failed", {"error": error})
         store.update_run(name, state="lost", ended_at=utc_now())
-    else:
+    elif forget:
+        store.add_event(name, "launch_failed", {"error": error})
         store.delete_run(name)
+    else:
+        mark_failed(store, name, error)
+
+
+def mark_failed(store: Store, name: str, why: str) -> Run:
+    """Record that launch `name` never started its run: `failed`, `why` its `launch_failed` event."""
+    store.add_event(name, "launch_failed", {"error": why})
+    return store.update_run(name, state=RunState.FAILED, ended_at=utc_now(), owner=None)
 
 
 def _remove_launch_files(target: Target, workspace: str, name: str, *, log: bool) -> None:
@@ -821,10 +843,8 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str]) -> Run:
             return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked")
         if exit_text.strip():
             return _record_end(store, run, exit_text, "ended before dfo looked (its launch was not recorded to the end)")
-        why = ("its start got no answer; no process found" if run.state == RunState.LOST
-               else "the dfo launching it went away before the start; no process found")
-        store.add_event(run.name, "launch_failed", {"error": why})
-        return store.update_run(run.name, state=RunState.FAILED, ended_at=utc_now(), owner=None)
+        return mark_failed(store, run.name, "its start got no answer; no process found" if run.state == RunState.LOST
+                           else "the dfo launching it went away before the start; no process found")
     stat = seen.get("stat", "")
     alive = bool(stat) and proc_state(stat) != "Z" and (run.proc_starttime is None or proc_starttime(stat) == run.proc_starttime)
     if alive:

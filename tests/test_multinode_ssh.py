@@ -263,8 +263,8 @@ def test_containers_on_two_netns_hosts_refuse_then_train_one_run_and_a_killed_no
     assert "node 0 (ct0): peer_lost, a consequence" in summary
 
 
-def popen_dfo(hosts: TwoHosts, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "DFO_HOME": str(hosts.state)}
+def popen_dfo(hosts: TwoHosts, *args: str, env: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "DFO_HOME": str(hosts.state), **(env or {})}
     env.pop("DFO_INVENTORY", None)
     return subprocess.Popen([DFO, *args, "-i", str(hosts.inventory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
@@ -350,7 +350,36 @@ def test_a_multinode_successor_whose_node_start_got_no_answer_leaves_no_node_run
     node0 = runs["mn.2-ps2ok.node0"]
     assert node0["state"] == "stopped" and node0["pid"] is not None, node0  # found, then stopped
     assert Path(f"{hosts.tmp}/ws0/logs/mn.2-ps2ok.node0.log.exit").exists()  # its process has ended
-    assert "mn.2-ps2ok.node1" not in runs  # never started
+    assert runs["mn.2-ps2ok.node1"]["state"] == "failed" and runs["mn.2-ps2ok.node1"]["pid"] is None  # never started
+
+
+def test_nodes_not_started_after_a_failed_start_stay_listed_as_failed_saying_why(hosts):
+    # held between recording the nodes and starting them, someone's log appears where node 0's goes: node 0's
+    # start is refused (dfo never overwrites a log) and node 1 is never started. The run still names both.
+    paused = hosts.tmp / "paused"
+    launch = popen_dfo(hosts, "launch", "--name", "mn", "--master-addr", "127.0.0.1", "--master-port", str(hosts.port),
+                       "--host", "n0", "--host", "n1", "--variant", "ps2",
+                       env={"DFO_TEST_PAUSE_AT": "nodes_recorded", "DFO_TEST_PAUSE_FILE": str(paused)})
+    try:
+        wait_for(paused.exists, 60, "the launch to record its nodes")
+        hosts.log(0).parent.mkdir(parents=True, exist_ok=True)
+        hosts.log(0).write_text("someone else's\n")
+        paused.unlink()
+        out, err = launch.communicate(timeout=60)
+    finally:
+        launch.kill()
+    assert launch.returncode == 1 and "mn.node0.log appeared on n0 meanwhile" in err, out + err
+    assert hosts.log(0).read_text() == "someone else's\n" and not hosts.log(1).exists()
+
+    shown = hosts.dfo("runs", "mn", "--json")  # before: UnknownRun, the nodes' rows were gone
+    assert shown.returncode == 0, shown.stderr
+    assert [(n["name"], n["state"]) for n in json.loads(shown.stdout)["nodes"]] == [
+        ("mn.node0", "failed"), ("mn.node1", "failed")]
+    why = hosts.dfo("runs", "mn.node1")
+    assert "why:      not started: the start of mn.node0 before it failed" in why.stdout, why.stdout + why.stderr
+    assert "appeared on n0 meanwhile" in json.loads(hosts.dfo("runs", "mn.node0", "--json").stdout)["launch_failed"]
+    stopped = hosts.dfo("stop", "mn")
+    assert stopped.returncode == 0 and "mn had already ended on every node" in stopped.stdout, stopped.stderr
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from ..launchplan import Gate
 from ..names import check_name
 from ..package import push
 from ..preflight import TOLERABLE_WHEN_BUSY, TargetReport
+from ..states import RunState
 from ..store import Run, Store
 from ..sanitize import markup, visible
 from .common import (InventoryOpt, JsonOpt, complete_runs, complete_targets, complete_variants, console, err_console,
@@ -269,9 +270,11 @@ def show_run(name: str, as_json: bool) -> None:
     with Store() as store:
         run = store.get_run(name)
         wandb = store.events(name, kind="wandb")
+        failed = store.events(name, kind="launch_failed") if run.state == RunState.FAILED else []
     where = (wandb[-1]["data"] or {}) if wandb else {}
+    not_started = (failed[-1]["data"] or {}).get("error") if failed else None  # why the launch started nothing
     if as_json:
-        print_json({**run.as_dict(), "wandb": where or None})
+        print_json({**run.as_dict(), "wandb": where or None, "launch_failed": not_started})
         return
     decision = run.decision or {}
     verdict = decision.get("decision", "")
@@ -283,7 +286,7 @@ def show_run(name: str, as_json: bool) -> None:
             ("checked", f"{run.checked_at} (its target did not answer; `dfo runs {run.name} --recheck` looks again)"
                         if runs_lib.start_unseen(run) and run.checked_at else ""),
             ("log", run.log_path or ""), ("batch", run.batch or ""), ("after", run.parent or ""),
-            ("decision", verdict), ("why", decision.get("reason") or ""),
+            ("decision", verdict), ("why", decision.get("reason") or not_started or ""),
             *(("shift", LevelShift.describe(shift)) for shift in decision.get("level_shifts") or ()),
             ("W&B", where.get("url") or (f"offline: {where['dir']} (upload: wandb sync {where['dir']})" if where.get("dir")
                                           else ""))]
