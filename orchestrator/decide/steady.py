@@ -346,7 +346,10 @@ class SteadyDetector:
                 return None
             if moved:
                 start = self._change_point(max(d, n - 2 * k), n)
-                if self._suspect is not None and self._suspect > d:  # one the warm-up cut has passed is gone
+                # a suspicion the warm-up cut has passed is gone (it would be measured against no blocks): the
+                # cut stays 2+ blocks before one, except from a 2-block window (shift_blocks=1: the suspicion
+                # starts a block early) or once it lies REFINE_BLOCKS back (test_decide_steady: ..._cut_has_passed_...)
+                if self._suspect is not None and self._suspect > d:
                     start = min(self._suspect, start)
                 before = median(self._medians[max(d, start - SHIFT_BEFORE_BLOCKS) : start])
                 now = median(self._medians[n - self.config.shift_blocks :])

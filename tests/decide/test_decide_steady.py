@@ -6,8 +6,10 @@ import time
 
 import numpy as np
 import pytest
+from tracegen import step_line
 
-from orchestrator.decide import DecideConfig, StepObs, SteadyDetector
+from orchestrator.decide import DecideConfig, RunJudge, StepObs, SteadyDetector
+from orchestrator.decide.replay import judged_lines
 from orchestrator.errors import UsageError
 from orchestrator.inventory import Watch
 
@@ -194,3 +196,28 @@ def test_a_drifting_answer_names_the_leak_at_its_rate_per_minute(seed):
     assert evidence["slope_rel_per_min"] == pytest.approx(-25 * 60 / evidence["level_tok_s"], rel=0.15)
     per_min = float(re.search(r"trending ([-+\d.]+)% per minute", detector.estimate.reason)[1]) / 100
     assert per_min == pytest.approx(evidence["slope_rel_per_min"], abs=0.001)
+
+
+def test_a_suspected_shift_the_warm_up_cut_has_passed_is_dropped_and_the_watch_keeps_its_verdict():
+    """The state the guard in SteadyDetector._suspected_shift is for, built by a log: the warm-up cut moves
+    past the block a shift is suspected from. Reachable with shift_blocks=1 (a one-block move is tested, and
+    the change point of a 2-block window cannot be placed, so the suspicion starts a block early; with the
+    default 4 it starts 2+ blocks after the cut, which then stays 2+ blocks before it). A line of 100 steps
+    every 10 s (a block each; the first line opens none), shift_blocks=1, min_blocks_after_warmup=2:
+      blocks 0-7 (60k, 98k, 100k, 98k, 100k, 102k, 100k, 100k): steady at step 700, the cut at block 6 by 900;
+      block 8 (140k, step 1,000): the newest block moved; suspected from block 7 (one early); the figure is
+        blocks 6-8 (one block before the suspicion is too few for a level);
+      block 9 (140k): the re-run MSER cuts the warm-up at block 8, past the suspicion at block 7;
+      block 10 (100k, step 1,200: the spike is over): the newest block moved again. Kept, the suspicion from
+        block 7 was measured against the blocks from the cut (8) up to it (7), none: StatisticsError out of the judge, so
+        out of dfo watch and dfo replay. Dropped: steady all along, ending at 100k with nothing suspected."""
+    values = [60_000, 98_000, 100_000, 98_000, 100_000, 102_000, 100_000, 100_000, 140_000, 140_000,
+              100_000, 100_000, 100_000, 100_000]
+    lines = [step_line(T0 + 10 * i, 100 * i, value, 2.0) for i, value in enumerate([60_000] + values, start=1)]
+    judge = RunJudge(DecideConfig(shift_blocks=1, min_blocks_after_warmup=2), run="spike")
+    shown = [(obs.step, judge.decision()) for _, obs in judged_lines(judge, lines) if isinstance(obs, StepObs)]
+    after = [(step, d) for step, d in shown if step >= 700]
+    assert [step for step, _ in after] == list(range(700, 1600, 100))  # block 10's line (1,200) raised before
+    assert all((d.decision, d.at_step) == ("steady", 700) for _, d in after), [(step, d.reason) for step, d in after]
+    final = shown[-1][1]
+    assert (final.decision, final.steady_tok_s, final.shift_suspected, final.level_shifts) == ("steady", 100_000, None, [])
