@@ -346,9 +346,11 @@ class SteadyDetector:
                 return None
             if moved:
                 start = self._change_point(max(d, n - 2 * k), n)
-                # a suspicion the warm-up cut has passed is gone (it would be measured against no blocks): the
-                # cut stays 2+ blocks before one, except from a 2-block window (shift_blocks=1: the suspicion
-                # starts a block early) or once it lies REFINE_BLOCKS back (test_decide_steady: ..._cut_has_passed_...)
+                # a suspicion the warm-up cut has passed is gone (it would be measured against no blocks). The
+                # cut stays 2+ blocks before a suspicion that starts 2+ blocks after it, as with shift_blocks >= 2;
+                # with 1, a 2-block window cannot place the change point and starts it a block early, and the cut
+                # can pass it (test_decide_steady: ..._the_warm_up_cut_has_passed_...); in principle also once
+                # the suspicion lies REFINE_BLOCKS back, the start of the figure's window
                 if self._suspect is not None and self._suspect > d:
                     start = min(self._suspect, start)
                 before = median(self._medians[max(d, start - SHIFT_BEFORE_BLOCKS) : start])
