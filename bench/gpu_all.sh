@@ -12,6 +12,9 @@
 #     bash bench/gpu_all.sh current  # the rows of "Trainer figures on today's code": qwen3-8b-shape threads,
 #                                    # every strategy cold, two at a time (GPU 0: nographs, notrees; GPU 1:
 #                                    # trees, eager), then procsplit 1 GPU on each GPU vs 2 GPUs (~9 min)
+#     bash bench/gpu_all.sh scaling  # qwen3-8b-shape procsplit on 2 GPUs to its SIGTERM (the done line's
+#                                    # replica hashes), h200-small 1 vs 2 nodes (bench/gpu_multinode.sh), then
+#                                    # h200-small procsplit eager 1 vs 2 GPUs; logs also in logs.tgz (~9 min)
 # Everything lands in $OUT as it is measured (a call that runs out of time still returns what it has);
 # summary.md there holds the tables (bench/qwen_summary.py), with the commit measured. Then
 # `python bench/stale.py` here says which rows of docs/benchmarks.md the new figures replace.
@@ -35,6 +38,20 @@ case "${1:-}" in
         wait
         python3 bench/qwen_summary.py "$OUT"/cold-*.log | tee "$OUT/summary-cold.md"
         PIECES=0 P1_S=${P1_S:-150} P2_S=${P2_S:-160} bash bench/gpu_probe.sh scale ;;
+    scaling)
+        Q=(python3 -m trainer --preset qwen3-8b-shape --variant nographs --topology procsplit --steps 1000000
+           --wandb off --out /tmp/qruns --targets cuda:0,cuda:1 --drafters cuda:0,cuda:1 --run-name ps-2g-term)
+        TORCHINDUCTOR_CACHE_DIR=/tmp/ind-q timeout -s TERM "${Q2_S:-170}" "${Q[@]}" >"$OUT/ps-2g-term.log" 2>&1
+        echo "ps-2g-term rc=$?" >>"$OUT/rc.txt"
+        python3 bench/qwen_summary.py "$OUT"/ps-2g-term.log | tee "$OUT/summary.md"
+        mkdir -p "$OUT/mn" && OUT=$OUT/mn ONE_S=${ONE_S:-90} TWO_S=${TWO_S:-110} timeout 240 bash bench/gpu_multinode.sh
+        S=(python3 -m trainer --preset h200-small --variant eager --topology procsplit --steps 1000000 --wandb off
+           --out /tmp/sruns)
+        timeout -s TERM "${S1_S:-60}" "${S[@]}" --run-name small-1g --targets cuda:0 --drafters cuda:0 >"$OUT/small-1g.log" 2>&1
+        timeout -s TERM "${S2_S:-70}" "${S[@]}" --run-name small-2g --targets cuda:0,cuda:1 --drafters cuda:0,cuda:1 \
+            >"$OUT/small-2g.log" 2>&1
+        python3 bench/qwen_summary.py --preset h200-small "$OUT"/small-*.log | tee -a "$OUT/summary.md"
+        tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . ;;
     e2e)
         # GPU 0: dfo end to end, both chains; GPU 1 meanwhile: one drafter layer's compile alone (cold);
         # then both GPUs: h200-small procsplit as 1 node vs 2 nodes (bench/gpu_multinode.sh)
@@ -44,5 +61,5 @@ case "${1:-}" in
             bash bench/gpu_dfo_e2e.sh --procsplit 2>&1 | tee "$OUT/e2e.txt"
         wait
         mkdir -p "$OUT/mn" && OUT=$OUT/mn ONE_S=${ONE_S:-80} TWO_S=${TWO_S:-100} timeout 230 bash bench/gpu_multinode.sh ;;
-    *) echo "usage: bash bench/gpu_all.sh current|qwen|small|regional|e2e" >&2; exit 2 ;;
+    *) echo "usage: bash bench/gpu_all.sh current|scaling|qwen|small|regional|e2e" >&2; exit 2 ;;
 esac
