@@ -51,7 +51,8 @@ case "${1:-}" in
         timeout -s TERM "${S2_S:-70}" "${S[@]}" --run-name small-2g --targets cuda:0,cuda:1 --drafters cuda:0,cuda:1 \
             >"$OUT/small-2g.log" 2>&1
         python3 bench/qwen_summary.py --preset h200-small "$OUT"/small-*.log | tee -a "$OUT/summary.md"
-        tar czf "$OUT/logs.tgz" -C "$OUT" --exclude logs.tgz . ;;
+        # the device tool returns at most 8 files: once they are all in logs.tgz, keep only it and the summary
+        tar czf /tmp/logs.tgz -C "$OUT" . && find "$OUT" -mindepth 1 ! -name summary.md -delete && mv /tmp/logs.tgz "$OUT/" ;;
     e2e)
         # GPU 0: dfo end to end, both chains; GPU 1 meanwhile: one drafter layer's compile alone (cold);
         # then both GPUs: h200-small procsplit as 1 node vs 2 nodes (bench/gpu_multinode.sh)
