@@ -323,6 +323,14 @@ class StartUnseen(DfoError):
     """A successor's start got no answer (runs.start_unseen): whether it runs is unknown, so the fallback stays
     open; the next look adopts it when it runs, else launches the next name (successor_name)."""
 
+    @classmethod
+    def raise_if(cls, name: str, tried: Iterable[Run | None], exc: DfoError) -> None:
+        """Raise it (from `exc`, the launch's error) when a row of successor `name` (`tried`: its run, or every
+        node of a multi-node one) is start_unseen."""
+        if any(run is not None and start_unseen(run) for run in tried):
+            raise cls(f"the start of {name} got no answer ({exc}); the fallback stays open: the next look adopts "
+                      f"{name} if it runs, else launches the next name") from exc
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -412,10 +420,7 @@ class Supervisor:
             except GpusStillBusy as exc:
                 error = str(exc)
             except DfoError as exc:
-                tried = self.store.find_run(name)  # None: refused before its start, its row forgotten
-                if tried is not None and start_unseen(tried):
-                    raise StartUnseen(f"the start of {name} got no answer ({exc}); the fallback stays open: the next "
-                                      f"look adopts {name} if it runs, else launches the next name") from exc
+                StartUnseen.raise_if(name, [self.store.find_run(name)], exc)  # None: refused, its row forgotten
                 error = f"launching {data['variant']} failed: {exc}"
             return {**data, "next_run": launched.name if launched else None, "error": error}
 

@@ -9,7 +9,8 @@ refusal leave nothing behind anywhere:
   2. every node prepared (runs.prepare: registry row, preflight and probe in the launch call, which then
      waits for dfo's word): one refusal cancels the calls already open, and nothing has started;
   3. the nodes recorded as one run, then every node started (a start that fails stops those started; from
-     here on no node's row is forgotten: one not started stays `failed`, saying why).
+     here on no node's row is forgotten: one not started stays `failed`, saying why). A start that got no
+     answer is left `lost` for the next look, as a single run's is, and the later nodes are started.
 The trainers meet on torch.distributed's TCPStore at the first target (trainer/procsplit.py). A node run
 never falls back on its own (its chain is empty): a crash anywhere is the run's, and decide/nodes.py names
 the node that failed first. fall_back() relaunches all nodes with the next variant of the inventory's
@@ -29,9 +30,9 @@ from typing import Callable, Mapping, Sequence
 
 from . import runs as runs_lib
 from .chains import (
-    FALLBACK_HOOK, MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, Left, NoFreeName, Refusals, carry_checkpoint,
-    carry_out_fallback, catalogue_for, chain_name, check_resumable, first_launch, gpus_used, next_variant_after,
-    record_fallback, successor_name, until_released,
+    FALLBACK_HOOK, MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, Left, NoFreeName, Refusals, StartUnseen,
+    carry_checkpoint, carry_out_fallback, catalogue_for, chain_name, check_resumable, first_launch, gpus_used,
+    next_variant_after, record_fallback, successor_name, until_released,
 )
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
@@ -197,32 +198,44 @@ def launch_nodes(
         raise
     runs_lib.pause_at_hook("nodes_recorded")
     launched: list[runs_lib.Launched] = []
+    unseen: list[DfoError] = []
     for index, ready in enumerate(prepared):
         try:
             launched.append(ready.start(recorded=True))
             runs_lib.exit_at_hook(f"node{index}_started", FALLBACK_HOOK)
-        except BaseException:
-            for later in prepared[index + 1:]:  # kept, `failed`: the run still names them
-                later.cancel(why=f"not started: the start of {ready.name} before it failed")
-            for started, ready_before in zip(launched, prepared):
-                _stop_quietly(started.run.name, ready_before.target, store)
-            _stop_if_started(ready, store)
+        except BaseException as exc:
+            if isinstance(exc, DfoError) and runs_lib.start_unseen(store.get_run(ready.name)):
+                unseen.append(exc)  # it may run all the same: the later nodes are started, the next look settles it
+                continue
+            _undo_start(prepared, index, store)
             raise
+    if unseen:  # `lost` without a PID: a single run's start that got no answer is left the same way
+        raise unseen[0]
     return MultiLaunched(name, rendezvous, tuple(launched))
 
 
+def _undo_start(prepared: Sequence[runs_lib.Prepared], failed: int, store: Store) -> None:
+    """Node `failed`'s start failed: the nodes after it are not started (kept `failed`: the run still names
+    them), and what runs of those before it is stopped, node 0 first (_stop_if_started)."""
+    for later in prepared[failed + 1:]:
+        later.cancel(why=f"not started: the start of {prepared[failed].name} before it failed")
+    for ready in prepared[:failed + 1]:
+        _stop_if_started(ready, store)
+
+
 def _stop_if_started(ready: runs_lib.Prepared, store: Store) -> None:
-    """A node whose start got no answer (runs.start_unseen) may run all the same: found by its exit file path
-    (runs.resolve_launch) and stopped, as the nodes started before it are; none found, it is marked failed."""
+    """Stop node `ready` if it runs. One whose start got no answer (runs.start_unseen) may run all the same:
+    looked for by its exit file path first (runs.resolve_launch); none found, it is marked failed."""
     row = store.find_run(ready.name)
-    if row is None or not runs_lib.start_unseen(row):
+    if row is None:
         return
-    try:
-        found = runs_lib.resolve_launch(ready.target, store, row)
-    except DfoError:
-        return  # its target went away: the row stays lost, and `dfo runs` looks again later
-    if found.active:
-        _stop_quietly(found.name, ready.target, store)
+    if runs_lib.start_unseen(row):
+        try:
+            row = runs_lib.resolve_launch(ready.target, store, row)
+        except DfoError:
+            return  # its target went away: the row stays lost, and `dfo runs` looks again later
+    if row.active:
+        _stop_quietly(row.name, ready.target, store)
 
 
 def refused_nodes(refusals: list[tuple[str, DfoError]], nnodes: int) -> DfoError:
@@ -309,7 +322,8 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
     still runs of the run, then launch its successor on every node. A successor a dfo that died left fully
     started is adopted; one it left partly started has its started nodes stopped and is launched again as `-2`.
     Returns the intent's data: `next_run` and `nodes`, or `error` when the launch failed (closed: not tried
-    again). A stop that fails leaves the intent open for the next watch (DfoError)."""
+    again). A stop that fails, or a node's start that got no answer (chains.StartUnseen: the next finish adopts
+    the successor if every node runs, else launches `-2`), leaves the intent open for the next watch (DfoError)."""
     def stop(data: dict) -> dict:
         stop_nodes(store, data["run"], connections.container, grace_s=STOP_GRACE_S)
         return {}
@@ -338,7 +352,8 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
         try:
             launched = successor(inventory, connections, store, data["run"], data["variant"], name=name,
                                  gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s)
-        except DfoError as exc:
+        except DfoError as exc:  # a node's start got no answer: left open, settled as a single run's (left)
+            StartUnseen.raise_if(name, map(store.find_run, store.nodes_of(name)), exc)
             return {**data, "name": name, "next_run": None, "nodes": [], "error": f"launching {data['variant']} failed: {exc}"}
         store.add_event(data["run"], "fell_back", {"to": launched.name, "variant": data["variant"],
                                                    "first_failed": data["first_failed"], "rest": data["rest"]})

@@ -339,18 +339,36 @@ def test_a_multinode_fallback_killed_between_starting_its_nodes_is_relaunched_wh
 
 
 @pytest.mark.slow
-def test_a_multinode_successor_whose_node_start_got_no_answer_leaves_no_node_running(hosts):
-    # node 0 of the successor starts, but its start's answer never comes (DFO_TEST_START_TIMEOUT_AT=after_start):
-    # the launch fails, and that node, which runs all the same (waiting for node 1 at the rendezvous), is found
-    # by its exit file path and stopped, as the nodes started before a failure are
-    watched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail", "--watch", "--until-decided",
-                           timeout=300, env={"DFO_TEST_START_TIMEOUT_AT": "after_start"})
-    assert "mn: falling back failed: launching ps2ok failed" in watched.stderr, watched.stdout[-3000:] + watched.stderr
+@pytest.mark.parametrize("point", ["after_start", "before_start"])
+def test_a_multinode_successor_whose_starts_got_no_answer_is_adopted_if_it_runs_and_launched_again_only_if_not(
+        hosts, point):
+    # the successor's starts time out on both nodes: after_start, the nodes started and their PIDs never came
+    # back; before_start, the word to start never went out. Their rows are `lost` without a PID and the fallback
+    # stays open, as a single run's (before: closed as failed, with the nodes that ran stopped)
+    first = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail", "--watch", "--until-decided",
+                         timeout=300, env={"DFO_TEST_START_TIMEOUT_AT": point})
+    assert "mn: falling back failed: the start of mn.2-ps2ok got no answer" in first.stderr, first.stderr[-2000:]
+    [intent] = open_intents(hosts)
+    assert (intent.kind, intent.data["run"]) == ("multinode_fallback", "mn")
+    from orchestrator.store import Store
+    with Store(hosts.state / "dfo.db") as store:
+        assert [(store.get_run(n).state, store.get_run(n).pid) for n in store.nodes_of("mn.2-ps2ok")] == [("lost", None)] * 2
+
+    watched = hosts.dfo("watch", "mn", "--until-decided", "--json", timeout=180)  # looks for the nodes first
+    assert watched.returncode == 0, events_but_steps(watched.stdout) + watched.stderr
+    successor = {"after_start": "mn.2-ps2ok", "before_start": "mn.2-ps2ok-2"}[point]
+    [told] = fell_back(watched.stdout)
+    assert (told["next_run"], told["nodes"]) == (successor, [f"{successor}.node0", f"{successor}.node1"])
+    for node in (0, 1):  # one successor ran on each node: the one that started adopted, never a second beside it
+        logs = hosts.tmp / f"ws{node}" / "logs"
+        assert sum(log.read_text().count("event=start") for log in logs.glob("mn.2-*.log")) == 1
+        assert Path(f"{logs}/{successor}.node{node}.log.exit").read_text().strip() == "0"
     runs = {r["name"]: r for r in hosts.runs()}
-    node0 = runs["mn.2-ps2ok.node0"]
-    assert node0["state"] == "stopped" and node0["pid"] is not None, node0  # found, then stopped
-    assert Path(f"{hosts.tmp}/ws0/logs/mn.2-ps2ok.node0.log.exit").exists()  # its process has ended
-    assert runs["mn.2-ps2ok.node1"]["state"] == "failed" and runs["mn.2-ps2ok.node1"]["pid"] is None  # never started
+    assert open_intents(hosts) == [] and runs[f"{successor}.node1"]["parent"] == "mn.node1"
+    if point == "before_start":  # nothing of it ran: marked failed, passed by for -2
+        assert [runs[f"mn.2-ps2ok.node{node}"]["state"] for node in (0, 1)] == ["failed", "failed"]
+    else:
+        assert sorted(runs) == ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1", "mn.node0", "mn.node1"]
 
 
 def test_nodes_not_started_after_a_failed_start_stay_listed_as_failed_saying_why(hosts):
