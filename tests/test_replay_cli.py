@@ -1,6 +1,8 @@
 """`dfo replay LOG`: the verdict on a recorded log, as text or the decision JSON, with an exit status."""
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,3 +161,27 @@ def test_a_log_that_ends_while_a_shift_is_being_confirmed_shows_the_level_before
     suspected = decision["shift_suspected"]
     assert suspected["since_step"] == 1861 and 38_000 < suspected["to_tok_s"] < 44_000
     assert suspected["from_tok_s"] == round(decision["steady_tok_s"], 1) and decision["level_shifts"] == []
+
+
+REAL_LOG = Path(__file__).resolve().parent / "data" / "real" / "e2p-ps2-trees.log"  # = shared/real-logs/
+
+
+def test_a_warm_up_cut_moved_after_the_declaration_is_shown_with_the_declaration_as_it_was():
+    """e2p-ps2-trees is declared steady at step 920 with the warm-up ending at step 521; the re-run MSER later
+    cuts the warm-up at step 1,161 and the figure follows. The lines printed said "steady at step 920" and
+    "warm-up ended at step 1161": a steady state reached before its warm-up ended. Now they say both moments:
+    the figure over steps 1,161..3,180, declared at step 920 with the warm-up ending at step 521 then. The JSON
+    keeps warmup_end_step the cut now (where the figure's steps begin: dfo metrics and dfo report read it so),
+    with the declaration's cut beside steady_declared_step."""
+    result = invoke(REAL_LOG)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("steady at step 920")
+    said = "over steps 1161..3180 (declared at step 920 with the warm-up ending at step 521 then)"
+    assert said in lines[1] and said in lines[2], result.output
+    for mention in re.finditer(r"warm-up end\w* at step (\d+)( then)?", result.output):
+        assert int(mention[1]) <= 920 or mention[2], result.output  # a later cut is never the declaration's
+    decision = json.loads(invoke(REAL_LOG, "--json").output)
+    assert (decision["at_step"], decision["warmup_end_step"]) == (920, 1161)
+    assert decision["evidence"]["steady_declared_warmup_end_step"] == 521
+    assert decision["evidence"]["steady"]["figure_steps"] == [1161, 3180]

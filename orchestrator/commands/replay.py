@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from ..chains import catalogue_for
-from ..decide import DecideConfig, Decision, replay
+from ..decide import DecideConfig, Decision, figure_span, replay
 from ..errors import UsageError
 from ..events import LevelShift
 from ..inventory import load_inventory
@@ -129,11 +129,11 @@ def render(decision: Decision) -> None:
     if decision.steady_tok_s is not None:
         lo, hi = decision.interval
         noise = f", noise +/-{decision.noise_rel / 2:.0%}{' (noisy)' if decision.noisy else ''}" if decision.noise_rel is not None else ""
-        console.print(
-            f"  steady {decision.steady_tok_s:,.0f} tok/s (95% {lo:,.0f}..{hi:,.0f}{noise}), warm-up ended at step "
-            f"{decision.warmup_end_step}",
-            highlight=False,
-        )
+        evidence = decision.evidence
+        where = figure_span(decision.warmup_end_step, evidence["steady"].get("figure_steps"),
+                            evidence.get("steady_declared_step"), evidence.get("steady_declared_warmup_end_step"))
+        console.print(f"  steady {decision.steady_tok_s:,.0f} tok/s (95% {lo:,.0f}..{hi:,.0f}{noise}) {where}",
+                      highlight=False, soft_wrap=True)
     for shift in decision.level_shifts:  # the line the watch shows for it (one per shift, with both levels)
         console.print(f"  {LevelShift.describe(shift)}", highlight=False, soft_wrap=True)
     if decision.ended:

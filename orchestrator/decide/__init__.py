@@ -12,10 +12,10 @@ from .observations import (
 from .policy import action_for, next_variant, rest_of_chain
 from .replay import replay
 from .signatures import BUILTIN, Catalogue, MatchTracker, Signature
-from .steady import SteadyDetector, SteadyEstimate
+from .steady import SteadyDetector, SteadyEstimate, figure_span
 
 __all__ = [
     "BUILTIN", "Catalogue", "DecideConfig", "Decision", "EventObs", "ExitObs", "GpuObs", "LineObs", "MatchTracker",
     "Observation", "RunJudge", "Signature", "SteadyDetector", "SteadyEstimate", "StepObs", "StopRequested", "TickObs", "Verdict",
-    "action_for", "describe_gpus", "next_variant", "observation_from_record", "replay", "rest_of_chain",
+    "action_for", "describe_gpus", "figure_span", "next_variant", "observation_from_record", "replay", "rest_of_chain",
 ]

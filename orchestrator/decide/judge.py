@@ -416,6 +416,8 @@ class RunJudge:
         if estimate.steady or estimate.drifting:
             common["steady_declared_step"] = estimate.declared_step
             common["steady_declared_at"] = format_ts(estimate.declared_ts)
+        if estimate.steady:  # the warm-up cut then; warmup_end_step is the cut now (it only moves later)
+            common["steady_declared_warmup_end_step"] = estimate.declared_warmup_end_step
         if self.first_steady is not None and self.first_steady[0] != estimate.declared_step:
             common["first_steady_declared_step"] = self.first_steady[0]
             common["first_steady_declared_at"] = format_ts(self.first_steady[1])

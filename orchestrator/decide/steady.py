@@ -78,8 +78,10 @@ class SteadyEstimate:
     interval: tuple[float, float] | None = None
     noise_rel: float | None = None
     noisy: bool = False
-    warmup_end_step: int | None = None
+    warmup_end_step: int | None = None  # the warm-up cut now: once steady it only moves later, as data come
     declared_step: int | None = None
+    declared_warmup_end_step: int | None = None  # the cut when the verdict was declared (declared_step)
+    figure_steps: tuple[int, int] | None = None  # the steps the figure is the level of (first, last)
     declared_ts: float | None = None
     drifting: bool = False
     shift_suspected: dict | None = None  # steady, but a level shift not yet confirmed began: since_step, both levels
@@ -224,6 +226,18 @@ def shift_threshold(precision: float) -> float:
     """The smallest move of the level (relative) that can be a level shift at this precision: 3 p up to
     p = 5%, 15% from there on (docs/decisions.md: the real logs' slow swings reach 14.5%, their shifts 17%+)."""
     return min(SHIFT_PRECISIONS * precision, SHIFT_REL_MAX)
+
+
+def figure_span(cut: int, figure_steps: tuple[int, int] | list[int], declared_step: int | None,
+                declared_cut: int | None) -> str:
+    """Where a steady figure comes from, for a person: after the warm-up cut while it is the declaration's;
+    once the re-run MSER moved it later (point 2 of docs/decisions.md), the steps the figure is over now and
+    the declaration as it was, so a cut later than the declared step reads as what it is, not a contradiction."""
+    if declared_cut is None or cut == declared_cut:
+        return f"after warm-up ending at step {cut}"
+    first, last = figure_steps
+    return (f"over steps {first}..{last} (declared at step {declared_step} with the warm-up ending at step "
+            f"{declared_cut} then)")
 
 
 def noise_of(values: list[float]) -> float:
@@ -432,6 +446,7 @@ class SteadyDetector:
         noise = noise_of(raw)
         return {
             "first": first,
+            "end": n,
             "level": level,
             "trend": slope,
             "trend_rel": slope.slope * span / scale,
@@ -573,6 +588,7 @@ class SteadyDetector:
         self._truncation = d
         self.estimate.steady = True
         self.estimate.declared_step, self.estimate.declared_ts = self.last_step, self.last_ts
+        self.estimate.declared_warmup_end_step = self._block_first_step[d]
         self._forced_noisy = noisy
         self._set_level(stats, checks)
         if self.shifts and self.shifts[-1]["declared_tok_s"] is None:
@@ -603,7 +619,7 @@ class SteadyDetector:
             self._truncation = first = later  # with more data MSER sees the warm-up's tail: cut it too
         level = batch_means_level(self._medians[first:end])
         raw = [v for block in self._raw[first:end] for v in block]
-        stats = {"first": first, "level": level, "noise_rel": noise_of(raw)}
+        stats = {"first": first, "end": end, "level": level, "noise_rel": noise_of(raw)}
         checks = dict(self.estimate.evidence.get("checks") or {})
         checks.update({
             "interval_half_width_rel": round(level.half_width_rel, 4) if math.isfinite(level.half_width_rel) else None,
@@ -644,6 +660,11 @@ class SteadyDetector:
             self._forced_noisy or stats["noise_rel"] > self.config.noisy_rel or level.half_width_rel > self.config.precision
         )
         self.estimate.warmup_end_step = self._block_first_step[d]
+        end = stats["end"]  # the figure's blocks end here: at a suspected shift, else with the newest block
+        self.estimate.figure_steps = (
+            self._block_first_step[stats["first"]],
+            self._block_first_step[end] - 1 if end < len(self._medians) else self.last_step,
+        )
         noisy = f", noisy: +/-{stats['noise_rel'] / 2:.0%} interval to interval" if self.estimate.noisy else ""
         timeout = {
             "max_undecided_s": " (decided after max_undecided_s: no trend beyond the precision)",
@@ -651,11 +672,13 @@ class SteadyDetector:
             f"~{checks.get('seconds_needed', 0):,} s of steps needed, max_undecided_s is "
             f"{self.config.max_undecided_s:.0f}; no trend beyond the precision)",
         }.get(checks.get("decided_by"), "")
+        where = figure_span(self.estimate.warmup_end_step, self.estimate.figure_steps, self.estimate.declared_step,
+                            self.estimate.declared_warmup_end_step)
         self.estimate.reason = (
-            f"steady at {level.mean:,.0f} tok/s (95% {level.lo:,.0f}..{level.hi:,.0f}{noisy}) after warm-up "
-            f"ending at step {self._block_first_step[d]}{timeout}"
+            f"steady at {level.mean:,.0f} tok/s (95% {level.lo:,.0f}..{level.hi:,.0f}{noisy}) {where}{timeout}"
         )
-        self.estimate.evidence = {**self._base_evidence(d), "checks": checks}
+        self.estimate.evidence = {**self._base_evidence(d), "figure_steps": list(self.estimate.figure_steps),
+                                  "checks": checks}
 
     def _base_evidence(self, d: int) -> dict:
         n = len(self._medians)

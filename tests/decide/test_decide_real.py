@@ -1,6 +1,7 @@
 """Real trainer logs (tests/data/real/, labelled from plots before the detector saw them): each gets the
 verdict a person reads, at the level a person reads, soon after its first step."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,20 @@ def test_a_noisy_launch_bound_log_gets_its_final_answer_once_the_precision_is_ou
     assert checks["decided_by"] == "precision_out_of_reach" and checks["seconds_needed"] > 600
     assert row["first_declared_s"] < 90  # not max_undecided_s (600 s): the log has 79 s of steps
     assert "precision 5% out of reach" in decision.reason and "max_undecided_s is 600" in decision.reason
+
+
+@pytest.mark.parametrize("log", [log for log in LOGS if log.verdict == "steady"], ids=lambda log: log.name)
+def test_no_steady_line_names_a_warm_up_end_after_the_step_it_was_declared_at(log):
+    """Once steady, the re-run MSER moves the warm-up cut later as data come (e2p-ps2-trees: declared at step
+    920 with the cut at 521, the cut at 1,161 from step 2,100). The reason (the watch's line, dfo replay's) said
+    "after warm-up ending at step 1161" beside "steady at step 920"; now a cut named there is the declaration's,
+    and a later one comes as the steps the figure is over."""
+    decision = judge(log)
+    if decision.decision != "steady":
+        return  # a known miss (above)
+    declared = decision.evidence["steady_declared_step"]
+    assert decision.evidence["steady_declared_warmup_end_step"] <= declared
+    for mention in re.finditer(r"warm-up ending at step (\d+)", decision.reason):
+        assert int(mention[1]) <= declared, decision.reason
+    first, last = decision.evidence["steady"]["figure_steps"]
+    assert decision.warmup_end_step <= first <= last <= decision.evidence["last_step"]
