@@ -35,7 +35,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from . import runs
-from .chains import BATCH_POLICY, FALLBACK, Claims, Outcome, Supervisor, catalogue_for, next_variant_after, rest_of_chain
+from .chains import (BATCH_POLICY, FALLBACK, Claims, FallbacksLeft, Outcome, Supervisor, catalogue_for, fallback_text,
+                     finish_under_way, next_variant_after, rest_of_chain)
 from .decide import Catalogue
 from .events import DecisionMade, Event
 from .errors import DfoError, RefusedError
@@ -50,16 +51,6 @@ from .store import Intent, Run, Store
 EXIT_GRACE_S = 15.0  # time the Watcher gets to judge a run that ended before its cell is closed without a verdict
 STOP_WAIT_S = 120.0  # a stop that has not ended the run by then (target unreachable) closes the cell anyway
 MAX_PARALLEL_LAUNCHES = 16
-
-
-class FallbacksLeft(KeyboardInterrupt):
-    """A second Ctrl-C while `dfo batch` was finishing cells' fallbacks: they are left half done (their intents
-    open, nothing remote signalled), for the next `dfo batch` or `dfo watch` to finish. `fallbacks`: which
-    (`RUN to VARIANT (cell CELL)`). Their threads cannot be interrupted: the caller leaves the process at once."""
-
-    def __init__(self, fallbacks: list[str]) -> None:
-        super().__init__("; ".join(fallbacks))
-        self.fallbacks = fallbacks
 
 
 # ---------------------------------------------------------------------------------------------- GPU ledger
@@ -504,28 +495,22 @@ class Scheduler:
         return next((intent for intent in self.store.open_intents(record.root_run) if intent.kind == FALLBACK), None)
 
     def _finish_fallbacks(self) -> Optional[FallbacksLeft]:
-        """Ctrl-C: the cells' fallbacks under way are carried to their end first (on_interrupt says which), so
-        each successor is started and recorded; a second Ctrl-C leaves them half done (returned FallbacksLeft):
-        their intents stay open for the next `dfo batch` or `dfo watch`. Neither signals anything remote."""
+        """Ctrl-C: the cells' fallbacks under way are carried to their end first (chains.finish_under_way:
+        on_interrupt says which; a second Ctrl-C leaves them half done, for the next `dfo batch` or `dfo watch`)."""
         under_way = {active.record.cell.id: active.falling_back for active in self.active.values()
                      if active.falling_back is not None and not active.falling_back.done()}
         if not under_way:
             return None
-        described = [f"cell {cell_id}" for cell_id in under_way]
-        try:  # a second Ctrl-C may come while the line is being written, not only during the wait
-            described = [self._describe_fallback(self.records[cell_id]) for cell_id in under_way]
-            self.on_interrupt(described)
-            wait_futures(under_way.values())
-        except KeyboardInterrupt:
-            return FallbacksLeft(described)
-        return None
+        return finish_under_way([f"cell {cell_id}" for cell_id in under_way],
+                                lambda: [self._describe_fallback(self.records[cell_id]) for cell_id in under_way],
+                                self.on_interrupt, lambda: wait_futures(under_way.values()))
 
     def _describe_fallback(self, record: CellRecord) -> str:
         """`RUN to VARIANT (cell CELL)` for the cell's open fallback (what its intent says), else `cell CELL`."""
         intent = self._open_fallback(record)
         if intent is None:
             return f"cell {record.cell.id}"
-        return f"{intent.data['run']} to {intent.data['variant']} (cell {record.cell.id})"
+        return f"{fallback_text(intent.data)} (cell {record.cell.id})"
 
     def _carry_out(self, active: _Active, fallback: Callable[[], list[Outcome]]) -> None:
         """Carry out a cell's fallback on a thread (its stop waits for the run to end, its launch for the GPUs)

@@ -485,6 +485,38 @@ def until_released(attempt: Callable[[], Any], release_s: float, poll_s: float, 
         time.sleep(poll_s)
 
 
+class FallbacksLeft(KeyboardInterrupt):
+    """A second Ctrl-C while `dfo watch` or `dfo batch` was finishing the fallbacks under way (finish_under_way):
+    they are left half done (their intents open, nothing remote signalled), for the next `dfo watch` or
+    `dfo batch` to finish. `fallbacks`: which (`RUN to VARIANT`, a batch's with `(cell CELL)`). Their threads
+    cannot be interrupted: the caller leaves the process at once."""
+
+    def __init__(self, fallbacks: list[str]) -> None:
+        super().__init__("; ".join(fallbacks))
+        self.fallbacks = fallbacks
+
+
+def fallback_text(data: Mapping[str, Any]) -> str:
+    """`RUN to VARIANT`: a fallback (its intent's data, `run` and `variant`) in the words Ctrl-C's lines use."""
+    return f"{data['run']} to {data['variant']}"
+
+
+def finish_under_way(rough: Sequence[str], describe: Callable[[], list[str]],
+                     on_interrupt: Callable[[list[str]], None], wait: Callable[[], Any]) -> FallbacksLeft | None:
+    """After Ctrl-C, with fallbacks under way on threads (a watch's actions, a batch's cells): `on_interrupt` is
+    told which (`describe()`, or `rough` until that answers) and `wait()` waits for them to end, so each
+    successor is started and recorded. A second Ctrl-C, while that is said or during the wait, leaves them half
+    done: returned as FallbacksLeft. Nothing remote is signalled either way."""
+    described = list(rough)
+    try:  # a second Ctrl-C may come while the line is being written, not only during the wait
+        described = describe()
+        on_interrupt(described)
+        wait()
+    except KeyboardInterrupt:
+        return FallbacksLeft(described)
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- where runs came from
 
 def inventory_for(run: Run, given: Path | None) -> tuple[Inventory, str | None]:

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import events as ev
-from .chains import GPU_RELEASE_S, WATCH_POLICY, Claims, Outcome, Policy, Supervisor, catalogue_for, chain_key, chain_variants
+from .chains import (GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy, Supervisor, catalogue_for, chain_key,
+                     chain_variants, fallback_text, finish_under_way)
 from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, UnknownRun
@@ -184,7 +185,7 @@ class Watcher:
         self.watched: dict[str, WatchedRun] = {}
         self._chains: dict[str, ChainState] = {}
         self._package: Package | None = None
-        self._actions: list[threading.Thread] = []
+        self._actions: list[tuple[threading.Thread, str]] = []  # each action's thread and what it does
         self._events: list[ev.Event] = []
         self._looked_at: dict[str, float] = {}  # chain root -> when its runs were last looked up (observing)
         self._lock = threading.RLock()
@@ -281,9 +282,20 @@ class Watcher:
         """Stop watching: close every channel (the agents exit; the runs keep running), give up the claims."""
         for observer in list(self.observers.values()):
             observer.close()
-        for thread in self._actions:
+        for thread, _ in self._actions:
             thread.join(ACTION_JOIN_S)
         self.claims.release_all()
+
+    def finish_actions(self, on_interrupt: Callable[[list[str]], None]) -> FallbacksLeft | None:
+        """Ctrl-C: the fallbacks (and stops) under way are carried to their end before the watch ends
+        (chains.finish_under_way: `on_interrupt` is told which, `RUN to VARIANT`); a second Ctrl-C leaves them
+        half done, their intents open for the next `dfo watch` (returned FallbacksLeft)."""
+        under_way = [(thread, what) for thread, what in self._actions if thread.is_alive()]
+        if not under_way:
+            return None
+        described = [what for _, what in under_way]
+        return finish_under_way(described, lambda: described, on_interrupt,
+                                lambda: [thread.join() for thread, _ in under_way])
 
     def __enter__(self) -> "Watcher":
         return self
@@ -419,7 +431,8 @@ class Watcher:
                 watched.handled = watched.acting = watched.stopping = True
         current = self.watched.get(self._chains[root].runs[-1])
         if intents and current is not None:
-            self._start_worker(current, lambda: self.supervisor.finish_open(root))
+            self._start_worker(current, lambda: self.supervisor.finish_open(root),
+                               "; ".join(fallback_text(intent.data) for intent in intents))
 
     def _observer_for(self, target_name: str) -> ObserverBase:
         if target_name in self.observers:
@@ -699,14 +712,17 @@ class Watcher:
     def _start_action(self, watched: WatchedRun, *, launch_next: str | None, reason: str) -> None:
         """Hand the run to the supervisor on a worker thread: a fallback (intent, stop, GPUs, launch), or a stop."""
         if launch_next:
-            self._start_worker(watched, lambda: self.supervisor.fall_back(watched.run, launch_next, watched.chain, reason))
+            self._start_worker(watched, lambda: self.supervisor.fall_back(watched.run, launch_next, watched.chain, reason),
+                               fallback_text({"run": watched.name, "variant": launch_next}))
         elif watched.alive is not False and watched.run.active:
-            self._start_worker(watched, lambda: self.supervisor.stop(watched.name, reason))
+            self._start_worker(watched, lambda: self.supervisor.stop(watched.name, reason),
+                               f"{watched.name} (a stop only: {reason})")
         else:
             self.queue.put(ActionDone(watched.name, reason=reason))
 
-    def _start_worker(self, watched: WatchedRun, work: Callable[[], Any]) -> None:
-        """Run `work` on its own thread; what it did comes back to the loop as ActionDone(s) on the queue."""
+    def _start_worker(self, watched: WatchedRun, work: Callable[[], Any], what: str) -> None:
+        """Run `work` (`what`, in words) on its own thread; what it did comes back to the loop as ActionDone(s) on
+        the queue."""
         def body() -> None:
             try:
                 done = work()
@@ -716,7 +732,7 @@ class Watcher:
                 self.queue.put(item)
 
         thread = threading.Thread(target=body, name=f"act-{watched.name}", daemon=True)
-        self._actions.append(thread)
+        self._actions.append((thread, what))
         thread.start()
 
     def _action_done(self, done: ActionDone) -> None:

@@ -431,29 +431,25 @@ def test_a_successor_whose_start_got_no_answer_is_adopted_if_it_runs_and_launche
         assert list(runs) == ["hu", "hu.2-nographs"]
 
 
-@pytest.mark.parametrize("presses", [1, 2])
-def test_ctrl_c_during_a_batch_fallback_says_what_it_finishes_and_a_second_leaves_it_to_the_next_batch(
-        lab: Lab, tmp_path: Path, presses: int) -> None:
-    experiments = tmp_path / "cc.yaml"
-    experiments.write_text("batch: cc\ntargets: [ct_a]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n")
-    root, successor = "cc.trees.ct_a.r1", "cc.trees.ct_a.r1.2-nographs"
+def ctrl_c_during_a_fallback(lab: Lab, tmp_path: Path, argv: list[str], root: str, successor: str, presses: int, *,
+                             waits_s: float = 2) -> str:
+    """Run `dfo ARGV` until its fallback of `root` is under way (its stop held after its identity check, before
+    its signal), then Ctrl-C it `presses` times (real SIGINTs). Once: it waits for the fallback (still there
+    `waits_s` later), carries it to its end and exits 130. Twice: it leaves at once (130), with the run not
+    signalled, `successor` not launched and the intent open. Returns what dfo said on stderr."""
     paused, said = tmp_path / "paused", tmp_path / "stderr"
-    with said.open("w") as stderr:  # the fallback's stop is held after its identity check, before its signal
-        batch = subprocess.Popen([DFO, "batch", str(experiments), "--poll", "0.3", "--json", "-i", str(lab.inventory)],
-                                 stdout=subprocess.DEVNULL, stderr=stderr,
-                                 env=lab.env(DFO_TEST_PAUSE_AT="identified", DFO_TEST_PAUSE_FILE=str(paused)))
+    with said.open("w") as stderr:
+        dfo = subprocess.Popen([DFO, *argv, "-i", str(lab.inventory)], stdout=subprocess.DEVNULL, stderr=stderr,
+                               env=lab.env(DFO_TEST_PAUSE_AT="identified", DFO_TEST_PAUSE_FILE=str(paused)))
     try:
-        wait_for(paused.exists, timeout=120, what="the cell's fallback under way")
-        batch.send_signal(signal.SIGINT)  # Ctrl-C
+        wait_for(paused.exists, timeout=120, what="the fallback under way")
+        dfo.send_signal(signal.SIGINT)  # Ctrl-C
         wait_for(lambda: "interrupted: finishing" in said.read_text(), timeout=30, what="the line about the fallback")
-        [line] = [line for line in said.read_text().splitlines() if "finishing" in line]
-        assert f"finishing the fallback of {root} to nographs (cell trees.ct_a.r1) first" in line
-        assert f"Ctrl-C again leaves it to the next `dfo batch {experiments}` or `dfo watch`" in line
-        time.sleep(2)
-        assert batch.poll() is None  # it waits for the fallback
+        time.sleep(waits_s)
+        assert dfo.poll() is None  # it waits for the fallback
         if presses == 2:
-            batch.send_signal(signal.SIGINT)
-            assert batch.wait(timeout=15) == 130  # left at once
+            dfo.send_signal(signal.SIGINT)
+            assert dfo.wait(timeout=15) == 130  # left at once
             assert "left half done" in said.read_text()
             assert "tls_crash.py" in lab.container.attach("ps", "-eo", "args").stdout  # Ctrl-C stopped no run
             with lab.store() as store:
@@ -462,19 +458,51 @@ def test_ctrl_c_during_a_batch_fallback_says_what_it_finishes_and_a_second_leave
             assert intent.data["run"] == root
         paused.unlink()  # (twice: nobody is waiting any more)
         if presses == 1:
-            assert batch.wait(timeout=120) == 130  # once the fallback is done
+            assert dfo.wait(timeout=120) == 130  # once the fallback is done
             with lab.store() as store:  # carried to its end: the run stopped, its successor started and recorded
                 assert (store.get_run(root).state, store.get_run(successor).state) == ("stopped", "running")
             assert open_intents(lab) == []
     finally:
-        batch.kill()
+        dfo.kill()
         paused.unlink(missing_ok=True)
+    return said.read_text()
+
+
+def finishing_line(said: str) -> str:
+    [line] = [line for line in said.splitlines() if "finishing" in line]
+    return line
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_during_a_batch_fallback_says_what_it_finishes_and_a_second_leaves_it_to_the_next_batch(
+        lab: Lab, tmp_path: Path, presses: int) -> None:
+    experiments = tmp_path / "cc.yaml"
+    experiments.write_text("batch: cc\ntargets: [ct_a]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n")
+    root, successor = "cc.trees.ct_a.r1", "cc.trees.ct_a.r1.2-nographs"
+    said = ctrl_c_during_a_fallback(lab, tmp_path, ["batch", str(experiments), "--poll", "0.3", "--json"], root,
+                                    successor, presses)
+    line = finishing_line(said)
+    assert f"finishing the fallback of {root} to nographs (cell trees.ct_a.r1) first" in line
+    assert f"Ctrl-C again leaves it to the next `dfo batch {experiments}` or `dfo watch`" in line
     again = lab.dfo("batch", str(experiments), "--poll", "0.3", "--json", timeout=180)
     assert again.returncode == 0, again.stderr[-2000:] + again.stdout[-2000:]
     [cell] = json.loads(again.stdout)["cells"]
     assert (cell["state"], cell["runs"]) == ("done", [root, successor]), cell
-    assert lab.container.path(f"/workspace/logs/{successor}.log").read_text().count("event=start") == 1
-    assert open_intents(lab) == []
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_during_a_watch_fallback_says_what_it_finishes_and_a_second_leaves_it_to_the_next_watch(
+        lab: Lab, tmp_path: Path, presses: int) -> None:
+    # before: one line saying nothing of the fallback, 5 s of silence, then the fallback cut off mid-way
+    said = ctrl_c_during_a_fallback(lab, tmp_path, ["launch", "--host", "ct_a", "--variant", "trees", "--name", "cw",
+                                                    "--no-preflight", "--chain", "trees,nographs", "--watch", "--json"],
+                                    "cw", "cw.2-nographs", presses, waits_s=6)
+    assert finishing_line(said) == ("interrupted: finishing the fallback of cw to nographs first; "
+                                    "Ctrl-C again leaves it to the next `dfo watch`"), said
+    if presses == 2:
+        assert "the fallback of cw to nographs is left half done; the next `dfo watch` finishes it" in said
+    else:
+        assert "stopped watching; the runs go on" in said
 
 
 def test_dfo_runs_looks_for_a_lost_start_on_a_stopped_container_once_then_says_when_until_recheck(lab: Lab, sshd) -> None:

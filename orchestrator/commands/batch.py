@@ -8,7 +8,6 @@ resumes.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -21,15 +20,16 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import report as report_lib
-from ..batch import FallbacksLeft, Progress, open_watcher, plan_rows, run_batch
+from ..batch import Progress, open_watcher, plan_rows, run_batch
+from ..chains import FallbacksLeft
 from ..connections import Connections
 from ..experiments import Plan, load_experiments
 from ..inventory import load_inventory
 from ..sanitize import text
 from ..store import Store
 from ..view import duration, step_text
-from .common import (InventoryOpt, JsonOpt, basis_label, console, err_console, fit_table, number, print_basis_note,
-                     print_json)
+from .common import (InventoryOpt, JsonOpt, basis_label, console, fit_table, leave_half_done, number, print_basis_note,
+                     print_json, say, say_finishing)
 
 EXAMPLES = {
     "batch": "Example: dfo batch inventory/compile-sweep.example.yaml -i inventory/lab.yaml --dry-run   (then without --dry-run)",
@@ -69,9 +69,10 @@ def batch_command(
         show_plan(plan, as_json)
         return
 
+    again = f"`dfo batch {file}` or `dfo watch`"  # what finishes a fallback a second Ctrl-C leaves
+
     def finishing(fallbacks: list[str]) -> None:
-        say(f"interrupted: finishing the fallback of {'; '.join(fallbacks)} first; "
-            f"Ctrl-C again leaves it to the next `dfo batch {file}` or `dfo watch`")
+        say_finishing(fallbacks, again)
 
     with Connections(inv) as connections, Store() as store:
         watcher = open_watcher(inv, connections, store)
@@ -83,12 +84,7 @@ def batch_command(
                     run_batch(plan, inv, connections, store, watcher, wandb=wandb, poll_s=poll, on_interrupt=finishing,
                               on_progress=lambda progress: live.update(render_progress(progress, watcher), refresh=True))
         except FallbacksLeft as left:
-            say(f"interrupted again: the fallback of {left} is left half done; `dfo batch {file}` again (or "
-                f"`dfo watch`) finishes it; the runs go on")
-            # its thread may be inside a remote call and cannot be interrupted: leave as a kill would (what it
-            # did is in the registry, the intent open; nothing remote is signalled)
-            sys.stderr.flush()
-            os._exit(130)
+            leave_half_done(left.fallbacks, again)
         except KeyboardInterrupt:
             say(f"interrupted: running cells go on; `dfo batch {file}` again resumes")
             raise typer.Exit(130)
@@ -97,11 +93,6 @@ def batch_command(
         rows = report_lib.cell_rows(store, plan.batch)
     show_report(plan.batch, rows, as_json)
     raise typer.Exit(1 if any(row.state in FAILED_STATES for row in rows) else 0)
-
-
-def say(line: str) -> None:
-    """One line on stderr, as it is (no markup, no highlighting)."""
-    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def show_plan(plan: Plan, as_json: bool) -> None:

@@ -7,8 +7,9 @@ both consoles are SafeConsoles; --json output is strict JSON).
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import typer
 from rich.console import Console
@@ -38,6 +39,27 @@ def verdicts_exit_status(verdicts: Iterable[str | None]) -> int:
     """The exit status of a command that ends on verdicts (`dfo watch`, `launch --watch`, `dfo replay`): 1 when
     any is a failure by Verdict.is_failure (crash, stall, too_slow, undecided, drifting), else 0."""
     return 1 if any(Verdict.of(verdict).is_failure() for verdict in verdicts) else 0
+
+
+def say(line: str) -> None:
+    """One line on stderr, as it is (no markup, no highlighting)."""
+    err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+def say_finishing(fallbacks: Sequence[str], again: str) -> None:
+    """Ctrl-C with fallbacks under way (`dfo watch`, `dfo batch`: chains.finish_under_way): which ones are
+    finished first, and that a second Ctrl-C leaves them to `again` (the commands that finish them)."""
+    say(f"interrupted: finishing the fallback of {'; '.join(fallbacks)} first; Ctrl-C again leaves it to the next {again}")
+
+
+def leave_half_done(fallbacks: Sequence[str], again: str) -> NoReturn:
+    """A second Ctrl-C (chains.FallbacksLeft): say so and leave at once, exit 130. The fallbacks' threads may be
+    inside a remote call and cannot be interrupted: the process ends as a kill would (what they did is in the
+    registry, their intents open; nothing remote is signalled)."""
+    say(f"interrupted again: the fallback of {'; '.join(fallbacks)} is left half done; the next {again} finishes "
+        "it; the runs go on")
+    sys.stderr.flush()
+    os._exit(130)
 
 
 def print_error(err: DfoError) -> None:

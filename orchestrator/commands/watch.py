@@ -22,9 +22,11 @@ from ..states import Verdict
 from ..store import Store, utc_now
 from ..view import render
 from ..watch import Watcher
-from .common import InventoryOpt, complete_runs, console, err_console, print_json, verdicts_exit_status
+from .common import (InventoryOpt, complete_runs, console, err_console, leave_half_done, print_json, say_finishing,
+                     verdicts_exit_status)
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
+AGAIN = "`dfo watch`"  # what finishes a fallback that a second Ctrl-C leaves half done
 SHOWN_EVENTS = ("decision", "level_shift", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
                 "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed", "took_over")
 
@@ -135,7 +137,10 @@ def watch_runs(
                     drive(watcher, until_decided, interval, lambda events: show(live, watcher, events))
                 if not console.is_terminal:
                     console.print()  # Live leaves its last frame without a newline when not on a terminal
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a fallback under way is finished first (a second Ctrl-C leaves it half done)
+            left = watcher.finish_actions(lambda fallbacks: say_finishing(fallbacks, AGAIN))
+            if left is not None:
+                leave_half_done(left.fallbacks, AGAIN)
             err_console.print("stopped watching; the runs go on (dfo watch again to reattach)", highlight=False)
             return 130
         finally:
