@@ -5,6 +5,8 @@
     python3 bench/gpu_probe.py --out $OUT --part drafter --mode layers
     python3 bench/gpu_probe.py --out $OUT --part attention    # one drafter layer's FlexAttention alone,
         # forward + backward: the default kernel configs, a few backward tiles, then inductor's autotuning
+    python3 bench/gpu_probe.py --out $OUT --part optimizer    # the optimizer step alone: as today, AdamW
+        # alone, the clipping folded into the fused AdamW, and autocast's bf16 weight copies (~1 min)
 
 Each part prints (and appends to OUT/probe.jsonl as it goes) the seconds of its first call (compilation
 included), the steady milliseconds per step (CUDA-synchronised, median of --steps), the compile phases
@@ -38,13 +40,18 @@ def emit(out: Path, **fields) -> None:
         fh.write(line + "\n")
 
 
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def timed(fn, steps: int) -> list[float]:
     times = []
     for _ in range(steps):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         times.append((time.perf_counter() - start) * 1e3)
     return times
 
@@ -233,10 +240,46 @@ def probe_attention(args, cfg, out: Path) -> None:
     inductor_config.max_autotune = False
 
 
+def probe_optimizer(args, cfg, out: Path) -> None:
+    """The drafter's optimizer step alone on its 1.05 B fp32 parameters with random gradients: as the trainer
+    does it (clip_grad_norm_, then fused AdamW), AdamW alone, the clipping folded into the fused kernel (the
+    norm, then AdamW dividing the gradients by max(norm / clip, 1) through `grad_scale`), and the bf16 copy
+    of every weight that autocast makes each forward. Milliseconds per step, median of --steps."""
+    from trainer.replica import build_optimizer
+
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of the script (tiny-cpu)
+    drafter = seeded_drafter(cfg, device)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    for param in params:
+        param.grad = torch.randn_like(param) * 1e-3
+    optimizer, _ = build_optimizer(cfg, drafter, device)
+    clip = cfg.optim.grad_clip or 1.0
+    emit(out, part="optimizer", params=sum(p.numel() for p in params), clip=clip)
+
+    def today() -> None:
+        torch.nn.utils.clip_grad_norm_(params, clip)
+        optimizer.step()
+
+    def folded() -> None:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        optimizer.grad_scale = torch.clamp(norm / clip, min=1.0).float()
+        optimizer.step()
+        del optimizer.grad_scale
+
+    variants = {"clip + fused AdamW (today)": today, "fused AdamW alone": optimizer.step,
+                "clip_grad_norm_ alone": lambda: torch.nn.utils.clip_grad_norm_(params, clip),
+                **({"norm folded into fused AdamW (grad_scale)": folded} if device != "cpu" else {}),
+                "bf16 copy of every weight": lambda: [p.detach().to(torch.bfloat16) for p in params]}
+    for name, fn in variants.items():
+        ms = statistics.median(timed(fn, args.steps)[3:])
+        emit(out, part="optimizer", variant=name, ms=round(ms, 2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--part", choices=("target", "drafter", "layer", "head", "attention"), required=True)
+    parser.add_argument("--part", choices=("target", "drafter", "layer", "head", "attention", "optimizer"),
+                        required=True)
     parser.add_argument("--mode", default="whole", help="drafter: whole | layers (drafter.compile_scope)")
     parser.add_argument("--strategy", default="nographs")
     parser.add_argument("--preset", default="qwen3-8b-shape")
@@ -246,9 +289,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = preset(args.preset)
     emit(args.out, part=args.part, preset=args.preset, taps=tap_layers(cfg.target.layers, cfg.drafter.taps),
-         torch=torch.__version__, gpu=torch.cuda.get_device_name(0))
+         torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
     parts = {"target": probe_target, "drafter": probe_drafter, "layer": probe_region, "head": probe_region,
-             "attention": probe_attention}
+             "attention": probe_attention, "optimizer": probe_optimizer}
     parts[args.part](args, cfg, args.out)
 
 
