@@ -400,7 +400,8 @@ class Supervisor:
                 return Left.NOTHING
             if found.parent != intent.data["run"]:
                 return Left.PASSED  # another run's name
-            found = resolve_launch(self.connections.container(found.target), self.store, found)
+            found = resolve_launch(self.connections.container(found.target), self.store, found,
+                                   grace_s=self.inventory.watch.start_grace_s)
             return Left.STARTED if started(found) else Left.PASSED
 
         def launch(data: dict) -> dict:
@@ -561,7 +562,8 @@ def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], 
 
     def one(target: str, connections: Any, group: list[Run]) -> None:
         try:
-            look(connections.container(target), store, group, timeout=timeout)
+            look(connections.container(target), store, group, timeout=timeout,
+                 grace_s=connections.inventory.watch.start_grace_s)
         except DfoError as exc:
             problems[target] = str(exc)
 

@@ -165,6 +165,9 @@ class Variant(_Strict):
 
 
 _DECIDE = DecideConfig()
+START_GRACE_S = 30.0
+"""`watch.start_grace_s`'s default: after a start that got no answer, how long (from when dfo gave up on the
+answer) its run gets to show before the launch counts as failed (runs.start_grace_left)."""
 
 
 class Watch(_Strict):  # the decide/ keys take their defaults from DecideConfig (docs/decisions.md)
@@ -178,6 +181,11 @@ class Watch(_Strict):  # the decide/ keys take their defaults from DecideConfig 
     max_undecided_s: float = Field(_DECIDE.max_undecided_s, gt=0)  # then a final answer: steady (noisy) or drifting
     baseline_tok_s: Optional[float] = Field(None, gt=0)
     unreachable_s: float = Field(300, gt=0)  # a host out of reach this long ends the watch of its runs
+    start_grace_s: float = Field(START_GRACE_S, gt=0)  # a start that got no answer: how long its run may take to show
+
+    def decide_mapping(self) -> dict[str, Any]:
+        """The keys DecideConfig.from_mapping takes (it skips baseline_tok_s and unreachable_s itself)."""
+        return self.model_dump(exclude={"start_grace_s"})
 
 
 class Signature(_Strict):

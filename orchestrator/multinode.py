@@ -338,7 +338,8 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
         prepared = [row for row in (store.find_run(node_name(name, rank))
                                     for rank in range(len(store.nodes_of(intent.data["run"])))) if row is not None]
         for row in prepared:  # rows never recorded as a run: nothing of them started (marked failed)
-            runs_lib.resolve_launch(connections.container(row.target), store, row)
+            runs_lib.resolve_launch(connections.container(row.target), store, row,
+                                    grace_s=inventory.watch.start_grace_s)
         return Left.PASSED if prepared else Left.NOTHING
 
     def launch(data: dict) -> dict:
@@ -374,7 +375,8 @@ def refresh_nodes(connections, store: Store, run: str) -> None:
     """Bring `run`'s nodes' rows up to date (a launch a dfo did not finish recording is found or marked failed)."""
     for name in store.nodes_of(run):
         node = store.get_run(name)
-        runs_lib.resolve_launch(connections.container(node.target), store, node)
+        runs_lib.resolve_launch(connections.container(node.target), store, node,
+                                grace_s=connections.inventory.watch.start_grace_s)
 
 
 def next_name(store: Store, run: str, variant: str) -> str:

@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, Iterator, Mapping, Sequence
 
 from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
+from .inventory import START_GRACE_S
 from .launchplan import SECRETS_FROM_STDIN, Gate, Opened, open_plan
 from .names import check_name
 from .package import Package, PushResult, build_package, parse_probe, pkg_dir, probe_script, push
@@ -275,6 +276,8 @@ def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool, 
     ]
     if with_secrets:
         lines.append(f"if ! (umask 077; {secrets_from} > {secrets}); then rm -f {secrets} {log}; exit 1; fi")
+    if slow_start_hook(name):
+        lines.append(f"sleep {slow_start_hook(name):g}")
     lines += [
         f"setsid nohup sh -c {q(wrapper)} </dev/null >>{log} 2>&1 &",
         "pid=$!",
@@ -550,7 +553,8 @@ def _launching_run(spec: RunSpec, name: str, package: Package | None) -> Run:
 
 def _start(opened: Opened, spec: RunSpec, name: str, secrets: Mapping[str, str]) -> tuple[int, str]:
     timeout_at_hook("before_start", spec)
-    result = opened.call.start(_env_file(secrets) if secrets else b"", timeout=START_TIMEOUT)
+    timeout = SLOW_START_ANSWER_S if slow_start_hook(name) else START_TIMEOUT
+    result = opened.call.start(_env_file(secrets) if secrets else b"", timeout=timeout)
     if result.exit_code == LOG_EXISTS_EXIT:
         raise RefusedError(f"{log_path(spec.workspace, name)} appeared on {spec.target} meanwhile; dfo never overwrites a log")
     info = parse_probe(result.stdout)
@@ -566,6 +570,17 @@ def timeout_at_hook(point: str, spec: RunSpec) -> None:
     PID never came back). Nothing else sets it."""
     if spec.parent and os.environ.get("DFO_TEST_START_TIMEOUT_AT") == point:
         raise CommandTimeout(f"the launch script gave no answer to the start within {START_TIMEOUT:g}s (test: {point})")
+
+
+SLOW_START_ANSWER_S = 1.0
+
+
+def slow_start_hook(name: str) -> float:
+    """Tests: a start whose remote launch is slow (DFO_TEST_SLOW_START=NAME:SECONDS): run NAME's start script
+    waits SECONDS before it starts the run, and dfo waits only SLOW_START_ANSWER_S for its answer, as when a
+    loaded container starts the run after dfo gave up on the answer (START_TIMEOUT). Nothing else sets it."""
+    run, _, seconds = os.environ.get("DFO_TEST_SLOW_START", "").partition(":")
+    return float(seconds) if run == name and seconds else 0.0
 
 
 def _env_file(secrets: Mapping[str, str]) -> bytes:
@@ -635,14 +650,27 @@ def started(run: Run) -> bool:
     return run.pid is not None or run.exit_code is not None
 
 
-def resolve_launch(target: Target, store: Store, run: Run) -> Run:
+def start_grace_left(run: Run, grace_s: float = START_GRACE_S) -> float:
+    """Seconds a start never seen answered (start_unseen) still has for its process to appear, counted from when
+    dfo gave up on the answer (its ended_at): a slow start is not taken for one that started nothing. 0 for
+    any other row."""
+    if not start_unseen(run) or not run.ended_at:
+        return 0.0
+    return max(0.0, datetime.fromisoformat(run.ended_at).timestamp() + grace_s - time.time())
+
+
+def resolve_launch(target: Target, store: Store, run: Run, *, grace_s: float = START_GRACE_S) -> Run:
     """`run` as `target` shows it now (look; ended rows as they are). A launch a dfo that died left `launching`,
     or a start it never saw answered (start_unseen), is settled: its process, found by its exit file path,
     adopted (`running`, with its PID; or its end, read from its exit file), or with none found the run marked
-    `failed` and the secrets file and empty log its start may have made removed."""
+    `failed` and the secrets file and empty log its start may have made removed. A start never seen answered
+    is looked for every LOOK_POLL_S until its grace (start_grace_left) is over before it is marked failed."""
     if not needs_look(run):
         return run
-    [settled] = look(target, store, [run]) or [run]
+    [settled] = look(target, store, [run], grace_s=grace_s) or [run]
+    while (left := start_grace_left(settled, grace_s)) > 0:
+        time.sleep(min(LOOK_POLL_S, left))
+        [settled] = look(target, store, [settled], grace_s=grace_s) or [settled]
     if run.pid is None and settled.state == RunState.FAILED:
         _remove_launch_files(target, run.workspace, run.name, log=True)
     return settled
@@ -793,6 +821,7 @@ def follow_script(run: Run, lines: int) -> str:
 # ---------------------------------------------------------------------------------------------- looking
 
 LOOK_TIMEOUT = 15.0
+LOOK_POLL_S = 1.0  # resolve_launch: how often a start never seen answered is looked for during its grace
 
 
 def look_script(runs: Sequence[Run]) -> str:
@@ -815,10 +844,12 @@ def look_script(runs: Sequence[Run]) -> str:
     return "\n".join(lines) + "\ntrue\n"
 
 
-def look(target: Target, store: Store, runs: Sequence[Run], *, timeout: float = LOOK_TIMEOUT) -> list[Run]:
+def look(target: Target, store: Store, runs: Sequence[Run], *, timeout: float = LOOK_TIMEOUT,
+         grace_s: float = START_GRACE_S) -> list[Run]:
     """Bring the registry up to date with what `target` shows of `runs` (active rows and starts never seen
     answered, start_unseen; a `launching` row only once its launcher is gone) in one remote call. Returns the
-    runs as now recorded."""
+    runs as now recorded. A start never seen answered whose process is not there yet stays `lost` while it is
+    within its grace (start_grace_left with `grace_s`), then is marked failed."""
     runs = [run for run in runs if run.state != RunState.LAUNCHING or not launcher_alive(run)]
     if not runs:
         return []
@@ -829,10 +860,10 @@ def look(target: Target, store: Store, runs: Sequence[Run], *, timeout: float = 
         if head.startswith("@") and head[1:].isdigit():
             key, _, value = rest.partition("=")
             seen.setdefault(int(head[1:]), {})[key] = value
-    return [_settle(store, run, seen.get(index, {})) for index, run in enumerate(runs)]
+    return [_settle(store, run, seen.get(index, {}), grace_s) for index, run in enumerate(runs)]
 
 
-def _settle(store: Store, run: Run, seen: Mapping[str, str]) -> Run:
+def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> Run:
     exit_text = seen.get("exit", "")
     if run.pid is None:  # a launch dfo died in: adopt the process it started, or call the launch failed
         if seen.get("found"):
@@ -843,6 +874,8 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str]) -> Run:
             return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked")
         if exit_text.strip():
             return _record_end(store, run, exit_text, "ended before dfo looked (its launch was not recorded to the end)")
+        if start_grace_left(run, grace_s) > 0:
+            return run  # a slow start may bring it up yet: not judged until its grace is over
         return mark_failed(store, run.name, "its start got no answer; no process found" if run.state == RunState.LOST
                            else "the dfo launching it went away before the start; no process found")
     stat = seen.get("stat", "")

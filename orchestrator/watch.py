@@ -200,7 +200,8 @@ class Watcher:
             run = self.store.get_run(name)
             observer = self._observer_for(run.target)  # first: a target out of reach registers nothing
             if needs_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a start it
-                look(self.connections.container(run.target), self.store, [run])  # never saw answered: find it
+                look(self.connections.container(run.target), self.store, [run],  # never saw answered: find it
+                     grace_s=self.inventory.watch.start_grace_s)
                 run = self.store.get_run(name)
             chain_runs = self.store.lineage(run.name)
             root = chain_runs[0]
@@ -812,7 +813,7 @@ class Writes:
 
 def config_from_inventory(inventory: Inventory) -> DecideConfig:
     """The decision thresholds of the inventory's `watch:` section."""
-    return DecideConfig.from_mapping(inventory.watch.model_dump())
+    return DecideConfig.from_mapping(inventory.watch.decide_mapping())
 
 
 def decision_key(decision: Decision) -> tuple:

@@ -35,6 +35,7 @@ DFO = str(Path(sys.executable).parent / "dfo")
 # Steady for 1000 steps (about 20 s), then exit 3: long enough for a watcher's lease (15 s) to run out.
 LONG_THEN_CRASH = "{py} /workspace/scripts/steady_trainer.py 1000 0.02; exit 3"
 GATE = "/workspace/go"
+START_GRACE_S = 8  # a start that got no answer: how long its run may take to show (watch.start_grace_s)
 GATED = f"while [ ! -e {GATE} ]; do sleep 0.1; done; exit 3"  # runs until the test opens the gate, then exits 3
 
 
@@ -89,7 +90,7 @@ def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
             "ct_a": {"ctid": container.vmid, "gpus": [0], "python": PY}}}},
         "variants": variants,
         "fallback": ["trees", "nographs"],
-        "watch": {**FAST_WATCH, "stall_floor_s": 3},
+        "watch": {**FAST_WATCH, "stall_floor_s": 3, "start_grace_s": START_GRACE_S},
     })
     lab = Lab(inventory, container, tmp_path / "state")
     yield lab
@@ -531,3 +532,24 @@ def test_dfo_runs_looks_for_a_lost_start_on_a_stopped_container_once_then_says_w
     lab.container.start()
     assert lab.runs()["ls"]["state"] == "lost"  # not due yet: shown as it was
     assert lab.dfo("runs", "ls", "--recheck", inventory=False).stdout.count("state:    failed") == 1  # nothing started
+
+
+def test_a_batch_adopts_a_successor_whose_slow_start_shows_within_its_grace_instead_of_launching_another(
+        lab: Lab, tmp_path: Path) -> None:
+    experiments = tmp_path / "slow.yaml"
+    experiments.write_text("batch: sl\ntargets: [ct_a]\nmatrix: {variant: [failing]}\nfallback: [failing, short]\n")
+    root, successor = "sl.failing.ct_a.r1", "sl.failing.ct_a.r1.2-short"
+    # the successor's start script waits 6 s before it starts the run; dfo gives up on its answer after 1 s (and
+    # 2 s for the channel to close)
+    done = lab.dfo("batch", str(experiments), "--poll", "0.3", "--json", timeout=120,
+                   DFO_TEST_SLOW_START=f"{successor}:6")
+    assert done.returncode == 0, done.stderr[-2000:] + done.stdout[-2000:]
+    [cell] = json.loads(done.stdout)["cells"]
+    assert (cell["state"], cell["runs"]) == ("done", [root, successor]), cell
+    runs = lab.runs()
+    assert list(runs) == [root, successor] and runs[successor]["state"] == "exited"  # adopted, none beside it
+    with lab.store() as store:
+        assert [event["data"]["how"] for event in store.events(successor, kind="launch_resolved")] == [
+            "found by its exit file path"]
+    logs = sorted(path.name for path in lab.container.path("/workspace/logs").glob("sl.*.log"))
+    assert logs == sorted([f"{root}.log", f"{successor}.log"])

@@ -67,7 +67,7 @@ def replay_command(
     spec = inv.variants.get(variant) if variant else None
     if variant and spec is None:
         raise UsageError(f"unknown variant {variant!r}; known: {', '.join(sorted(inv.variants)) or 'none'}")
-    watch = inv.watch.model_dump()
+    watch = inv.watch.decide_mapping()
     lines = read_log_lines(log)
     metrics = regex or (spec.metrics if spec else None)
     malformed = malformed_lines(lines, metrics)

@@ -438,10 +438,11 @@ def stop_command(
             _stop_nodes(store, name, grace, inventory, as_json)
             return
         run = store.get_run(name)
-        with Connections(_inventory_of(run, inventory)) as connections:
+        inv = _inventory_of(run, inventory)
+        with Connections(inv) as connections:
             target = connections.container(run.target)
             if runs_lib.needs_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a
-                runs_lib.look(target, store, [run])  # start it never saw answered: find its process first
+                runs_lib.look(target, store, [run], grace_s=inv.watch.start_grace_s)  # start never seen answered
             stopped = runs_lib.stop(target, store, name, grace_s=grace)
     run = stopped.run
     if as_json:
