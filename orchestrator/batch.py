@@ -11,7 +11,8 @@ intent recorded once (subject the cell's first run), then the run stopped and th
 (chains.next_variant_after) launched once under chains' one naming rule (`BATCH.CELL.<n>-<variant>`) with
 `parent` set, on the same GPUs with the same settings (chains.next_spec: those of the cell's first launch)
 once those GPUs are released, so a fallback never lands on another cell's GPUs. A batch that dies inside a
-fallback leaves its intent open: the next `dfo batch` of the file (or `dfo watch`) finishes it first. A too-slow verdict (against a configured baseline only) ends the cell as
+fallback leaves its intent open: the next `dfo batch` of the file finishes it first (`dfo watch` leaves a batch
+cell's fallback to it: carried out there it would be outside the GPU ledger). A too-slow verdict (against a configured baseline only) ends the cell as
 `done`: its steady figure is the result, and a sweep is there to measure the slow configurations too. Two cells never hold one GPU at once: a cell without `gpus:` takes the whole
 target; one with `gpus: N` takes N of the target's listed GPUs and runs with CUDA_VISIBLE_DEVICES set to
 them; GPUs are released only once the cell's last run has ended. Everything the scheduler learns goes to
@@ -320,8 +321,8 @@ class Scheduler:
     def _resume_cell(self, record: CellRecord) -> None:
         """Reattach a running cell to its chain's last run (or start it again when that run was never recorded);
         a cell that could not start is pending again."""
-        if record.state == "error":
-            self._set(record, state="pending")
+        if record.state == "error":  # could not start; or its fallback was left open: finished first, on its GPUs
+            self._set(record, state="running" if record.root_run and self._open_fallback(record) else "pending")
         if record.state != "running":
             return
         if record.root_run is None or self.store.find_run(record.root_run) is None:
@@ -496,7 +497,7 @@ class Scheduler:
 
     def _finish_fallbacks(self) -> Optional[FallbacksLeft]:
         """Ctrl-C: the cells' fallbacks under way are carried to their end first (chains.finish_under_way:
-        on_interrupt says which; a second Ctrl-C leaves them half done, for the next `dfo batch` or `dfo watch`)."""
+        on_interrupt says which; a second Ctrl-C leaves them half done, for the next `dfo batch`)."""
         under_way = {active.record.cell.id: active.falling_back for active in self.active.values()
                      if active.falling_back is not None and not active.falling_back.done()}
         if not under_way:
@@ -521,7 +522,8 @@ class Scheduler:
     def _after_fallback(self, active: _Active) -> None:
         """Attach the successor the fallback launched (or adopted), or close the cell when none started. A
         fallback whose stop failed is still open: carried out again (chains.carry_out_fallback, once) until
-        stop_wait_s have passed, then the cell is closed as failed and the intent left to `dfo watch`."""
+        stop_wait_s have passed, then the cell is closed as `error` (its GPUs released here) with the intent left
+        open: the next `dfo batch` of the file takes the cell up again on its GPUs and finishes it first."""
         record, done = active.record, active.falling_back
         active.falling_back = None
         try:
@@ -535,7 +537,8 @@ class Scheduler:
                 self._carry_out(active, lambda: self.supervisor.finish_open(record.root_run))
                 return
             outcomes = [Outcome(outcomes[-1].run if outcomes else record.root_run,
-                                error=f"{error} (the fallback stays open: `dfo watch` finishes it)")]
+                                error=f"{error} (the fallback stays open: the next `dfo batch` of this file "
+                                      f"finishes it)")]
         launched = next((outcome.launched for outcome in outcomes if outcome.launched is not None), None)
         if launched is not None:
             self.news.append(f"{record.cell.id}: fell back to {launched.name}")
@@ -545,7 +548,8 @@ class Scheduler:
         errors = "; ".join(outcome.error for outcome in outcomes if outcome.error) or "no successor launched"
         last = outcomes[-1].run if outcomes else self.table.chain(record.root_run)[-1]
         verdict = active.fell_from or self.store.get_run(last).decision or {}
-        self._finish(active, self.store.lineage(last), verdict, "failed",
+        left_open = self._open_fallback(record) is not None  # taken up again by the next invocation
+        self._finish(active, self.store.lineage(last), verdict, CellState.ERROR if left_open else CellState.FAILED,
                      f"{verdict.get('decision', 'failed')}; fallback did not start: {errors}")
 
     def _finish(self, active: _Active, chain: list[str], decision: dict, state: str, why: str) -> None:

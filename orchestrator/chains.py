@@ -184,6 +184,13 @@ def gpus_used(store: Store, inventory: Inventory, name: str) -> tuple[int, ...]:
     return visible_gpus(first_launch(store, name).get("env") or {}, inventory.target(store.get_run(name).target))
 
 
+def batch_command(store: Store, batch: str) -> str:
+    """`dfo batch FILE` for `batch` (the experiments file it last ran from): what finishes its cells' fallbacks,
+    which `dfo watch` leaves to it."""
+    source = next((row["source"] for row in store.batches() if row["name"] == batch), None)
+    return f"dfo batch {shlex.quote(source)}" if source and not source.startswith("<") else f"dfo batch FILE (batch {batch})"
+
+
 # ---------------------------------------------------------------------------------------------- claims
 
 def owner_id() -> str:

@@ -247,6 +247,20 @@ class NotSignalled(RunEvent):
 
 
 @dataclass(frozen=True)
+class LeftToBatch(RunEvent):
+    """A verdict `dfo watch` does not act on: the run is a batch cell's, whose fallback or stop `dfo batch` carries
+    out (it keeps the cell's GPUs in its bookkeeping); `command` is the one that does."""
+
+    kind: ClassVar[str] = "left_to_batch"
+    batch: str
+    command: str
+
+    @property
+    def text(self) -> str:
+        return f"a run of batch {self.batch}: its fallback is left to `{self.command}` (it keeps the cell's GPUs)"
+
+
+@dataclass(frozen=True)
 class FellBack(RunEvent):
     kind: ClassVar[str] = "fell_back"
     next_run: str

@@ -77,7 +77,8 @@ class RunState(StrEnum):
 
 class CellState(StrEnum):
     """A batch cell: pending --launch--> running --stop_when, or the chain ends--> done | failed.
-    `error`: it could not start (refused, unreachable); the next invocation tries it again."""
+    `error`: it could not start (refused, unreachable), or its fallback could not be carried out (left open);
+    the next invocation tries it again (finishing that fallback first)."""
 
     PENDING = "pending"
     RUNNING = "running"

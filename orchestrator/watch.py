@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import events as ev
-from .chains import (GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy, Supervisor, catalogue_for, chain_key,
-                     chain_variants, fallback_text, finish_under_way)
+from .chains import (GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy, Supervisor, batch_command,
+                     catalogue_for, chain_key, chain_variants, fallback_text, finish_under_way)
 from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, UnknownRun
@@ -705,6 +705,9 @@ class Watcher:
         decision = watched.decision
         if not self.fallback or decision.action not in ("fallback", "stop"):
             return  # --no-fallback only reports
+        if watched.run.batch:  # a batch cell's run: `dfo batch` acts, keeping the cell's GPUs in its bookkeeping
+            self._emit(watched, ev.LeftToBatch, batch=watched.run.batch, command=batch_command(self.store, watched.run.batch))
+            return
         watched.stopping = watched.acting = True
         self._emit(watched, ev.Acting, action=decision.action, next_variant=decision.next_variant)
         self._start_action(watched, launch_next=decision.next_variant if decision.action == "fallback" else None,

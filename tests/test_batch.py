@@ -585,10 +585,11 @@ def test_a_fallback_that_cannot_start_closes_its_cell_as_failed_with_the_verdict
     assert launched == ["n.trees.ct200.r1"]
 
 
-def test_a_fallback_whose_stop_keeps_failing_closes_its_cell_after_the_stop_wait_and_stays_open():
+def test_a_fallback_whose_stop_keeps_failing_leaves_its_cell_to_the_next_batch_which_finishes_it_on_its_gpus():
     text = "batch: u\ntargets: [ct200]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n"
+    scripts = {"trees": Script(stall_after=10), "nographs": Script(steady_after=20)}
     with Store.in_memory() as store:
-        _, _, launched, scheduler = scheduled(text, {"trees": Script(stall_after=10)}, store)
+        _, watcher, launched, scheduler = scheduled(text, scripts, store)
         tries = []
 
         def unreachable(name, reason):
@@ -597,7 +598,14 @@ def test_a_fallback_whose_stop_keeps_failing_closes_its_cell_after_the_stop_wait
 
         scheduler.supervisor.stop = unreachable
         [record] = scheduler.run()
-        [intent] = store.open_intents("u.trees.ct200.r1")  # left for `dfo watch` to finish
-    assert record.state == "failed" and record.outcome["decision"]["decision"] == "stall"
-    assert "stop failed: ct200 unreachable (the fallback stays open" in record.outcome["why"]
-    assert set(tries) == {"u.trees.ct200.r1"} and launched == ["u.trees.ct200.r1"]  # nothing launched
+        [intent] = store.open_intents("u.trees.ct200.r1")  # left open for the next `dfo batch` of the file
+        assert record.state == "error" and record.outcome["decision"]["decision"] == "stall"
+        assert "stop failed: ct200 unreachable (the fallback stays open: the next `dfo batch`" in record.outcome["why"]
+        assert set(tries) == {"u.trees.ct200.r1"} and launched == ["u.trees.ct200.r1"]  # nothing launched
+        held = record.gpu_ids
+
+        _, watcher2, launched2, again = scheduled(text, scripts, store)  # the target answers again
+        watcher2.gpus_of.update(watcher.gpus_of)
+        [record] = again.run()
+    assert (record.state, record.outcome["runs"]) == ("done", ["u.trees.ct200.r1", "u.trees.ct200.r1.2-nographs"])
+    assert launched2 == ["u.trees.ct200.r1.2-nographs"] and record.gpu_ids == held != ()

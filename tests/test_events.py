@@ -33,6 +33,7 @@ CONTRACT = {
     "stopped": ["at", "run", "chain", "signal", "reason"],
     "not_signalled": ["at", "run", "chain", "why"],
     "fell_back": ["at", "run", "chain", "next_run", "variant"],
+    "left_to_batch": ["at", "run", "chain", "batch", "command"],
     "disconnected": ["at", "target", "reason"],
     "gap": ["at", "target", "duration_s"],
     "gpu_error": ["at", "target", "text", "code"],

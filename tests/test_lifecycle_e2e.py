@@ -484,7 +484,7 @@ def test_ctrl_c_during_a_batch_fallback_says_what_it_finishes_and_a_second_leave
                                     successor, presses)
     line = finishing_line(said)
     assert f"finishing the fallback of {root} to nographs (cell trees.ct_a.r1) first" in line
-    assert f"Ctrl-C again leaves it to the next `dfo batch {experiments}` or `dfo watch`" in line
+    assert line.endswith(f"Ctrl-C again leaves it to the next `dfo batch {experiments}`")  # never `dfo watch`
     again = lab.dfo("batch", str(experiments), "--poll", "0.3", "--json", timeout=180)
     assert again.returncode == 0, again.stderr[-2000:] + again.stdout[-2000:]
     [cell] = json.loads(again.stdout)["cells"]
@@ -553,3 +553,24 @@ def test_a_batch_adopts_a_successor_whose_slow_start_shows_within_its_grace_inst
             "found by its exit file path"]
     logs = sorted(path.name for path in lab.container.path("/workspace/logs").glob("sl.*.log"))
     assert logs == sorted([f"{root}.log", f"{successor}.log"])
+
+
+def test_dfo_watch_leaves_a_batch_cells_open_fallback_to_dfo_batch_naming_the_command(lab: Lab, tmp_path: Path) -> None:
+    # carried out by `dfo watch`, the successor would run outside the batch's GPU ledger (a batch that gave the
+    # cell up has handed its GPUs on): the watch names the command that finishes it, and launches nothing
+    experiments = tmp_path / "wb.yaml"
+    experiments.write_text("batch: wb\ntargets: [ct_a]\nmatrix: {variant: [failing]}\nfallback: [failing, short]\n")
+    root = "wb.failing.ct_a.r1"
+    killed = lab.dfo("batch", str(experiments), "--poll", "0.3", "--json", timeout=120, DFO_TEST_FALLBACK_EXIT_AT="recorded")
+    assert killed.returncode == 137, killed.stderr[-2000:] + killed.stdout[-2000:]
+    watched = lab.dfo("watch", "--until-decided", "--json", timeout=60)
+    [left] = [event for event in map(json.loads, watched.stdout.splitlines()) if event["kind"] == "left_to_batch"]
+    assert (left["run"], left["batch"], left["command"]) == (root, "wb", f"dfo batch {experiments}"), watched.stdout
+    assert list(lab.runs()) == [root] and [intent.data["run"] for intent in open_intents(lab)] == [root]
+    shown = lab.dfo("watch", root, "--until-decided", timeout=60)
+    assert f"{root}: a run of batch wb: its fallback is left to `dfo batch {experiments}`" in shown.stdout, shown.stdout
+
+    again = lab.dfo("batch", str(experiments), "--poll", "0.3", "--json", timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:] + again.stdout[-2000:]
+    [cell] = json.loads(again.stdout)["cells"]
+    assert (cell["state"], cell["runs"]) == ("done", [root, f"{root}.2-short"]) and open_intents(lab) == []

@@ -340,3 +340,21 @@ def test_a_watch_of_a_run_whose_start_got_no_answer_follows_it_when_it_runs(tmp_
         assert lab.store.get_run("w1.2-mine").state == "running"
     finally:
         lab.close()
+
+
+def test_a_watch_leaves_a_batch_runs_crash_to_its_batch_and_says_which_command(tmp_path, monkeypatch, pct_env) -> None:
+    inventory, _ = make_lab(tmp_path, monkeypatch)
+    lab = session(tmp_path, inventory)
+    try:
+        spec = spec_for(inventory, "here", "trees", batch="bw")
+        launch(lab.connections.container("here"), spec, lab.store, name="bw.trees.here.r1")
+        events = []
+        watcher = lab.watcher(on_event=lambda event: events.append(event.to_json()))
+        watcher.attach("bw.trees.here.r1")
+        run_until(watcher, lambda w: any(event["kind"] == "left_to_batch" for event in events), timeout=40)
+        [left] = [event for event in events if event["kind"] == "left_to_batch"]
+        assert (left["batch"], left["command"]) == ("bw", "dfo batch FILE (batch bw)")  # no batch file recorded
+        assert lab.store.children("bw.trees.here.r1") == [] and lab.store.open_intents() == []  # nothing done
+        assert not any(event["kind"] in ("acting", "stopped", "fell_back") for event in events)
+    finally:
+        lab.close()

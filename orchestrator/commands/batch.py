@@ -69,7 +69,7 @@ def batch_command(
         show_plan(plan, as_json)
         return
 
-    again = f"`dfo batch {file}` or `dfo watch`"  # what finishes a fallback a second Ctrl-C leaves
+    again = f"`dfo batch {file}`"  # what finishes a fallback a second Ctrl-C leaves (never `dfo watch`: docs/batch.md)
 
     def finishing(fallbacks: list[str]) -> None:
         say_finishing(fallbacks, again)

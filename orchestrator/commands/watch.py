@@ -13,10 +13,10 @@ from typing import Optional, Sequence
 import typer
 from rich.live import Live
 
-from ..chains import FALLBACK, MULTINODE_FALLBACK, Outcome, Supervisor, inventory_for
+from ..chains import FALLBACK, MULTINODE_FALLBACK, Outcome, Supervisor, batch_command, inventory_for
 from ..connections import Connections
 from ..errors import DfoError
-from ..events import ActionError, DecisionMade, Event, FellBack, GpuError, LevelShift
+from ..events import ActionError, DecisionMade, Event, FellBack, GpuError, LeftToBatch, LevelShift
 from ..inventory import Inventory
 from ..states import Verdict
 from ..store import Store, utc_now
@@ -27,7 +27,7 @@ from .common import (InventoryOpt, complete_runs, console, err_console, leave_ha
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
 AGAIN = "`dfo watch`"  # what finishes a fallback that a second Ctrl-C leaves half done
-SHOWN_EVENTS = ("decision", "level_shift", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
+SHOWN_EVENTS = ("decision", "level_shift", "left_to_batch", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
                 "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed", "took_over")
 
 
@@ -178,6 +178,9 @@ def finish_open_fallbacks(inventory: Inventory, names: Sequence[str], as_json: b
                   if any(i.kind == MULTINODE_FALLBACK for i in store.open_intents(root_of(store, group)))]
         roots = [root for root in dict.fromkeys(store.lineage(node)[0] for node in nodes)
                  if any(i.kind == FALLBACK for i in store.open_intents(root))]
+        for root in [root for root in roots if store.get_run(root).batch]:  # `dfo batch` finishes a cell's
+            roots.remove(root)
+            tell_left_to_batch(store, root, as_json)
         if not groups and not roots:
             return list(names)
     with Connections(inventory) as connections, Store() as store:
@@ -198,6 +201,23 @@ def finish_open_fallbacks(inventory: Inventory, names: Sequence[str], as_json: b
         return resolve_names(store, [store.lineage(node)[0] for node in resolve_nodes(store, names)])  # newest of each chain
 
 
+def tell_left_to_batch(store: Store, root: str, as_json: bool) -> None:
+    """One line on an open fallback of a batch cell's chain, which this watch leaves to `dfo batch` (the batch
+    keeps the cell's GPUs in its bookkeeping; a fallback carried out here would be outside it)."""
+    intent = next(intent for intent in store.open_intents(root) if intent.kind == FALLBACK)
+    batch = store.get_run(root).batch
+    tell(LeftToBatch(at=utc_now(), run=intent.data["run"], chain=root, batch=batch, command=batch_command(store, batch)),
+         as_json)
+
+
+def tell(event: Event, as_json: bool) -> None:
+    """An event of the watch's own (not the Watcher's) as the watch shows its events: a JSON line, or a line."""
+    if as_json:
+        print_json(event.to_json())
+    else:
+        console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
+
+
 def tell_outcome(outcome: Outcome, chain: str, as_json: bool) -> None:
     """One event on a single run's fallback finished before the watch (what the watch would have shown)."""
     if outcome.launched is not None:
@@ -205,10 +225,7 @@ def tell_outcome(outcome: Outcome, chain: str, as_json: bool) -> None:
                                 variant=outcome.launched.variant)
     else:
         event = ActionError(at=utc_now(), run=outcome.run, chain=chain, error=outcome.error or "no successor launched")
-    if as_json:
-        print_json(event.to_json())
-    else:
-        console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
+    tell(event, as_json)
 
 
 def groups_of(store: Store, names: Sequence[str]) -> list[str]:
@@ -280,7 +297,7 @@ def event_line(event: Event) -> str:
         d = event.decision
         nxt = f" -> {d['next_run']}" if d.get("next_run") else ""
         return f"{event.at[11:19]} {event.subject}: {d['decision']} (action {d['action']}{nxt}): {d.get('reason', '')}"
-    if isinstance(event, LevelShift):
+    if isinstance(event, (LevelShift, LeftToBatch)):
         return f"{event.at[11:19]} {event.subject}: {event.text}"
     if isinstance(event, GpuError) and event.no_nvidia_smi:
         return f"{event.at[11:19]} {event.subject}: no nvidia-smi there (a CPU-only target): no GPU samples"
