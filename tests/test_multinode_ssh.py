@@ -79,6 +79,7 @@ def hosts(tmp_path, sshd, ssh_home, pct_standin_env):
         },
         "fallback": ["ps2fail", "threaded", "ps2ok"],
         "signatures": [{"id": "injected", "pattern": "injected failure in drafter", "meaning": "a test's fault"}],
+        "watch": {"start_grace_s": 8},  # a node whose start got no answer and never ran: marked failed 8 s on
     })
     yield TwoHosts(tmp_path, inventory, free_port())
     second.kill_sessions()
