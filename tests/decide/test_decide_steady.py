@@ -135,7 +135,7 @@ def test_incremental_cost_stays_small_on_long_runs():
 def test_config_from_the_inventory_watch_mapping_rejects_unknown_keys():
     config = DecideConfig.from_mapping({"min_steady_steps": 100, "baseline_tok_s": 5.0})
     assert config.min_steady_steps == 100 and config.stall_floor_s == 120
-    watch = Watch(precision=0.1, max_undecided_s=300).model_dump()  # the inventory's `watch:` section
+    watch = Watch(precision=0.1, max_undecided_s=300).decide_mapping()  # the inventory's `watch:` section, as decide/ reads it
     assert DecideConfig.from_mapping(watch) == DecideConfig(precision=0.1, max_undecided_s=300)
     with pytest.raises(UsageError, match="stall_flor_s"):
         DecideConfig.from_mapping({"stall_flor_s": 3})
