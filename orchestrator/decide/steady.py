@@ -518,7 +518,9 @@ class SteadyDetector:
         if self._out_of_reach_in_a_row >= self.config.confirm_blocks:
             self._final_answer(d, stats, checks, needed_s=needed)
             return
-        why = minimums_why if checks["ok"] else self._why_not(checks)
+        confirming = (f"the checks hold on {self._good_blocks_in_a_row} block(s) in a row, "
+                      f"{self.config.confirm_blocks} needed")
+        why = (minimums_why or confirming) if checks["ok"] else self._why_not(checks)
         self._undecided(f"warming up: {why} (warm-up end at block {d - self._origin} of {n - self._origin})", d, checks)
 
     def _seconds_needed(self, stats: dict, checks: dict) -> float | None:
