@@ -24,6 +24,7 @@ from harness import write_inventory
 from harness.lxc import LxcContainer
 from orchestrator.connections import Connections
 from orchestrator.inventory import load_inventory
+from orchestrator.logfmt import format_ts
 from orchestrator.runs import stop
 from orchestrator.store import Run, Store
 from test_launch_ssh import wait_for
@@ -532,6 +533,32 @@ def test_dfo_runs_looks_for_a_lost_start_on_a_stopped_container_once_then_says_w
     lab.container.start()
     assert lab.runs()["ls"]["state"] == "lost"  # not due yet: shown as it was
     assert lab.dfo("runs", "ls", "--recheck", inventory=False).stdout.count("state:    failed") == 1  # nothing started
+
+
+def test_dfo_stop_right_after_a_start_that_got_no_answer_waits_for_the_run_and_stops_it_or_says_it_never_started(
+        lab: Lab) -> None:
+    # the start script waits 6 s before it starts the run; dfo gives up on its answer after 1 s: `lost`, no PID
+    launched = lab.dfo("launch", "--host", "ct_a", "--variant", "gated", "--name", "slow", "--no-preflight",
+                       DFO_TEST_SLOW_START="slow:6")
+    assert launched.returncode == 1 and "gave no start" in launched.stderr, launched.stderr
+    with lab.store() as store:
+        assert (store.get_run("slow").state, store.get_run("slow").pid) == ("lost", None)
+    stopped = lab.dfo("stop", "slow", "--grace", "5", "--json", inventory=False)  # before: "not running (state lost)"
+    assert stopped.returncode == 0, stopped.stderr
+    assert "slow: its start got no answer; looking for it for up to" in stopped.stderr
+    assert (json.loads(stopped.stdout)["state"], json.loads(stopped.stdout)["signal"]) == ("stopped", "TERM")
+    assert "/workspace/go" not in lab.container.attach("ps", "-eo", "args").stdout  # nothing of it left running
+
+    # a start that got no answer 6 s ago (of its 8 s grace) and never shows: looked for until the grace is over
+    with lab.store() as store:
+        store.add_run(Run(name="never", target="ct_a", host="pve1", variant="gated", state="lost", workspace="/workspace",
+                          log_path="/workspace/logs/never.log", exit_path="/workspace/logs/never.log.exit",
+                          ended_at=format_ts(time.time() - START_GRACE_S + 2), inventory_path=str(lab.inventory)))
+    started = time.monotonic()
+    said = lab.dfo("stop", "never", inventory=False)
+    assert said.returncode == 0, said.stderr
+    assert said.stdout.strip() == "never never started (its start got no answer; no process found); nothing to stop"
+    assert time.monotonic() - started >= 1.5 and lab.runs()["never"]["state"] == "failed"
 
 
 def test_a_batch_adopts_a_successor_whose_slow_start_shows_within_its_grace_instead_of_launching_another(

@@ -265,14 +265,19 @@ def show_nodes(store: Store, name: str, as_json: bool) -> None:
     console.print(summary(store, name), highlight=False, markup=False, soft_wrap=True)
 
 
+def why_not_started(store: Store, run: Run) -> str | None:
+    """Why the launch of a `failed` run started nothing (its last launch_failed event); None for any other run."""
+    failed = store.events(run.name, kind="launch_failed") if run.state == RunState.FAILED else []
+    return (failed[-1]["data"] or {}).get("error") if failed else None
+
+
 def show_run(name: str, as_json: bool) -> None:
     """`dfo runs NAME`: one run's record, its verdict and where its W&B run is (URL, or offline directory)."""
     with Store() as store:
         run = store.get_run(name)
         wandb = store.events(name, kind="wandb")
-        failed = store.events(name, kind="launch_failed") if run.state == RunState.FAILED else []
+        not_started = why_not_started(store, run)
     where = (wandb[-1]["data"] or {}) if wandb else {}
-    not_started = (failed[-1]["data"] or {}).get("error") if failed else None  # why the launch started nothing
     if as_json:
         print_json({**run.as_dict(), "wandb": where or None, "launch_failed": not_started})
         return
@@ -439,18 +444,35 @@ def stop_command(
             return
         run = store.get_run(name)
         inv = _inventory_of(run, inventory)
+        stopped = None
         with Connections(inv) as connections:
             target = connections.container(run.target)
             if runs_lib.needs_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a
-                runs_lib.look(target, store, [run], grace_s=inv.watch.start_grace_s)  # start never seen answered
-            stopped = runs_lib.stop(target, store, name, grace_s=grace)
+                run = _look_for_start(target, store, run, inv.watch.start_grace_s)  # start never seen answered
+                stopped = None if run.active else runs_lib.Stopped(run, None)  # it ended, or never started
+            stopped = stopped or runs_lib.stop(target, store, name, grace_s=grace)
+        not_started = why_not_started(store, stopped.run)
     run = stopped.run
     if as_json:
-        print_json({"run": run.name, "state": run.state, "exit_code": run.exit_code, "signal": stopped.signal})
+        print_json({"run": run.name, "state": run.state, "exit_code": run.exit_code, "signal": stopped.signal,
+                    **({"launch_failed": not_started} if not_started else {})})
+    elif not_started:
+        console.print(f"{run.name} never started ({not_started}); nothing to stop", highlight=False, markup=False)
     elif stopped.signal is None:
         console.print(f"{run.name} had already ended: {run.state}, exit code {_text(run.exit_code) or 'unknown'}")
     else:
         console.print(f"stopped {run.name} (SIG{stopped.signal}): exit code {_text(run.exit_code) or 'none (killed)'}")
+
+
+def _look_for_start(target, store: Store, run: Run, grace_s: float) -> Run:
+    """A run whose start got no answer (or whose launch a dfo did not finish recording), as its target shows it:
+    one just launched may still be coming up, so it is waited for (runs.resolve_launch) until it shows or its
+    start grace is over, and the wait is said first."""
+    left = runs_lib.start_grace_left(run, grace_s)
+    if left > 0:
+        _warn(f"{run.name}: its start got no answer; looking for it for up to {left:.0f} s (watch.start_grace_s) "
+              "before stopping it")
+    return runs_lib.resolve_launch(target, store, run, grace_s=grace_s)
 
 
 def _stop_nodes(store: Store, name: str, grace: float, inventory: Optional[Path], as_json: bool) -> None:
