@@ -48,12 +48,34 @@ class RunMetrics:
 
     @property
     def warmup_end(self) -> Optional[dict[str, Any]]:
-        """{step, t} of the step where the steady state began, when the verdict names one."""
-        end_step = self.verdict.get("warmup_end_step")
-        if end_step is None:
+        """{step, t} of the warm-up cut now (where the figure's steps begin), when the verdict names one."""
+        return self._reached(self.verdict.get("warmup_end_step"))
+
+    @property
+    def declared_warmup_end(self) -> Optional[dict[str, Any]]:
+        """{step, t} of the warm-up cut when steady was declared (the cut only moves later as data come,
+        docs/decisions.md point 2); the cut now for a verdict that does not record it."""
+        declared = (self.verdict.get("evidence") or {}).get("steady_declared_warmup_end_step")
+        return self._reached(declared) if declared is not None else self.warmup_end
+
+    @property
+    def figure_steps(self) -> Optional[tuple[int, int]]:
+        """The steps the steady figure is the level of, (first, last), when the verdict records them."""
+        steps = ((self.verdict.get("evidence") or {}).get("steady") or {}).get("figure_steps")
+        return (steps[0], steps[1]) if steps else None
+
+    @property
+    def cut_moved(self) -> bool:
+        """Whether the warm-up cut moved later than where it was when steady was declared."""
+        end, declared = self.warmup_end, self.declared_warmup_end
+        return bool(end and declared and end["step"] != declared["step"])
+
+    def _reached(self, step: Optional[int]) -> Optional[dict[str, Any]]:
+        """{step, t}: `step` and the time of the first stored step at or after it (None: not reached)."""
+        if step is None:
             return None
-        reached = next((s for s in self.steps if s["step"] is not None and s["step"] >= end_step), None)
-        return {"step": end_step, "t": reached["t"] if reached else None}
+        reached = next((s for s in self.steps if s["step"] is not None and s["step"] >= step), None)
+        return {"step": step, "t": reached["t"] if reached else None}
 
     @property
     def warmup_s(self) -> Optional[float]:
@@ -82,6 +104,8 @@ class RunMetrics:
             "exit_code": self.run.exit_code, "settings": self.settings, "started_at": self.run.started_at,
             "tok_s": self.tok_s, "basis": self.basis, "interval": list(self.interval) if self.interval else None,
             "decision": self.verdict.get("decision"), "warmup_end": self.warmup_end, "warmup_s": self.warmup_s,
+            "declared_warmup_end": self.declared_warmup_end,
+            "figure_steps": list(self.figure_steps) if self.figure_steps else None,
             "peak_mem_mib": self.peak_mem_mib, "gpus": self.gpu_summary(), "decisions": self.decisions,
             "samples": self.steps,
             "gpu_samples": {str(index): samples for index, samples in sorted(self.gpus.items())},
@@ -145,13 +169,25 @@ def timeline(metrics: RunMetrics, rows: int = TIMELINE_ROWS) -> list[dict[str, A
         used = [g["mem_used_mib"] for g in group if g["mem_used_mib"] is not None]
         util = [g["util_pct"] for g in group if g["util_pct"] is not None]
         table[k].update(mem_mib=max(used) if used else None, util_pct=round(fmean(util)) if util else None)
-    end = metrics.warmup_end
-    if end and bucket(end["t"]) is not None:
-        table[bucket(end["t"])]["events"].append(f"warm-up ends (step {end['step']})")
-    for decision in metrics.decisions:
-        if bucket(decision["t"]) is not None and decision["decision"] != "undecided":
-            table[bucket(decision["t"])]["events"].append(f"{decision['decision']} -> {decision['action']}")
+    for t, what in sorted(timeline_events(metrics), key=lambda event: event[0]):
+        table[bucket(t)]["events"].append(what)
     return [row for row in table if row["step"] is not None or row["mem_mib"] is not None or row["events"]]
+
+
+def timeline_events(metrics: RunMetrics) -> list[tuple[float, str]]:
+    """(t, what) of what happened: the warm-up's end where the verdict put it when declared (the cut only moves
+    later: a cut that did is an event of its own, where the figure's steps now begin), and each decision."""
+    events = []
+    declared, end = metrics.declared_warmup_end, metrics.warmup_end
+    if declared and declared["t"] is not None:
+        events.append((declared["t"], f"warm-up ends (step {declared['step']})"))
+    if metrics.cut_moved and end["t"] is not None:
+        steps = metrics.figure_steps
+        over = f": the figure is over steps {steps[0]}..{steps[1]}" if steps else ""
+        events.append((end["t"], f"warm-up cut moved later to step {end['step']}{over}"))
+    events += [(d["t"], f"{d['decision']} -> {d['action']}") for d in metrics.decisions
+               if d["t"] is not None and d["decision"] != "undecided"]
+    return events
 
 
 def _grouped(items: list[dict[str, Any]], bucket) -> dict[int, list[dict[str, Any]]]:

@@ -121,3 +121,48 @@ def test_compare_and_metrics_refuse_bad_names_in_one_line(home):
     assert one.returncode == 2 and "at least two run names" in one.stderr and len(one.stderr.strip().splitlines()) == 1
     missing = dfo(home, "metrics", "nope")
     assert missing.returncode == 2 and "no run named 'nope'" in missing.stderr and "Traceback" not in missing.stderr
+
+
+REAL_LOG = Path(__file__).resolve().parent / "data" / "real" / "e2p-ps2-trees.log"  # = shared/real-logs/
+
+
+def add_real_run(store: Store, name: str, log: Path) -> None:
+    """A run whose log is `log`, stored as the watcher stores it: its step lines as samples, a `decision` event
+    at each decision that is news (watch.decision_key) on the log's own clock, the last decision on the row."""
+    from orchestrator.decide import RunJudge
+    from orchestrator.decide.replay import judged_lines
+    from orchestrator.logfmt import StepRecord, parse_logfmt
+    from orchestrator.watch import decision_key, sample_of
+
+    lines = log.read_text().splitlines()
+    records = [r for r in map(parse_logfmt, lines) if isinstance(r, StepRecord)]
+    store.add_run(Run(name=name, target="ct200", variant="ps2-trees", state="exited", exit_code=0,
+                      started_at=format_ts(records[0].ts - 20)))
+    store.add_samples(name, [sample_of(r) for r in records])
+    judge, news = RunJudge(run=name), None
+    for clock, _ in judged_lines(judge, lines):
+        if news is None or decision_key(judge.decision()) != decision_key(news):
+            news = judge.decision()
+            store.add_event(name, "decision", {"chain": name, "decision": news.to_json()}, at=format_ts(clock))
+    store.update_run(name, decision=judge.decision().to_json())
+
+
+def test_metrics_timeline_puts_the_warm_up_end_at_the_declarations_cut_and_says_the_cut_moved_later(tmp_path):
+    """e2p-ps2-trees is declared steady at step 920 with the warm-up ending at step 521; the re-run MSER later cuts
+    it at step 1,161. The timeline said "warm-up ends (step 1161)" in a row after "steady -> keep": a steady
+    state before its warm-up ended. Now the warm-up ends where the declaration put it, before the verdict, and
+    the row where the figure's steps begin says the cut moved there."""
+    with Store(tmp_path / "dfo.db") as store:
+        add_real_run(store, "e2p", REAL_LOG)
+    shown = dfo(tmp_path, "metrics", "e2p")
+    assert shown.returncode == 0, shown.stderr
+    out = " ".join(shown.stdout.split())  # rows wrap at 80 columns
+    assert ("figure: steady 31,260 tok/s (95% 30,340-32,179) over steps 1161..3180 (declared at step 920 with the "
+            "warm-up ending at step 521 then); warm-up 60.7 s to the cut now") in out, shown.stdout
+    timeline = out[out.index("over time"):]
+    ends, steady = timeline.index("warm-up ends (step 521)"), timeline.index("steady -> keep")
+    moved = timeline.index("warm-up cut moved later to step 1161: the figure is over steps 1161..3180")
+    assert ends < steady < moved and "warm-up ends (step 1161)" not in timeline, shown.stdout
+    data = json.loads(dfo(tmp_path, "metrics", "e2p", "--json").stdout)
+    assert (data["warmup_end"]["step"], data["declared_warmup_end"]["step"], data["figure_steps"]) == (1161, 521, [1161, 3180])
+    assert data["declared_warmup_end"]["t"] < [d["t"] for d in data["decisions"] if d["decision"] == "steady"][0]

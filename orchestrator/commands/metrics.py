@@ -13,6 +13,7 @@ from rich import box
 from rich.table import Table
 
 from .. import metrics as metrics_lib
+from ..decide import figure_span
 from ..errors import UsageError
 from ..report import LAST_WINDOW_S, STEADY
 from ..sanitize import text
@@ -98,7 +99,14 @@ def describe_figure(metrics: metrics_lib.RunMetrics) -> str:
     if metrics.basis == STEADY:
         interval = f" (95% {metrics.interval[0]:,.0f}-{metrics.interval[1]:,.0f})" if metrics.interval else ""
         end = metrics.warmup_end
-        warm = f", warm-up ended at step {end['step']}" + (f" after {metrics.warmup_s:,.1f} s" if metrics.warmup_s is not None else "") if end else ""
+        if metrics.cut_moved and metrics.figure_steps:  # the declaration as it was, as the watch's reason says it
+            evidence = metrics.verdict.get("evidence") or {}
+            where = figure_span(end["step"], metrics.figure_steps, evidence.get("steady_declared_step"),
+                                metrics.declared_warmup_end["step"])
+            timed = f"; warm-up {metrics.warmup_s:,.1f} s to the cut now" if metrics.warmup_s is not None else ""
+            return f"steady {metrics.tok_s:,.0f} tok/s{interval} {where}{timed}"
+        after = f" after {metrics.warmup_s:,.1f} s" if metrics.warmup_s is not None else ""
+        warm = f", warm-up ended at step {end['step']}{after}" if end else ""
         return f"steady {metrics.tok_s:,.0f} tok/s{interval}{warm}"
     verdict = metrics.verdict.get("decision") or "no verdict"
     return f"{metrics.tok_s:,.0f} tok/s, median of the last {LAST_WINDOW_S:.0f} s of steps ({verdict}: not a steady figure)"
