@@ -335,7 +335,7 @@ class StartUnseen(DfoError):
         """Raise it (from `exc`, the launch's error) when a row of successor `name` (`tried`: its run, or every
         node of a multi-node one) is start_unseen."""
         if any(run is not None and start_unseen(run) for run in tried):
-            raise cls(f"the start of {name} got no answer ({exc}); the fallback stays open: the next look adopts "
+            raise cls(f"the start of {name} got no answer ({exc.message}); the fallback stays open: the next look adopts "
                       f"{name} if it runs, else launches the next name") from exc
 
 

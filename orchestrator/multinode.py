@@ -36,7 +36,7 @@ from .chains import (
 )
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
-from .errors import DfoError, RefusedError, RemoteError, UsageError
+from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
 from .launchplan import Gate
 from .package import Package, build_package, parse_probe
 from .remote.base import Target
@@ -198,20 +198,37 @@ def launch_nodes(
         raise
     runs_lib.pause_at_hook("nodes_recorded")
     launched: list[runs_lib.Launched] = []
-    unseen: list[DfoError] = []
+    unseen: list[tuple[runs_lib.Prepared, DfoError]] = []
     for index, ready in enumerate(prepared):
         try:
             launched.append(ready.start(recorded=True))
             runs_lib.exit_at_hook(f"node{index}_started", FALLBACK_HOOK)
         except BaseException as exc:
             if isinstance(exc, DfoError) and runs_lib.start_unseen(store.get_run(ready.name)):
-                unseen.append(exc)  # it may run all the same: the later nodes are started, the next look settles it
+                unseen.append((ready, exc))  # it may run all the same: the later nodes are started, the next look settles it
                 continue
             _undo_start(prepared, index, store)
             raise
     if unseen:  # `lost` without a PID: a single run's start that got no answer is left the same way
-        raise unseen[0]
+        raise starts_unseen(name, unseen, launched)
     return MultiLaunched(name, rendezvous, tuple(launched))
+
+
+def starts_unseen(run: str, unseen: Sequence[tuple[runs_lib.Prepared, DfoError]],
+                  launched: Sequence[runs_lib.Launched]) -> CommandTimeout:
+    """The launch's error when some nodes' starts got no answer: those nodes by name and target, the nodes that
+    did start, and what happens next (the next look settles the `lost` ones; the started ones wait for them at
+    the rendezvous)."""
+    lost = ", ".join(f"{ready.name} on {ready.spec.target}" for ready, _ in unseen)
+    started = ", ".join(f"{node.run.name} on {node.run.target} (PID {node.run.pid})" for node in launched)
+    first = unseen[0][1]
+    return CommandTimeout(
+        f"{run}: the start of {lost} got no answer ({first.message}); started: {started or 'no node'}; "
+        f"left `lost`: {lost}, which may still come up",
+        hint=f"`dfo runs {run}` or `dfo watch {run}` looks for it by its exit file: adopted if it runs, marked failed "
+             f"if nothing of it shows within watch.start_grace_s; the started nodes wait for it at the rendezvous "
+             f"(run.rendezvous_timeout_s) and end on their own if it never comes; `dfo stop {run}` stops them",
+    )
 
 
 def _undo_start(prepared: Sequence[runs_lib.Prepared], failed: int, store: Store) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -370,6 +371,26 @@ def test_a_multinode_successor_whose_starts_got_no_answer_is_adopted_if_it_runs_
         assert [runs[f"mn.2-ps2ok.node{node}"]["state"] for node in (0, 1)] == ["failed", "failed"]
     else:
         assert sorted(runs) == ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1", "mn.node0", "mn.node1"]
+
+
+@pytest.mark.slow
+def test_a_launch_whose_start_got_no_answer_on_one_node_names_that_node_and_what_was_left(hosts):
+    # node 1's start script waits 4 s before it starts the run; dfo gives up on its answer after 1 s. The error
+    # said "n1: the launch script gave no start within 1s": which run, which nodes started, what happens now?
+    launched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2", "--no-preflight",
+                            env={"DFO_TEST_SLOW_START": "mn.node1:4"})
+    try:
+        assert launched.returncode == 1, launched.stdout + launched.stderr
+        said = " ".join(launched.stderr.split())
+        assert "mn: the start of mn.node1 on n1 got no answer (pve1: the launch script gave no start within 1s)" in said, said
+        assert re.search(r"started: mn\.node0 on n0 \(PID \d+\); left `lost`: mn\.node1 on n1, which may still come up",
+                         said), said
+        assert "`dfo runs mn` or `dfo watch mn` looks for it by its exit file" in said and "`dfo stop mn`" in said
+        wait_for(lambda: [n["state"] for n in json.loads(hosts.dfo("runs", "mn", "--json").stdout)["nodes"]] == [
+            "running"] * 2, 30, "node 1 to show up and be adopted")  # as the error said it would
+    finally:
+        stopped = hosts.dfo("stop", "mn", "--grace", "5")
+    assert stopped.returncode == 0, stopped.stderr
 
 
 def test_nodes_not_started_after_a_failed_start_stay_listed_as_failed_saying_why(hosts):
