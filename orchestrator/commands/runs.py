@@ -479,7 +479,14 @@ def _stop_nodes(store: Store, name: str, grace: float, inventory: Optional[Path]
     from ..multinode import stop_nodes
 
     nodes = store.nodes_of(name)
-    with Connections(_inventory_of(store.get_run(nodes[0]), inventory)) as connections:
+    inv = _inventory_of(store.get_run(nodes[0]), inventory)
+    with Connections(inv) as connections:
+        for node in map(store.get_run, nodes):  # a node whose start got no answer may be coming up: waited for
+            if runs_lib.needs_look(node) and node.pid is None:
+                try:
+                    _look_for_start(connections.container(node.target), store, node, inv.watch.start_grace_s)
+                except DfoError as exc:  # out of reach: it stays `lost`, the other nodes are stopped all the same
+                    _warn(f"{node.name}: not looked for ({exc}); `dfo runs {name}` looks again later")
         stopped = stop_nodes(store, name, connections.container, grace_s=grace)
     runs = [store.get_run(node) for node in nodes]
     if as_json:
