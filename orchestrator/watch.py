@@ -43,7 +43,7 @@ from .logfmt import EventRecord, MalformedLine, StepRecord, make_parser, parse_t
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
-from .runs import look, needs_look
+from .runs import needs_look, resolve_launch
 from .states import RunState
 from .store import Run, Store, utc_now
 
@@ -200,9 +200,10 @@ class Watcher:
             run = self.store.get_run(name)
             observer = self._observer_for(run.target)  # first: a target out of reach registers nothing
             if needs_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a start it
-                look(self.connections.container(run.target), self.store, [run],  # never saw answered: find it
-                     grace_s=self.inventory.watch.start_grace_s)
-                run = self.store.get_run(name)
+                # never saw answered: found first (within its grace a slow start is waited for; followed
+                # without a PID, "no process, no exit file" would read as a crash)
+                run = resolve_launch(self.connections.container(run.target), self.store, run,
+                                     grace_s=self.inventory.watch.start_grace_s)
             chain_runs = self.store.lineage(run.name)
             root = chain_runs[0]
             state = self._chains.get(root)

@@ -601,3 +601,19 @@ def test_dfo_watch_leaves_a_batch_cells_open_fallback_to_dfo_batch_naming_the_co
     assert again.returncode == 0, again.stderr[-2000:] + again.stdout[-2000:]
     [cell] = json.loads(again.stdout)["cells"]
     assert (cell["state"], cell["runs"]) == ("done", [root, f"{root}.2-short"]) and open_intents(lab) == []
+
+
+def test_a_watch_of_a_slow_start_within_its_grace_waits_for_the_run_instead_of_judging_a_crash(lab: Lab) -> None:
+    # the start script brings the run up 7 s after it began, dfo gave up on its answer after 1 s (2 s more for the
+    # channel to close; the lab's grace is 8 s from then): watched at once, its row is `lost` without a PID and
+    # nothing is found yet; within watch.start_grace_s the watch looks again until it shows (as a fallback
+    # finishing does) instead of following it without a PID, which reads as a crash
+    launched = lab.dfo("launch", "--host", "ct_a", "--variant", "short", "--name", "sw", "--no-preflight",
+                       DFO_TEST_SLOW_START="sw:7")
+    with lab.store() as store:
+        assert launched.returncode != 0 and store.get_run("sw").state == "lost", launched.stderr
+    watched = lab.dfo("watch", "sw", "--until-decided", "--json", timeout=60)
+    [decision] = [event for event in map(json.loads, watched.stdout.splitlines()) if event["kind"] == "decision"][-1:]
+    assert decision["decision"]["decision"] == "exited", watched.stdout[-2000:]
+    assert lab.runs()["sw"]["state"] == "exited"
+
