@@ -427,10 +427,16 @@ class Watcher:
         """A fallback a dfo that died left half done: finish it (stop, launch) on a worker; the runs it is about
         are acted on already, so their verdicts start nothing more."""
         intents = self.store.open_intents(root) if self.fallback else []
+        batch = self.store.get_run(root).batch if intents else None
         for intent in intents:
             watched = self.watched.get(intent.data["run"])
-            if watched is not None:
+            if watched is not None and batch:  # a batch cell's: `dfo batch` finishes it (its GPU ledger), never
+                watched.handled = True  # this watch, whichever holds the chain (a dead batch's lease runs out)
+                self._emit(watched, ev.LeftToBatch, batch=batch, command=batch_command(self.store, batch))
+            elif watched is not None:
                 watched.handled = watched.acting = watched.stopping = True
+        if batch:
+            return
         current = self.watched.get(self._chains[root].runs[-1])
         if intents and current is not None:
             self._start_worker(current, lambda: self.supervisor.finish_open(root),

@@ -358,3 +358,33 @@ def test_a_watch_leaves_a_batch_runs_crash_to_its_batch_and_says_which_command(t
         assert not any(event["kind"] in ("acting", "stopped", "fell_back") for event in events)
     finally:
         lab.close()
+
+
+def test_a_watch_leaves_a_batch_cells_open_fallback_to_its_batch_when_it_holds_the_chain(
+        tmp_path, monkeypatch, pct_env) -> None:
+    # a `dfo batch` killed inside a cell's fallback leaves its intent open; a `dfo watch` of the cell's run that
+    # takes the chain's claim (the dead batch's lease ran out: a slow machine) finished it itself, launching the
+    # successor outside the batch's GPU ledger; it says which command finishes it and launches nothing
+    from orchestrator.chains import FALLBACK, record_fallback
+    inventory, _ = make_lab(tmp_path, monkeypatch)
+    lab = session(tmp_path, inventory)
+    try:
+        spec = spec_for(inventory, "here", "trees", batch="bo")
+        launch(lab.connections.container("here"), spec, lab.store, name="bo.trees.here.r1")
+        record_fallback(lab.store, "bo.trees.here.r1", FALLBACK,
+                        {"run": "bo.trees.here.r1", "variant": "nographs", "name": "bo.trees.here.r1.2-nographs",
+                         "chain": ["trees", "nographs"], "reason": "crash"})
+        events: list[dict] = []
+        watcher = lab.watcher(on_event=lambda event: events.append(event.to_json()))
+        watcher.attach("bo.trees.here.r1")
+        assert watcher.owns("bo.trees.here.r1")
+        run_until(watcher, lambda w: any(event["kind"] == "left_to_batch" for event in events), timeout=20)
+        [left] = [event for event in events if event["kind"] == "left_to_batch"]
+        assert (left["run"], left["command"]) == ("bo.trees.here.r1", "dfo batch FILE (batch bo)")
+        deadline = time.monotonic() + 3  # a fallback carried out here would have stopped it and launched by then
+        while time.monotonic() < deadline:
+            watcher.step(0.2)
+        assert lab.store.children("bo.trees.here.r1") == [] and len(lab.store.open_intents()) == 1  # nothing done
+        assert not any(event["kind"] in ("acting", "stopped", "fell_back") for event in events)
+    finally:
+        lab.close()
