@@ -555,7 +555,7 @@ def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], 
     groups: dict[str, tuple[Any, list[Run]]] = {}
     problems: dict[str, str] = {}
     for run in runs:
-        if not (needs_look(run) if recheck else look_due(run)):
+        if not look_due(run, recheck=recheck):
             continue
         try:
             connections = groups[run.target][0] if run.target in groups else connections_for(run)

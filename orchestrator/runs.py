@@ -633,13 +633,13 @@ def needs_look(run: Run) -> bool:
     return run.active or start_unseen(run)
 
 
-def look_due(run: Run, *, now: float | None = None, every_s: float = LOST_RECHECK_S) -> bool:
+def look_due(run: Run, *, recheck: bool = False, now: float | None = None, every_s: float = LOST_RECHECK_S) -> bool:
     """Whether `dfo runs` looks at `run` now: an active row always; a start never seen answered (start_unseen)
     when it was never tried, or last tried (checked_at) `every_s` or more ago: its target may be gone, and each
-    try can cost a timeout (`dfo runs --recheck` looks anyway)."""
+    try can cost a timeout (`recheck`, `dfo runs --recheck`: looks anyway)."""
     if not needs_look(run):
         return False
-    if run.active or not run.checked_at:
+    if recheck or run.active or not run.checked_at:
         return True
     return (now if now is not None else time.time()) - datetime.fromisoformat(run.checked_at).timestamp() >= every_s
 

@@ -215,7 +215,9 @@ def runs_command(
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    due = runs_lib.needs_look if recheck else runs_lib.look_due
+    def due(run: Run) -> bool:
+        return runs_lib.look_due(run, recheck=recheck)
+
     with Store() as store:
         if name is not None and store.nodes_of(name):  # a multi-node run: its nodes
             nodes = [store.get_run(node) for node in store.nodes_of(name)]
