@@ -617,3 +617,18 @@ def test_a_watch_of_a_slow_start_within_its_grace_waits_for_the_run_instead_of_j
     assert decision["decision"]["decision"] == "exited", watched.stdout[-2000:]
     assert lab.runs()["sw"]["state"] == "exited"
 
+
+
+def test_dfo_runs_says_a_lost_start_was_not_looked_for_only_when_its_target_was_not_looked_at(lab: Lab) -> None:
+    # its target did not answer a minute ago (checked_at), so it is not due; an active run on the same target
+    # has the target looked at anyway, which settles it (nothing of it runs: failed): no note that it was not
+    with lab.store() as store:
+        store.add_run(Run(name="lq", target="ct_a", host="pve1", variant="gated", state="lost", workspace="/workspace",
+                          log_path="/workspace/logs/lq.log", exit_path="/workspace/logs/lq.log.exit",
+                          inventory_path=str(lab.inventory), ended_at="2026-01-01T00:00:00+00:00",
+                          checked_at=datetime.now().astimezone().isoformat()))
+    lab.launch("gated", "la")
+    shown = lab.dfo("runs", inventory=False, COLUMNS="200")
+    assert shown.returncode == 0, shown.stderr
+    assert lab.runs()["lq"]["state"] == "failed"
+    assert "not looked for again" not in shown.stderr, shown.stderr

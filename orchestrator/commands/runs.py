@@ -246,8 +246,10 @@ def runs_command(
 
 def _say_not_looked_for(store: Store, skipped: list[Run]) -> None:
     """One note for the `lost` runs whose start got no answer that were not looked for (runs.look_due: their
-    target did not answer lately) and still are as they were."""
-    waiting = [run for run in skipped if store.get_run(run.name).checked_at == run.checked_at]
+    target did not answer lately) and still are as they were: not tried again, nor settled by a look at their
+    target made anyway for an active run there."""
+    waiting = [run for run in skipped if runs_lib.start_unseen(fresh := store.get_run(run.name))
+               and fresh.checked_at == run.checked_at]
     if waiting:
         when = _local_time(max(run.checked_at for run in waiting), datetime.now().astimezone(), seconds=True)
         _warn(f"note: {len(waiting)} lost run{'s' if len(waiting) > 1 else ''} not looked for again: "
