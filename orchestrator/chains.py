@@ -191,6 +191,13 @@ def batch_command(store: Store, batch: str) -> str:
     return f"dfo batch {shlex.quote(source)}" if source and not source.startswith("<") else f"dfo batch FILE (batch {batch})"
 
 
+def finishing_command(store: Store, run: str) -> str:
+    """The command that finishes an open fallback of `run`'s chain: `dfo batch FILE` for a batch cell's
+    (batch_command), else `dfo watch ROOT`."""
+    root = store.get_run(store.lineage(run)[0])
+    return batch_command(store, root.batch) if root.batch else f"dfo watch {root.name}"
+
+
 # ---------------------------------------------------------------------------------------------- claims
 
 def owner_id() -> str:
@@ -331,11 +338,12 @@ class StartUnseen(DfoError):
     open; the next look adopts it when it runs, else launches the next name (successor_name)."""
 
     @classmethod
-    def raise_if(cls, name: str, tried: Iterable[Run | None], exc: DfoError) -> None:
+    def raise_if(cls, name: str, tried: Iterable[Run | None], exc: DfoError, *, again: str) -> None:
         """Raise it (from `exc`, the launch's error) when a row of successor `name` (`tried`: its run, or every
-        node of a multi-node one) is start_unseen."""
+        node of a multi-node one) is start_unseen; `again`: the command that finishes the fallback
+        (finishing_command)."""
         if any(run is not None and start_unseen(run) for run in tried):
-            raise cls(f"the start of {name} got no answer ({exc.message}); the fallback stays open: the next look adopts "
+            raise cls(f"the start of {name} got no answer ({exc.message}); the fallback stays open: `{again}` adopts "
                       f"{name} if it runs, else launches the next name") from exc
 
 
@@ -428,7 +436,8 @@ class Supervisor:
             except GpusStillBusy as exc:
                 error = str(exc)
             except DfoError as exc:
-                StartUnseen.raise_if(name, [self.store.find_run(name)], exc)  # None: refused, its row forgotten
+                StartUnseen.raise_if(name, [self.store.find_run(name)], exc,  # None: refused, its row forgotten
+                                     again=finishing_command(self.store, data["run"]))
                 error = f"launching {data['variant']} failed: {exc}"
             return {**data, "next_run": launched.name if launched else None, "error": error}
 

@@ -371,7 +371,7 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
             launched = successor(inventory, connections, store, data["run"], data["variant"], name=name,
                                  gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s)
         except DfoError as exc:  # a node's start got no answer: left open, settled as a single run's (left)
-            StartUnseen.raise_if(name, map(store.find_run, store.nodes_of(name)), exc)
+            StartUnseen.raise_if(name, map(store.find_run, store.nodes_of(name)), exc, again=f"dfo watch {data['run']}")
             return {**data, "name": name, "next_run": None, "nodes": [], "error": f"launching {data['variant']} failed: {exc}"}
         store.add_event(data["run"], "fell_back", {"to": launched.name, "variant": data["variant"],
                                                    "first_failed": data["first_failed"], "rest": data["rest"]})

@@ -410,6 +410,7 @@ def test_a_successor_whose_start_got_no_answer_is_adopted_if_it_runs_and_launche
                     "--chain", "failing,nographs", "--watch", "--until-decided", "--json", timeout=120,
                     DFO_TEST_START_TIMEOUT_AT=point)
     assert "the start of hu.2-nographs got no answer" in first.stdout, first.stderr[-2000:] + first.stdout[-3000:]
+    assert "the fallback stays open: `dfo watch hu` adopts hu.2-nographs if it runs" in first.stdout  # the command
     with lab.store() as store:
         unseen = store.get_run("hu.2-nographs")
         assert (unseen.state, unseen.pid) == ("lost", None)
