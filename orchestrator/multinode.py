@@ -227,7 +227,8 @@ def starts_unseen(run: str, unseen: Sequence[tuple[runs_lib.Prepared, DfoError]]
         f"left `lost`: {lost}, which may still come up",
         hint=f"`dfo runs {run}` or `dfo watch {run}` looks for it by its exit file: adopted if it runs, marked failed "
              f"if nothing of it shows within watch.start_grace_s; the started nodes wait for it at the rendezvous "
-             f"(run.rendezvous_timeout_s) and end on their own if it never comes; `dfo stop {run}` stops them",
+             f"(run.rendezvous_timeout_s) and end on their own if it never comes; `dfo stop {run}` stops every node, "
+             f"waiting for a `lost` one while its start grace lasts",
     )
 
 
