@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import signal
@@ -92,6 +93,35 @@ def test_sigterm_stops_every_process_with_a_checkpoint(tmp_path):
     assert (tmp_path / "term" / "checkpoint.pt").is_file()
     time.sleep(0.5)
     assert not [pid for pid in children if alive(pid)]
+
+
+class Process:
+    """Stands in for a supervisor's child: `codes` are what its exitcode reads give, one per read, the last
+    repeating (None: still running)."""
+
+    def __init__(self, name: str, *codes: int | None) -> None:
+        self.name, self.codes = name, list(codes)
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.codes.pop(0) if len(self.codes) > 1 else self.codes[0]
+
+
+@pytest.mark.parametrize("code", [1, -9])
+def test_a_drafter_that_fails_while_the_supervisor_looks_ends_the_run_nonzero(tmp_path, code):
+    # the multi-node flake: node 0's drafter refused a stale checkpoint (exit 1) just after the supervisor
+    # had read it as running, the supervisor's next read found every drafter ended, and the node exited 0
+    from trainer.config import build_config
+    from trainer.metrics import MetricLog
+    from trainer.pipeline import EXIT_WORKER_FAILED
+    from trainer.procsplit import Supervisor
+
+    out = io.StringIO()
+    supervisor = Supervisor(build_config("tiny-cpu", ["run.topology=procsplit"]), "race", "off",
+                            MetricLog(stream=out), tmp_path, resume=False)
+    supervisor.producers, supervisor.drafters = [Process("target0", None)], [Process("drafter0", None, code)]
+    assert supervisor._watch() == EXIT_WORKER_FAILED
+    assert "event=error" in out.getvalue() and "drafter0: process ended" in out.getvalue(), out.getvalue()
 
 
 @pytest.mark.gpu

@@ -444,12 +444,15 @@ class Supervisor:
 
     def _watch(self) -> int:
         while True:
-            for process in self.producers + self.drafters:
-                code = process.exitcode
+            # one read of each exit code per round: a drafter that fails between two reads would otherwise
+            # pass the failure check still running and then count as ended, and the run would exit 0
+            codes = [(process.name, process.exitcode) for process in self.producers + self.drafters]
+            for name, code in codes:
                 if code is not None and code not in (EXIT_OK, EXIT_STOPPED):
-                    return self._fail(*self._first_failed(process.name, code))
-            if all(p.exitcode is not None for p in self.drafters):
-                return EXIT_STOPPED if any(p.exitcode == EXIT_STOPPED for p in self.drafters) else EXIT_OK
+                    return self._fail(*self._first_failed(name, code))
+            drafter_codes = [code for _, code in codes[len(self.producers):]]
+            if None not in drafter_codes:
+                return EXIT_STOPPED if EXIT_STOPPED in drafter_codes else EXIT_OK
             if self.joined.overdue(len(self.drafters), self.topo.timeout_s + RENDEZVOUS_GRACE_S):
                 return self._rendezvous_timed_out()
             time.sleep(POLL_S)
