@@ -31,7 +31,7 @@ from .gpus import IdleGpuDetector
 from .observations import EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, StopRequested, TickObs
 from .policy import action_for, next_variant
 from .signatures import PSEUDO, Catalogue, Match, MatchTracker, Signature
-from .steady import SteadyDetector
+from .steady import SteadyDetector, seconds_against
 
 GAP_HISTORY = 50  # the stall threshold follows the median of the last 50 gaps between step lines
 EARLY_STEP_LINES = 10  # for the first 10 step lines, the stall limit is at least the time the first step took
@@ -335,7 +335,8 @@ class RunJudge:
             gpus = describe_gpus([s for s in self.gpu_samples if s.ts >= silent_since])
             if gpus:
                 evidence["gpus"] = gpus
-            reason = f"{what} for {obs.now - silent_since:.0f} s (limit {limit:.0f} s)" + (f"; {gpus}" if gpus else "")
+            silent, most = seconds_against(obs.now - silent_since, limit)  # never "120 s (limit 120 s)"
+            reason = f"{what} for {silent} s (limit {most} s)" + (f"; {gpus}" if gpus else "")
             self._final = self._verdict(Verdict.STALL, self.last_step, obs.now, None, reason, evidence)
 
     def _silence_rule(self) -> tuple[float | None, float, str]:

@@ -240,6 +240,18 @@ def figure_span(cut: int, figure_steps: tuple[int, int] | list[int], declared_st
             f"{declared_cut} then)")
 
 
+def seconds_against(have: float, bound: float) -> tuple[str, str]:
+    """Seconds `have` and the `bound` they are compared with, printed so the comparison reads as it came out:
+    below the bound, `have` rounded down and the bound up (never "30 s (need 30)" at 29.6 s); at or past it,
+    `have` up and the bound down. One decimal below 60 s, whole seconds from there."""
+    digits = 1 if bound < 60 else 0
+    scale = 10**digits
+    down, up = (math.floor, math.ceil) if have < bound else (math.ceil, math.floor)
+    # round(..., 9) first: 29.6 * 10 is 296.00000000000006, whose ceiling is not 296
+    have_r, bound_r = down(round(have * scale, 9)) / scale, up(round(bound * scale, 9)) / scale
+    return f"{have_r:,.{digits}f}".removesuffix(".0"), f"{bound_r:,.{digits}f}".removesuffix(".0")
+
+
 def noise_of(values: list[float]) -> float:
     """IQR / median of the interval throughputs: how much one logging interval varies from the next."""
     if len(values) < 4:
@@ -422,10 +434,8 @@ class SteadyDetector:
         steps = self.last_step - self.first_step
         seconds = self.last_ts - self.first_ts
         if steps < self.config.min_steady_steps or seconds < self.config.min_steady_seconds:
-            return False, (
-                f"{steps} steps / {seconds:.0f} s since the first step "
-                f"(need {self.config.min_steady_steps} / {self.config.min_steady_seconds:.0f})"
-            )
+            have, need = seconds_against(seconds, self.config.min_steady_seconds)
+            return False, f"{steps} steps / {have} s since the first step (need {self.config.min_steady_steps} / {need})"
         return True, ""
 
     def _window_stats(self, d: int) -> dict:
@@ -565,7 +575,7 @@ class SteadyDetector:
         checks = checks or self._checks(stats)
         checks = {**checks, "decided_by": "max_undecided_s", "max_undecided_s": self.config.max_undecided_s}
         if needed_s is not None:
-            checks.update(decided_by="precision_out_of_reach", seconds_needed=round(needed_s))
+            checks.update(decided_by="precision_out_of_reach", seconds_needed=math.ceil(needed_s))  # > max_undecided_s as read
         trending = stats["trend"].mk_p < TREND_P and abs(stats["trend_rel"]) > self.config.precision
         if not trending:
             self._declare(d, stats, checks, noisy=True)
@@ -668,11 +678,11 @@ class SteadyDetector:
             self._block_first_step[end] - 1 if end < len(self._medians) else self.last_step,
         )
         noisy = f", noisy: +/-{stats['noise_rel'] / 2:.0%} interval to interval" if self.estimate.noisy else ""
+        needed, most = seconds_against(checks.get("seconds_needed", 0), self.config.max_undecided_s)
         timeout = {
             "max_undecided_s": " (decided after max_undecided_s: no trend beyond the precision)",
             "precision_out_of_reach": f" (precision {self.config.precision:.0%} out of reach: "
-            f"~{checks.get('seconds_needed', 0):,} s of steps needed, max_undecided_s is "
-            f"{self.config.max_undecided_s:.0f}; no trend beyond the precision)",
+            f"~{needed} s of steps needed, max_undecided_s is {most}; no trend beyond the precision)",
         }.get(checks.get("decided_by"), "")
         where = figure_span(self.estimate.warmup_end_step, self.estimate.figure_steps, self.estimate.declared_step,
                             self.estimate.declared_warmup_end_step)

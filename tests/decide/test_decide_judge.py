@@ -139,6 +139,14 @@ def test_stall_after_the_first_step_uses_the_floor_and_reports_the_gpus():
     assert "hung collective" in decision.evidence["gpus"]
 
 
+def test_a_stall_reason_never_reads_silent_for_as_long_as_its_limit():
+    """Silent 120.3 s past a 120-s limit read 'no new step after step 50 for 120 s (limit 120 s)'."""
+    j = judge()
+    feed_steps(j, 50)
+    decision = j.feed(TickObs(T0 + 50 + 120.3))
+    assert decision.decision == "stall" and "for 121 s (limit 120 s)" in decision.reason, decision.reason
+
+
 def test_stall_threshold_follows_the_step_time_when_it_exceeds_the_floor():
     j = judge()
     feed_steps(j, 20, step_s=30.0)  # 10 x 30 s = 300 s

@@ -166,7 +166,7 @@ def test_while_a_shift_is_being_confirmed_the_figure_and_interval_stay_those_of_
     rng = np.random.default_rng(7)
     values = np.concatenate([noisy(rng, 100_000, 200), noisy(rng, 70_000, 300)])
     detector = SteadyDetector(DecideConfig())
-    shown = []
+    shown = []  # (seconds since the first step, seconds the reason says, seconds it says are needed)
     for i, value in enumerate(values):
         detector.feed(StepObs(T0 + i + 1, i + 1, float(value)))
         shown.append((i + 1, detector.estimate.steady, detector.estimate.tok_s, detector.estimate.interval,
@@ -221,3 +221,20 @@ def test_a_suspected_shift_the_warm_up_cut_has_passed_is_dropped_and_the_watch_k
     assert all((d.decision, d.at_step) == ("steady", 700) for _, d in after), [(step, d.reason) for step, d in after]
     final = shown[-1][1]
     assert (final.decision, final.steady_tok_s, final.shift_suspected, final.level_shifts) == ("steady", 100_000, None, [])
+
+
+def test_the_minimum_seconds_still_to_wait_never_read_as_met():
+    """A quiet fast run passes every check before 30 s: its reason says how far it is from the minimums. At
+    29.6 s it said '296 steps / 30 s since the first step (need 60 / 30)': met, yet still waiting. The
+    seconds are now rounded down and the need up (one decimal below 60 s), so a reader sees how far it is."""
+    rng = np.random.default_rng(11)
+    judge = RunJudge()
+    shown = []  # (seconds since the first step, seconds the reason says, seconds it says are needed)
+    for i, value in enumerate(noisy(rng, 50_000, 320, sigma=0.01)):
+        decision = judge.feed(StepObs(T0 + i * 0.1, i + 1, float(value)))
+        found = re.search(r"(\d+) steps / ([\d.]+) s since the first step \(need 60 / ([\d.]+)\)", decision.reason)
+        if found:
+            shown.append((i * 0.1, float(found[2]), float(found[3])))
+    assert any(have >= 29.5 for _, have, _ in shown), shown  # the case that read '30 s (need 30)'
+    for seconds, have, need in shown:
+        assert have < need == 30 and have <= seconds + 1e-6, (seconds, have, need)
