@@ -48,6 +48,17 @@ def sshd(tmp_path_factory, pct_standin_env) -> SshServer:
     server.stop()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that had the `sshd` fixture shows the tail of sshd's log: what the server saw of a
+    connection that broke (a CI run keeps nothing else of it)."""
+    outcome = yield
+    report = outcome.get_result()
+    server = getattr(item, "funcargs", {}).get("sshd")
+    if report.when == "call" and report.failed and isinstance(server, SshServer):
+        report.sections.append((f"sshd log, last lines ({server.log_path})", server.log_tail()))
+
+
 @pytest.fixture
 def ssh_home(sshd, tmp_path_factory, monkeypatch) -> SshHome:
     """HOME pointed at a fresh directory whose ~/.ssh/config has `Host testhost` for the `sshd` fixture,

@@ -4,6 +4,7 @@ every failure a dfo error with a message a user can act on."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 import time
@@ -105,18 +106,38 @@ def test_stream_read_returns_eof_when_the_connection_drops(target, sshd):
     stream.close()
 
 
+LOST_TO_EOF = r"lost the connection to 127\.0\.0\.1:\d+ while running sh -c 'sleep 5': (the host closed the connection \(EOF\)|ConnectionResetError)"
+"""What a command cut off by the host's end of the connection going away says (a FIN, or a reset where data was unread)."""
+
+
 def test_a_dropped_connection_fails_the_running_command_at_once_and_the_next_reconnects(target, sshd):
     def drop_soon():
         time.sleep(0.5)
         sshd.kill_sessions()
 
-    threading.Thread(target=drop_soon).start()
+    dropper = threading.Thread(target=drop_soon)
+    dropper.start()
     started = time.monotonic()
-    with pytest.raises(ConnectError, match="connection lost"):
+    with pytest.raises(ConnectError, match=LOST_TO_EOF):
         target.run("sleep 5", timeout=20)
     assert time.monotonic() - started < 4
+    dropper.join(timeout=5)
     assert target.run(["echo", "back"]).stdout == "back\n"
     assert sshd.accepted_connections() == 2
+
+
+def test_every_command_a_dropped_connection_cuts_off_says_what_ended_it(target, sshd):
+    # paramiko hands the exception its transport died of to one caller only; all four are told
+    with ThreadPoolExecutor(4) as pool:
+        running = [pool.submit(target.run, "sleep 5", timeout=20) for _ in range(4)]
+        deadline = time.monotonic() + 10
+        while sshd.commands_started() < 4:
+            assert time.monotonic() < deadline, "the four commands did not start"
+            time.sleep(0.05)
+        sshd.kill_sessions()
+        errors = [future.exception(timeout=10) for future in running]
+    assert all(isinstance(error, ConnectError) for error in errors), errors
+    assert all(re.search(LOST_TO_EOF, str(error)) for error in errors), [str(error) for error in errors]
 
 
 def test_command_killed_by_a_signal_reads_exit_code_minus_one(target):

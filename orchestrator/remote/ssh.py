@@ -25,6 +25,7 @@ import socket
 import subprocess
 import threading
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Iterator
@@ -82,6 +83,8 @@ class SshTarget(Target):
         self.known_hosts = Path(known_hosts) if known_hosts else _known_hosts_path(self._connection)
         self._open_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(MAX_PARALLEL_COMMANDS)
+        self._causes_lock = threading.Lock()
+        self._causes: weakref.WeakKeyDictionary[paramiko.Transport, BaseException] = weakref.WeakKeyDictionary()
 
     def __repr__(self) -> str:
         return f"<SshTarget {self.name} {self.user}@{self.host}:{self.port}>"
@@ -169,7 +172,7 @@ class SshTarget(Target):
     def _channel(self, command: str, timeout: float) -> Iterator[paramiko.Channel]:
         """A session channel running `command`, closed on the way out."""
         transport = self._transport()
-        with self._mapped_errors(command, timeout=timeout):
+        with self._mapped_errors(command, timeout=timeout, transport=transport):
             channel = transport.open_session(timeout=min(timeout, self.connect_timeout))
             channel.exec_command(command)
         try:
@@ -182,8 +185,10 @@ class SshTarget(Target):
         if not local.is_file():
             raise TransferError(f"{local} is not a readable file", where=self.name)
         size = local.stat().st_size
-        with self._slots, self._mapped_errors(f"put {remote}", timeout=timeout):
-            sftp = paramiko.SFTPClient.from_transport(self._transport())
+        transport = self._transport()
+        with self._slots, self._mapped_errors(f"put {remote}", timeout=timeout, transport=transport,
+                                              doing=f"copying {local} to {remote}"):
+            sftp = paramiko.SFTPClient.from_transport(transport)
             try:
                 sftp.get_channel().settimeout(timeout)
                 try:
@@ -200,16 +205,19 @@ class SshTarget(Target):
     def stream(self, cmd: Command) -> "SshStream":
         command = render(cmd)
         transport = self._transport()
-        with self._mapped_errors(command):
+        with self._mapped_errors(command, transport=transport):
             channel = transport.open_session(timeout=self.connect_timeout)
             channel.exec_command(command)
-        return SshStream(channel, self)
+        return SshStream(channel, self, command)
 
     # -- the one place library errors are mapped ---------------------------------------------------------
 
     @contextlib.contextmanager
-    def _mapped_errors(self, action: str, *, timeout: float | None = None) -> Iterator[None]:
-        """Turn paramiko's and the socket layer's exceptions into dfo's error tree."""
+    def _mapped_errors(self, action: str, *, timeout: float | None = None, transport: paramiko.Transport | None = None,
+                       doing: str | None = None) -> Iterator[None]:
+        """Turn paramiko's and the socket layer's exceptions into dfo's error tree. `action` is "connect" or the
+        command; `doing` what a lost connection interrupted (default: running the command); `transport` the
+        connection the action used (default: the current one)."""
         address = f"{self.host}:{self.port}"
         try:
             yield
@@ -235,31 +243,62 @@ class SshTarget(Target):
         except paramiko.SSHException as exc:
             if action == "connect" and any(text in str(exc) for text in SILENT_PEER_TEXTS):
                 raise self._no_answer() from None
-            raise self._lost(action, exc) from None
+            raise self._lost(action, exc, transport, doing) from None
         except (EOFError, OSError) as exc:
-            raise self._lost(action, exc) from None
+            raise self._lost(action, exc, transport, doing) from None
 
     def _no_answer(self) -> ConnectError:
         return ConnectError(f"no SSH answer from {self.host}:{self.port} within {self.connect_timeout:g}s", where=self.name,
                             hint="check that the host is up and the address/port are right")
 
-    def _lost(self, action: str, exc: BaseException) -> ConnectError:
-        what = "connect" if action == "connect" else "connection lost"
-        return ConnectError(f"{what} to {self.host}:{self.port} failed: {exc or type(exc).__name__}", where=self.name,
-                            hint="check that the host is up; dfo reconnects on the next command")
+    def _lost(self, action: str, exc: BaseException, transport: paramiko.Transport | None, doing: str | None) -> ConnectError:
+        hint = "check that the host is up; dfo reconnects on the next command"
+        if action == "connect":
+            return ConnectError(f"connect to {self.host}:{self.port} failed: {_describe(exc)}", where=self.name, hint=hint)
+        transport = transport or self._connection.transport
+        cause = self._cause_of_loss(transport, exc)
+        if cause is not None:
+            why = _describe(cause)
+        elif isinstance(exc, _ConnectionDropped) and transport is not None and transport.is_active():
+            why = "the host closed its channel before the output ended (no EOF)"
+        else:
+            why = _describe(exc)
+        return ConnectError(f"lost the connection to {self.host}:{self.port} while {doing or 'running ' + action[:120]}: "
+                            f"{why}", where=self.name, hint=hint)
+
+    def _cause_of_loss(self, transport: paramiko.Transport | None, exc: BaseException) -> BaseException | None:
+        """What ended `transport` (the exception its reading thread died of), for every command it cut off:
+        paramiko hands it to one caller only (get_exception clears it; a racing open_session raises it itself).
+        None while the transport lives, or when it ended without one (the host sent a disconnect)."""
+        if transport is None:
+            return None
+        if isinstance(exc, _ConnectionDropped):
+            transport.join(timeout=CLOSE_WAIT_S)  # its thread closes the channels first, then ends
+        if transport.is_active():
+            return None
+        with self._causes_lock:
+            cause = self._causes.get(transport)
+            if cause is None:
+                cause = transport.get_exception()
+                if cause is None and not isinstance(exc, (_ConnectionDropped, paramiko.SSHException)):
+                    cause = exc  # raised by paramiko with the transport's own exception (open_session took it)
+                if cause is not None:
+                    self._causes[transport] = cause
+            return cause
 
 
 class SshStream(Stream):
     """A long-lived command on an exec channel: non-blocking reads of stdout (stderr drained into a tail)."""
 
-    def __init__(self, channel: paramiko.Channel, target: SshTarget) -> None:
+    def __init__(self, channel: paramiko.Channel, target: SshTarget, command: str) -> None:
         self._channel = channel
         self._target = target
+        self._command = command
         self._stderr = deque(maxlen=STDERR_TAIL_BYTES)
 
     def read(self, n: int = 65536, timeout: float | None = None) -> bytes:
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._target._mapped_errors("stream read", timeout=timeout):
+        with self._target._mapped_errors(self._command, timeout=timeout, transport=self._channel.get_transport()):
             while True:
                 self._drain_stderr()
                 if self._channel.recv_ready() or self._channel.eof_received or self._channel.closed:
@@ -279,7 +318,8 @@ class SshStream(Stream):
         return bytes(self._stderr).decode(errors="replace")
 
     def write(self, data: bytes) -> None:
-        with self._target._mapped_errors("stream write"):
+        with self._target._mapped_errors(self._command, transport=self._channel.get_transport(),
+                                         doing=f"writing to {self._command[:120]}"):
             self._channel.sendall(data)
 
     def close(self) -> None:
@@ -481,7 +521,9 @@ def _exchange(channel: paramiko.Channel, data: bytes | None, deadline: float) ->
     """Feed stdin (then close it, so readers see EOF) while reading stdout and stderr until the command
     exits; (None, stderr so far) if the deadline passes first. Interleaved, so a command that echoes a large
     input back cannot block on a full window while we still send. A command killed by a signal has no exit
-    status (sshd sends exit-signal, which paramiko ignores): its exit code reads -1."""
+    status (sshd sends exit-signal, which paramiko ignores): its exit code reads -1. A channel closed without
+    EOF was cut off (paramiko closes every channel of a dying connection before it marks the connection
+    inactive, so `is_active()` cannot tell yet): _ConnectionDropped."""
     pending = memoryview(data or b"")
     stdout, stderr = bytearray(), bytearray()
     if not pending:
@@ -496,14 +538,31 @@ def _exchange(channel: paramiko.Channel, data: bytes | None, deadline: float) ->
         while channel.recv_stderr_ready():
             stderr += channel.recv_stderr(65536)
         if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-            if channel.closed and not channel.eof_received and not channel.get_transport().is_active():
-                raise EOFError("the connection dropped while the command ran")
-            if channel.eof_received or channel.closed:
+            if channel.closed and not channel.eof_received:  # sshd sends EOF before it closes a channel
+                raise _ConnectionDropped()
+            if channel.eof_received:
                 return bytes(stdout), bytes(stderr)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return None, bytes(stderr)
         _wait_for_output(channel, min(remaining, 0.005 if pending else POLL_S))
+
+
+class _ConnectionDropped(EOFError):
+    """The connection ended under a running command (`_lost` looks for what ended it)."""
+
+    def __str__(self) -> str:
+        return "the connection dropped while the command ran"
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as a message part: its text, with its class where that says more (EOFError has no text)."""
+    if isinstance(exc, EOFError) and not isinstance(exc, _ConnectionDropped):
+        return "the host closed the connection (EOF)"
+    text = str(exc)
+    if not text:
+        return type(exc).__name__
+    return text if isinstance(exc, (paramiko.SSHException, _ConnectionDropped)) else f"{type(exc).__name__}: {text}"
 
 
 def _wait_for_output(channel: paramiko.Channel, timeout: float) -> None:

@@ -104,6 +104,12 @@ class SshServer:
             return 0
         return self.log_path.read_text(errors="replace").count("Starting session: command ")
 
+    def log_tail(self, lines: int = 40) -> str:
+        """The last `lines` lines of sshd's log (what the server saw; added to a failed test's report)."""
+        if not self.log_path.exists():
+            return "(no sshd log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
     def _config_text(self) -> str:
         session_env = {"PATH": f"{STANDIN_BIN}:{SYSTEM_PATH}", **self.env}
         set_env = " ".join(f'"{key}={value}"' for key, value in session_env.items())
