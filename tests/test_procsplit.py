@@ -34,8 +34,8 @@ def alive(pid: int) -> bool:
         return False
 
 
-def start_slow_run(tmp_path, name: str) -> subprocess.Popen:
-    cmd = trainer_cmd(tmp_path, name, *TWO_DRAFTERS, "--steps", "1000", "--log-every", "2",
+def start_slow_run(tmp_path, name: str, *topology: str) -> subprocess.Popen:
+    cmd = trainer_cmd(tmp_path, name, *(topology or TWO_DRAFTERS), "--steps", "1000", "--log-every", "2",
                       "--set", "debug.step_sleep_s=0.1")
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=trainer_env(),
                             cwd=tmp_path, start_new_session=True)
@@ -93,6 +93,58 @@ def test_sigterm_stops_every_process_with_a_checkpoint(tmp_path):
     assert (tmp_path / "term" / "checkpoint.pt").is_file()
     time.sleep(0.5)
     assert not [pid for pid in children if alive(pid)]
+
+
+def target_pids(supervisor: int, lines: list[str]) -> set[int]:
+    """The supervisor's spawned children that are not drafters (their pids are on the compile lines)."""
+    drafters = {int(line.split(" pid=")[1].split()[0]) for line in lines if "event=compile" in line}
+    spawned = set()
+    for pid in child_pids(supervisor):
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"spawn_main" in cmdline.read():
+                spawned.add(pid)
+    return spawned - drafters
+
+
+def stop_with_a_stopped_target(tmp_path, name: str, *topology: str) -> tuple[subprocess.Popen, str, float, set]:
+    """A run whose target process is SIGSTOPped mid-run (its drafters then wait on an empty inbox), then
+    SIGTERMed as dfo stops a run; returns the run, its stdout, the seconds it took to end after the
+    SIGTERM, and its processes (as they were before the stop)."""
+    proc = start_slow_run(tmp_path, name, *topology)
+    try:
+        lines = read_until_step(proc, 2)
+        children = child_pids(proc.pid)
+        [target] = target_pids(proc.pid, lines)
+        os.kill(target, signal.SIGSTOP)
+        time.sleep(5)  # the drafters use up the batches already queued and wait for the next one
+        os.killpg(proc.pid, signal.SIGTERM)
+        stopped = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=60)  # before: the drafters waited 600 s on their inbox
+        took = time.monotonic() - stopped
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    time.sleep(0.5)
+    assert not [pid for pid in children if alive(pid)], stderr[-3000:]  # the stopped target was killed too
+    return proc, "".join(lines) + stdout, took, children
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_stopped_target_stops_one_rank_with_a_checkpoint_at_once(tmp_path):
+    proc, stdout, took, _ = stop_with_a_stopped_target(tmp_path, "onerank", "--topology", "procsplit")
+    assert proc.returncode == 75 and took < 20, (proc.returncode, took, stdout[-2000:])
+    done = next(line for line in stdout.splitlines() if "event=done" in line)
+    checkpoints = [line for line in stdout.splitlines() if "event=checkpoint" in line]
+    assert "reason=sigterm" in done and checkpoints, stdout[-2000:]
+    assert checkpoints[-1].split(" step=")[1].split()[0] == done.split(" step=")[1].split()[0]
+    assert (tmp_path / "onerank" / "checkpoint.pt").is_file()
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_stopped_target_ends_several_ranks_with_an_error_naming_it(tmp_path):
+    proc, stdout, took, _ = stop_with_a_stopped_target(tmp_path, "tworanks")
+    assert proc.returncode == 1 and took < 25, (proc.returncode, took, stdout[-2000:])
+    error = next(line for line in stdout.splitlines() if "event=error" in line)
+    assert "target0 sent no batch" in error and "of the stop" in error, error
 
 
 class Process:

@@ -11,9 +11,15 @@ worker thread (../shared/crash-signatures.md); here every drafter trains in its 
 
 The first message a producer sends each drafter is the target's embedding and lm_head (the drafter's frozen
 input and output layers), so drafters never build the target. Rank 0 writes the step lines, checkpoints
-and the done line. A SIGTERM (to the supervisor or the whole process group) is agreed on by all ranks at
-the next logging step: they finish that step, rank 0 checkpoints, all exit EXIT_STOPPED. A process that
-dies (its traceback is on stderr) makes the supervisor kill the others and exit EXIT_WORKER_FAILED.
+and the done line. A SIGTERM (to the supervisor or the whole process group): one rank stops after the
+step in flight (or at once while it waits for a batch); several ranks agree on it at the next logging
+step: they finish that step, rank 0 checkpoints, all exit EXIT_STOPPED. A process that dies (its traceback
+is on stderr) makes the supervisor kill the others and exit EXIT_WORKER_FAILED.
+
+No wait is unbounded: a drafter waits for its target in POLL_S slices (run.step_timeout_s, and after a stop
+STOP_WAIT_S, then a NoAnswer naming the target), a target puts in slices until the run is finished, and
+the supervisor gives its drafters STOP_GRACE_S after a stop and its targets REAP_GRACE_S after the
+drafters, then kills what is left (a stopped process included) and says which did not end.
 
 Several nodes (run.nnodes > 1): every node runs this same supervisor with its own run.node_rank; node k's
 local drafter r is global rank k * (drafters per node) + r, its producer serves that global rank's batches.
@@ -38,6 +44,8 @@ import socket
 import sys
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as NotYet
 from datetime import timedelta
 from pathlib import Path
 
@@ -58,9 +66,12 @@ from trainer.replica import (
     restore_replica, seeded_drafter, weights_digest,
 )
 
-POLL_S = 0.2
-SHUTDOWN_GRACE_S = 30.0
+POLL_S = 0.2  # every wait (a drafter on its inbox, a target on a full queue, the supervisor) looks up this often
+STOP_WAIT_S = 8.0  # after a stop, how long one of several ranks still waits for its target's batch
+STOP_GRACE_S = 60.0  # after a stop, how long the supervisor waits for its drafters before it kills them
+REAP_GRACE_S = 5.0  # once the drafters ended, how long a target may take to end before it is killed
 FAILURE_TEXT_BYTES = 800
+RECORDED_EXIT_S = 2.0  # how long the supervisor waits for a drafter that recorded its failure to end
 RENDEZVOUS_GRACE_S = 5.0  # beyond the store's own timeout, before the supervisor gives up on a rendezvous
 PEER_LOST = "peer_lost"
 RENDEZVOUS = "rendezvous"
@@ -74,6 +85,10 @@ class RendezvousError(RuntimeError):
 
 class PeerLost(RuntimeError):
     """A collective failed because another rank ended or became unreachable (a consequence, not a cause)."""
+
+
+class NoAnswer(RuntimeError):
+    """A rank's target sent nothing within run.step_timeout_s, or within STOP_WAIT_S of a stop."""
 
 
 class Topology:
@@ -154,6 +169,11 @@ def collective(op, *args):
         raise PeerLost(f"{op.__name__} failed, a peer rank ended or is unreachable: {first_line(str(exc))}") from exc
 
 
+def producer_of(cfg: Config, local_rank: int) -> int:
+    """The index of the target process that serves a node's local drafter."""
+    return local_rank % len(dict.fromkeys(cfg.run.target_devices))
+
+
 def start_step_of(cfg: Config, run_dir: Path, resume: bool) -> int:
     """0, or the resumed checkpoint's step (memory-mapped: the supervisor reads no weights)."""
     return int(load_checkpoint(run_dir, cfg.hash(), mmap=True)["step"]) if resume else 0
@@ -193,16 +213,20 @@ class DrafterProcess:
     rank 0) report and checkpoint on its node."""
 
     def __init__(self, cfg: Config, rank: int, world: int, device: str, inbox, run_dir: Path, start: int,
-                 stop, lead: bool | None = None) -> None:
+                 stop, lead: bool | None = None, target: str = "target0") -> None:
         self.cfg, self.rank, self.world, self.device, self.inbox = cfg, rank, world, device, inbox
         self.run_dir, self.start, self.stop = run_dir, start, stop
         self.lead = rank == 0 if lead is None else lead
+        self.target = target  # the producer process that feeds this rank, named in a NoAnswer
+        # takes one message off the inbox while the main thread waits for it in slices: unpickling a CPU
+        # tensor asks the sending process for its file descriptor and blocks for good if that one is stopped
+        self.receiver = ThreadPoolExecutor(1, thread_name_prefix="receive")
         self.log = MetricLog()
         self.replica = self._build()
         self.reporter = Reporter(cfg, self.log, start, world, self._queue_fill, lambda: world)
 
     def _build(self):
-        kind, embed_w, head_w = self.inbox.get(timeout=self.cfg.run.step_timeout_s)
+        kind, embed_w, head_w = self._take("the head weights", stop_at_once=False)
         assert kind == "head", f"expected the head weights first, got {kind!r}"
         embed = nn.Embedding.from_pretrained(embed_w.to(self.device).clone(), freeze=True)
         lm_head = nn.Linear(head_w.shape[1], head_w.shape[0], bias=False, device=self.device, dtype=head_w.dtype)
@@ -248,11 +272,38 @@ class DrafterProcess:
         except NotImplementedError:  # macOS
             return 0.0
 
-    def _receive(self):
-        _, step, tokens, features, anchors = self.inbox.get(timeout=self.cfg.run.step_timeout_s)
-        received = tuple(t.to(self.device).clone() for t in (tokens, features, anchors))  # own copy
-        del tokens, features, anchors
-        return step, received
+    def _take(self, what: str, stop_at_once: bool):
+        """The next message from this rank's target, waited for in POLL_S slices. Once a stop is asked:
+        None at once when `stop_at_once` (one rank stops without agreeing with anyone), else the wait goes on
+        (the ranks agree on the stop at the next logging step and need the batches up to it) for at most
+        STOP_WAIT_S. A target silent past either bound is a NoAnswer naming it."""
+        limit_s = self.cfg.run.step_timeout_s
+        deadline, stop_deadline = time.monotonic() + limit_s, None
+        message = self.receiver.submit(self.inbox.get)
+        while True:
+            try:
+                return message.result(timeout=POLL_S)
+            except NotYet:
+                pass
+            if self.stop.is_set():
+                if stop_at_once:
+                    return None
+                stop_deadline = stop_deadline or time.monotonic() + STOP_WAIT_S
+                if time.monotonic() > stop_deadline:
+                    raise NoAnswer(f"{self.target} sent no {what} within {STOP_WAIT_S:g}s of the stop "
+                                   "(it is stuck or stopped)")
+            if time.monotonic() > deadline:
+                raise NoAnswer(f"{self.target} sent no {what} within {limit_s:g}s (run.step_timeout_s)")
+
+    def _receive(self, step: int):
+        """This step's batch on the drafter's device (own copy), or None: one rank asked to stop."""
+        message = self._take(f"batch for step {step + 1}", stop_at_once=self.world == 1)
+        if message is None:
+            return None
+        _, _, tokens, features, anchors = message
+        received = tuple(t.to(self.device).clone() for t in (tokens, features, anchors))
+        del tokens, features, anchors, message
+        return received
 
     def _forward_backward(self, tokens, features, anchors) -> None:
         """The step; DDP averages the gradients during its backward, so a peer lost there is PeerLost too."""
@@ -273,18 +324,25 @@ class DrafterProcess:
         return values[0] / self.world, values[1] / self.world, values[2] / self.world, values[3] > 0
 
     def train(self) -> int:
+        """The steps; a stop ends them after the step in flight on one rank, at the next logging step (agreed
+        in its all_reduce) on several, and the last completed step is checkpointed."""
         stop_now, done = False, self.start
         for step in range(self.start, self.cfg.run.steps):
             started = time.monotonic()
             debug_hooks(self.cfg, self.rank, step)
-            _, (tokens, features, anchors) = self._receive()
-            self._forward_backward(tokens, features, anchors)
+            received = self._receive(step)
+            if received is None:
+                stop_now = True
+                break
+            self._forward_backward(*received)
             if step == self.start:
                 self._log_compile(time.monotonic() - started)
             optimizer_step(self.cfg, self.replica)
             done = step + 1
             if self.reporter.is_log_step(done):
                 *means, stop_now = self._log_step_stats()
+            if self.world == 1:
+                stop_now = self.stop.is_set()
             if self.lead:
                 self.reporter.after_step(done, lambda: tuple(means), self.replica.scheduler.get_last_lr()[0],
                                          memory_gb([self.device]))
@@ -331,14 +389,14 @@ def drafter_main(cfg: Config, local_rank: int, topo: Topology, device: str, inbo
         rendezvous(cfg, topo, rank)
         joined.done()
         process = DrafterProcess(cfg, rank, topo.world, device, inbox, Path(run_dir), start, stop,
-                                 lead=local_rank == 0)
+                                 lead=local_rank == 0, target=f"target{producer_of(cfg, local_rank)}")
         if rank == 0:
             process.log.sink = open_sink(wandb_mode, run_name, cfg.to_dict(), run_dir)
         status = process.train()
     except BaseException as exc:  # noqa: BLE001 - traceback to the log, then leave at once: a normal
         failure.record(local_rank, exc)  # interpreter teardown could wait on a process group whose other
         print(f"Process drafter{rank}:", file=sys.stderr)  # ranks sit in a collective
-        if isinstance(exc, RendezvousError):
+        if isinstance(exc, (RendezvousError, NoAnswer)):
             print(f"error: {exc}", file=sys.stderr)
         else:
             traceback.print_exc()
@@ -419,7 +477,7 @@ class Supervisor:
         self.topo = topo = Topology(cfg, single_node_port=free_port() if cfg.run.nnodes == 1 else 0)
         self.producers = [
             ctx.Process(target=producer_main, name=f"target{i}", daemon=True,
-                        args=(cfg, i, device, [d for d in range(len(drafters)) if d % len(targets) == i], queues,
+                        args=(cfg, i, device, [d for d in range(len(drafters)) if producer_of(cfg, d) == i], queues,
                               start, self.finished, topo.offset))
             for i, device in enumerate(targets)
         ]
@@ -440,9 +498,10 @@ class Supervisor:
             return status
         finally:
             self.finished.set()
-            self._reap(SHUTDOWN_GRACE_S if status != EXIT_WORKER_FAILED else 1.0)
+            self._reap(REAP_GRACE_S if status != EXIT_WORKER_FAILED else 1.0)
 
     def _watch(self) -> int:
+        stop_deadline = None
         while True:
             # one read of each exit code per round: a drafter that fails between two reads would otherwise
             # pass the failure check still running and then count as ended, and the run would exit 0
@@ -455,7 +514,20 @@ class Supervisor:
                 return EXIT_STOPPED if EXIT_STOPPED in drafter_codes else EXIT_OK
             if self.joined.overdue(len(self.drafters), self.topo.timeout_s + RENDEZVOUS_GRACE_S):
                 return self._rendezvous_timed_out()
+            if self.stop.is_set():
+                stop_deadline = stop_deadline or time.monotonic() + STOP_GRACE_S
+                if time.monotonic() > stop_deadline:
+                    return self._stop_unanswered([name for name, code in codes[len(self.producers):] if code is None])
             time.sleep(POLL_S)
+
+    def _stop_unanswered(self, running: list[str]) -> int:
+        """Drafters still running STOP_GRACE_S after a stop (stopped, or stuck in a collective with a rank that
+        does not answer): one `event=error` line naming them; the caller kills them."""
+        reason = (f"{', '.join(running)}: did not end within {STOP_GRACE_S:g}s of the stop (a process stuck or "
+                  "stopped, or a peer rank that does not answer): killed")
+        print(f"error: {reason}", file=sys.stderr, flush=True)
+        self.log.emit("error", reason=reason, node=self.topo.node_rank if self.topo.nnodes > 1 else None)
+        return EXIT_WORKER_FAILED
 
     def _rendezvous_timed_out(self) -> int:
         """A rank still not in the group past the store's own timeout (e.g. it reached a foreign listener)."""
@@ -474,8 +546,11 @@ class Supervisor:
             if process.exitcode is not None and process.exitcode < 0:
                 return process.name, process.exitcode
         rank = self.failure.rank.value
-        if 0 <= rank < len(self.drafters) and self.drafters[rank].exitcode not in (None, EXIT_OK, EXIT_STOPPED):
-            return self.drafters[rank].name, self.drafters[rank].exitcode
+        if 0 <= rank < len(self.drafters):
+            first = self.drafters[rank]
+            first.join(timeout=RECORDED_EXIT_S)  # it recorded its failure and is on its way out
+            if first.exitcode not in (None, EXIT_OK, EXIT_STOPPED):
+                return first.name, first.exitcode
         return name, code
 
     def _fail(self, name: str, code: int) -> int:
@@ -490,7 +565,8 @@ class Supervisor:
         return EXIT_WORKER_FAILED
 
     def _reap(self, grace_s: float) -> None:
-        """Let the processes end on their own for `grace_s`, then kill what is left (by PID)."""
+        """Let the processes end on their own for `grace_s`, then kill what is left (by PID; SIGKILL also ends
+        a stopped process)."""
         deadline = time.monotonic() + grace_s
         for process in self.drafters + self.producers:
             process.join(timeout=max(0.0, deadline - time.monotonic()) if process.exitcode is None else 0)
