@@ -159,21 +159,49 @@ class Process:
         return self.codes.pop(0) if len(self.codes) > 1 else self.codes[0]
 
 
+def watching(tmp_path, producers: list[Process], drafters: list[Process]):
+    """A real Supervisor (tiny-cpu, nothing started) watching stand-in processes, and what it logs."""
+    from trainer.config import build_config
+    from trainer.metrics import MetricLog
+    from trainer.procsplit import Supervisor
+
+    out = io.StringIO()
+    supervisor = Supervisor(build_config("tiny-cpu", ["run.topology=procsplit"]), "watched", "off",
+                            MetricLog(stream=out), tmp_path, resume=False)
+    supervisor.producers, supervisor.drafters = producers, drafters
+    return supervisor, out
+
+
 @pytest.mark.parametrize("code", [1, -9])
 def test_a_drafter_that_fails_while_the_supervisor_looks_ends_the_run_nonzero(tmp_path, code):
     # the multi-node flake: node 0's drafter refused a stale checkpoint (exit 1) just after the supervisor
     # had read it as running, the supervisor's next read found every drafter ended, and the node exited 0
-    from trainer.config import build_config
-    from trainer.metrics import MetricLog
     from trainer.pipeline import EXIT_WORKER_FAILED
-    from trainer.procsplit import Supervisor
 
-    out = io.StringIO()
-    supervisor = Supervisor(build_config("tiny-cpu", ["run.topology=procsplit"]), "race", "off",
-                            MetricLog(stream=out), tmp_path, resume=False)
-    supervisor.producers, supervisor.drafters = [Process("target0", None)], [Process("drafter0", None, code)]
+    supervisor, out = watching(tmp_path, [Process("target0", None)], [Process("drafter0", None, code)])
     assert supervisor._watch() == EXIT_WORKER_FAILED
     assert "event=error" in out.getvalue() and "drafter0: process ended" in out.getvalue(), out.getvalue()
+
+
+def test_drafters_still_running_after_the_stop_grace_are_named_and_the_run_fails(tmp_path, monkeypatch):
+    # a drafter SIGSTOPped, or stuck in a collective with a rank that does not answer: before, the
+    # supervisor waited for it for ever after a SIGTERM
+    import threading
+
+    import trainer.procsplit
+    from trainer.pipeline import EXIT_STOPPED, EXIT_WORKER_FAILED
+
+    monkeypatch.setattr(trainer.procsplit, "STOP_GRACE_S", 0.5, raising=False)
+    supervisor, out = watching(tmp_path, [Process("target0", None)],
+                               [Process("drafter0", EXIT_STOPPED), Process("drafter1", None)])
+    supervisor.stop.set()
+    outcome = []
+    watch = threading.Thread(target=lambda: outcome.append(supervisor._watch()), daemon=True)
+    watch.start()
+    watch.join(timeout=10)
+    assert outcome == [EXIT_WORKER_FAILED], "the supervisor still waits after the stop"
+    error = next(line for line in out.getvalue().splitlines() if "event=error" in line)
+    assert "drafter1: did not end within 0.5s of the stop" in error and "drafter0" not in error, error
 
 
 @pytest.mark.gpu
