@@ -23,7 +23,7 @@ import pytest
 from orchestrator.errors import InvalidName, RefusedError, RemoteError, UsageError
 from orchestrator.package import build_package, package_files
 from orchestrator.remote.local import LocalTarget
-from orchestrator.runs import RunSpec, follow_log, kill_script, launch, log_tail, stop
+from orchestrator.runs import RunSpec, follow_log, gone, kill_script, launch, log_tail, stop
 from orchestrator.store import Run, Store
 
 FAKE_TRAINER_MAIN = """
@@ -39,13 +39,32 @@ for step in range(3):
 def store(tmp_path):
     s = Store(tmp_path / "dfo.db")
     yield s
-    for run in s.list_runs(active=True):  # never leave a test's run behind
-        if run.pid:
+    kill_leftover_runs(s)  # never leave a test's run behind
+    s.close()
+
+
+def kill_leftover_runs(store: Store) -> None:
+    """SIGKILL the process group of every run the registry still calls active whose PID is still that run's
+    (its recorded start time, or its exit file on its command line where none was recorded). A run that ended
+    unseen leaves its PID to the kernel: signalling that number could end an unrelated process group (an sshd
+    connection of a later test, whose process leads its own group)."""
+    for run in store.list_runs(active=True):
+        if run.pid and _still_the_run(run):
             try:
                 os.killpg(run.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-    s.close()
+
+
+def _still_the_run(run) -> bool:
+    try:
+        stat = Path(f"/proc/{run.pid}/stat").read_text()
+        cmdline = Path(f"/proc/{run.pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+    if run.proc_starttime is not None:
+        return not gone(stat, run.proc_starttime)
+    return bool(run.exit_path) and run.exit_path in cmdline
 
 
 @pytest.fixture
@@ -222,6 +241,26 @@ def test_stop_refuses_a_reused_pid_and_leaves_that_process_alone(store, workspac
             stop(LocalTarget("here"), store, "old-run", grace_s=1)
         assert stranger.poll() is None
         assert store.get_run("old-run").state == "exited"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_the_cleanup_of_leftover_runs_kills_a_live_run_and_spares_a_process_that_took_an_ended_runs_pid(store, workspace):
+    live = launch(LocalTarget("here"), spec(workspace, "sleep 30"), store, name="live").run
+    ended = launch(LocalTarget("here"), spec(workspace, "true"), store, name="ended").run
+    wait_for(lambda: alive(live.pid), what="run start")
+    wait_for(Path(ended.exit_path).exists, what="run end")
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)  # leads its own group, as sshd's connections do
+    try:
+        # the registry still calls `ended` running and the kernel gave its PID to `stranger`; a row without a
+        # recorded start time is known by its exit file on the command line, which `stranger` lacks too
+        store.update_run("ended", pid=stranger.pid)
+        store.add_run(Run(name="unseen", target="here", pid=stranger.pid, exit_path=f"{workspace}/logs/unseen.exit",
+                          state="running"))
+        kill_leftover_runs(store)
+        wait_for(lambda: not alive(live.pid), what="the live run's end")
+        assert stranger.poll() is None, "a process that merely has a leftover run's PID was killed"
     finally:
         stranger.kill()
         stranger.wait()
