@@ -140,6 +140,24 @@ def test_sigterm_with_a_stopped_target_stops_one_rank_with_a_checkpoint_at_once(
 
 
 @pytest.mark.slow
+def test_sigterm_stops_one_rank_after_the_step_in_flight(tmp_path):
+    # one rank agrees with nobody: it does not run on to the next logging step (here step 1000) first
+    cmd = trainer_cmd(tmp_path, "inflight", "--topology", "procsplit", "--steps", "1000", "--log-every", "1000",
+                      "--set", "run.warmup_log_steps=2", "--set", "debug.step_sleep_s=0.1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=trainer_env(),
+                            cwd=tmp_path, start_new_session=True)
+    try:
+        read_until_step(proc, 2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    assert proc.returncode == 75, stderr[-3000:]
+    done = next(line for line in stdout.splitlines() if "event=done" in line)
+    assert "reason=sigterm" in done and int(done.split(" step=")[1].split()[0]) < 50, done
+
+
+@pytest.mark.slow
 def test_sigterm_with_a_stopped_target_ends_several_ranks_with_an_error_naming_it(tmp_path):
     proc, stdout, took, _ = stop_with_a_stopped_target(tmp_path, "tworanks")
     assert proc.returncode == 1 and took < 25, (proc.returncode, took, stdout[-2000:])
