@@ -198,6 +198,8 @@ class LevelShift(RunEvent):
     declared_interval: Optional[list[float]] = optional()
     declared_step: Optional[int] = optional()
     declared_at: Optional[str] = optional()
+    shape: Optional[str] = optional()  # step | decline (decide/judge.py level_shifts(); absent in older events: step)
+    rel_per_min: Optional[float] = optional()  # a decline's fall per minute (relative)
 
     @staticmethod
     def fields_of(shift: dict, declared: bool) -> dict[str, Any]:
@@ -212,8 +214,12 @@ class LevelShift(RunEvent):
 
     @property
     def text(self) -> str:
-        """One line: `level shift at step 1861: 56,754 -> 40,296 tok/s, verdict re-opened at step 2700, ...`."""
+        """One line: `level shift at step 1861: 56,754 -> 40,296 tok/s, verdict re-opened at step 2700, ...`; a
+        decline: `decline (-6.9% per minute) over the steps from 246: steady at 65,238 -> 60,831 tok/s, ...`."""
         head = f"level shift at step {self.at_step}: {self.from_tok_s:,.0f} -> "
+        if self.shape == "decline":  # a steady fall after the declaration (decide/steady.py _declined)
+            per_min = f" ({self.rel_per_min:+.1%} per minute)" if self.rel_per_min is not None else ""
+            head = f"decline{per_min} over the steps from {self.at_step}: steady at {self.from_tok_s:,.0f} -> "
         if not self.declared:
             return (f"{head}{self.to_tok_s:,.0f} tok/s, verdict re-opened at step {self.detected_step} "
                     f"(new level not declared yet; precision {self.precision:.0%})")

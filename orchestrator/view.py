@@ -64,14 +64,16 @@ def state_text(watched: WatchedRun) -> Text:
     if decision.decision == "undecided":
         label = "waiting for the first step" if watched.latest is None else "warming up"
         if shift is not None and shift["declared_tok_s"] is None:
-            label = (f"re-opened: level shift at step {shift['at_step']}, {shift['from_tok_s']:,.0f} -> "
+            what = ("decline from step" if shift.get("shape") == "decline" else "level shift at step")
+            label = (f"re-opened: {what} {shift['at_step']}, {shift['from_tok_s']:,.0f} -> "
                      f"~{shift['to_tok_s']:,.0f} tok/s")
     elif decision.decision == "steady" and decision.steady_tok_s is not None:
         label = f"steady {decision.steady_tok_s:,.0f} tok/s"
         if decision.interval:
             label += f" (95% {decision.interval[0]:,.0f}..{decision.interval[1]:,.0f})"
         if shift is not None:
-            label += f" since a level shift at step {shift['at_step']} (from {shift['from_tok_s']:,.0f})"
+            what = ("a decline from step" if shift.get("shape") == "decline" else "a level shift at step")
+            label += f" since {what} {shift['at_step']} (from {shift['from_tok_s']:,.0f})"
         if decision.shift_suspected:
             label += (f"; level shift suspected since step {decision.shift_suspected['since_step']}, new level "
                       f"~{decision.shift_suspected['to_tok_s']:,.0f} being confirmed")

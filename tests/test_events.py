@@ -28,7 +28,7 @@ CONTRACT = {
     "decision": ["at", "run", "chain", "decision"],
     "level_shift": ["at", "run", "chain", "at_step", "detected_step", "detected_at", "from_tok_s", "from_interval",
                     "to_tok_s", "declared", "precision", "declared_tok_s", "declared_interval", "declared_step",
-                    "declared_at"],
+                    "declared_at", "shape", "rel_per_min"],
     "acting": ["at", "run", "chain", "action", "next_variant"],
     "stopped": ["at", "run", "chain", "signal", "reason"],
     "not_signalled": ["at", "run", "chain", "why"],
@@ -39,7 +39,7 @@ CONTRACT = {
     "gpu_error": ["at", "target", "text", "code"],
 }
 OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir",  # left out when unset
-                 "declared_tok_s", "declared_interval", "declared_step", "declared_at"}
+                 "declared_tok_s", "declared_interval", "declared_step", "declared_at", "shape", "rel_per_min"}
 RUN_ERROR = ["at", "run", "chain", "text"]
 TARGET_ERROR = ["at", "target", "text"]
 
@@ -118,3 +118,16 @@ def test_a_level_shift_reads_as_one_line_with_both_levels_before_and_after_its_n
     assert held.to_json()["declared_interval"] == [39524.7, 41067.4]
     assert event_line(held) == ("00:00:00 r1: level shift at step 1861: 56,754 -> 40,296 tok/s, verdict re-opened "
                                 "at step 2700, new level declared at step 2760 (95% 39,525..41,067)")
+
+
+def test_a_decline_reads_as_one_line_saying_how_fast_the_level_fell():
+    from orchestrator.commands.watch import event_line
+
+    decline = {"shape": "decline", "at_step": 71, "detected_step": 6560, "detected_at": AT, "from_tok_s": 5002.9,
+               "from_interval": [4966.8, 5038.9], "to_tok_s": 4320.4, "declared_tok_s": None, "declared_interval": None,
+               "declared_step": None, "declared_at": None, "precision": 0.05, "change_rel": -0.152,
+               "change_rel_95": [-0.188, -0.115], "rel_per_min": -0.054, "over_s": 169.0}
+    seen = ev.LevelShift(at=AT, run="r1", chain="r1", **ev.LevelShift.fields_of(decline, declared=False))
+    assert seen.to_json()["shape"] == "decline" and seen.to_json()["rel_per_min"] == -0.054
+    assert event_line(seen) == ("00:00:00 r1: decline (-5.4% per minute) over the steps from 71: steady at 5,003 -> "
+                                "4,320 tok/s, verdict re-opened at step 6560 (new level not declared yet; precision 5%)")

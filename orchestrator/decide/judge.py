@@ -35,6 +35,7 @@ from .steady import SteadyDetector, seconds_against
 
 GAP_HISTORY = 50  # the stall threshold follows the median of the last 50 gaps between step lines
 EARLY_STEP_LINES = 10  # for the first 10 step lines, the stall limit is at least the time the first step took
+DECLINE_FIELDS = ("change_rel", "change_rel_95", "rel_per_min", "over_s")  # a decline's record (steady.py _declined)
 SIGTERM_EXITS = frozenset({75, 143})  # the trainer's checkpointed stop (75), or the default SIGTERM death
 
 
@@ -234,10 +235,14 @@ class RunJudge:
         """Each level shift so far, oldest first: where the level moved (`at_step`), when it was seen
         (`detected_step`, `detected_at`), the level before (`from_tok_s`; `from_interval`: the interval it was
         declared with), the new level as first seen (`to_tok_s`) and as declared once it holds (`declared_tok_s`,
-        `declared_interval`, `declared_step`, `declared_at`; null until then), and the precision it was judged at."""
+        `declared_interval`, `declared_step`, `declared_at`; null until then), and the precision it was judged at.
+        `shape`: `step` (the level moved at `at_step`) or `decline` (it fell steadily after steady was declared:
+        `at_step` begins the window it fell over, `over_s` long, by `change_rel` (95% `change_rel_95`),
+        `rel_per_min`; `from_tok_s` is the figure declared, `to_tok_s` the level of the newest blocks)."""
         shifts = []
         for shift, note in zip(self.steady.shifts, self._shift_notes):
             shifts.append({
+                "shape": shift["shape"],
                 "at_step": shift["at_step"],
                 "detected_step": note["detected_step"],
                 "detected_at": note["detected_at"],
@@ -249,6 +254,7 @@ class RunJudge:
                 "declared_step": shift["declared_step"],
                 "declared_at": note.get("declared_at"),
                 "precision": self.config.precision,
+                **{key: shift[key] for key in DECLINE_FIELDS if key in shift},  # a decline's own measure
             })
         return shifts
 

@@ -67,6 +67,8 @@ TREND_P = 0.05  # Mann-Kendall: a trend is plausible at p < 0.05
 MIN_BATCHES = 10  # batches are as long as the autocorrelation time, but there are at least 10 of them
 MAX_LAG1 = 0.9  # autocorrelation estimates are clipped to [0, 0.9]: tau <= 19
 REACH_MIN_SECONDS = 40.0  # the precision is judged out of reach only on a window this long after the warm-up
+DECLINE_MIN_SECONDS = 60.0  # once steady, a decline is judged on a figure window this long (2+ slow swings)
+DECLINE_HOLD_MAX_S = 90.0  # after one, a new level must be flat across as long as the fall was seen, up to 90 s
 
 
 @dataclass
@@ -252,6 +254,15 @@ def seconds_against(have: float, bound: float) -> tuple[str, str]:
     return f"{have_r:,.{digits}f}".removesuffix(".0"), f"{bound_r:,.{digits}f}".removesuffix(".0")
 
 
+def decline_text(decline: dict) -> str:
+    """What a reason says of a decline (a level shift of shape `decline`, SteadyDetector._declined)."""
+    lo, hi = decline["change_rel_95"]
+    return (f"degrading: the level fell {decline['change_rel']:+.1%} over {decline['over_s']:.0f} s from step "
+            f"{decline['at_step']} (95% {lo if lo is not None else -math.inf:+.1%}..{hi:+.1%}, "
+            f"{decline['rel_per_min']:+.1%} per minute): ~{decline['to_tok_s']:,.0f} tok/s, declared steady at "
+            f"{decline['from_tok_s']:,.0f}")
+
+
 def noise_of(values: list[float]) -> float:
     """IQR / median of the interval throughputs: how much one logging interval varies from the next."""
     if len(values) < 4:
@@ -291,6 +302,9 @@ class SteadyDetector:
         self._forced_noisy = False  # steady by max_undecided_s: noisy whatever the spread
         self._since_refine = 0
         self._suspect: int | None = None  # while steady: the block where a level shift not yet confirmed began
+        self._declared_truncation = 0  # the warm-up cut (block) when steady was declared; _truncation moves later
+        self._declared_tok_s = 0.0  # the figure when steady was declared
+        self._declining_since: float | None = None  # since when every refine found the level fallen beyond p
         self.shifts: list[dict] = []
 
     def feed(self, obs: StepObs) -> bool:
@@ -412,22 +426,59 @@ class SteadyDetector:
         declared figure is added once it holds) and analyse again from there."""
         old = fmean(self._medians[max(self._truncation, origin - SHIFT_BEFORE_BLOCKS) : origin] or [self.estimate.tok_s])
         recent = fmean(self._medians[origin:])
+        self._restart(origin, {"shape": "step", "from_tok_s": round(old, 1), "to_tok_s": round(recent, 1)},
+                      f"level shifted from {old:,.0f} to about {recent:,.0f} tok/s at step "
+                      f"{self._block_first_step[origin]}; re-estimating")
+
+    def _after_decline(self) -> bool:
+        """A decline re-opened the verdict and no level has been declared since."""
+        return bool(self.shifts) and self.shifts[-1]["shape"] == "decline" and self.shifts[-1]["declared_tok_s"] is None
+
+    def _restart(self, origin: int, record: dict, reason: str) -> None:
+        """Re-open the verdict: record the move (`record`: its kind and both levels; `to_tok_s` is the level
+        when it was seen, `declared_tok_s` follows once a new level holds) and analyse again from block `origin`."""
         self._origin = origin
         self._open_since = self._block_ts[origin - 1] if origin > 0 else self.first_ts
-        self.shifts.append({
-            "from_tok_s": round(old, 1),
-            "to_tok_s": round(recent, 1),  # the mean of the shifted blocks when it was seen; declared_tok_s follows
-            "at_step": self._block_first_step[origin],
-            "declared_tok_s": None,
-            "declared_step": None,
-        })
-        self.estimate = SteadyEstimate(
-            reason=f"level shifted from {old:,.0f} to about {recent:,.0f} tok/s at step "
-            f"{self._block_first_step[origin]}; re-estimating"
-        )
+        self.shifts.append({**record, "at_step": self._block_first_step[origin], "declared_tok_s": None,
+                            "declared_step": None})
+        self.estimate = SteadyEstimate(reason=reason)
         self._good_blocks_in_a_row = self._out_of_reach_in_a_row = 0
+        self._declining_since = None
         self._truncation = self._suspect = None
         self._analyse()
+
+    def _declined(self, first: int, end: int, level: Level) -> bool:
+        """Once steady: has the level fallen by more than p across the figure's window (blocks [first, end),
+        at least DECLINE_MIN_SECONDS long), a slow leak in time that the shift rule cannot see (it compares
+        the newest blocks with the ones just before them, and a leak moves both)? The Theil-Sen slope over the
+        window's batch means, taken across the whole window, with its 95% interval wholly below -p, and the
+        newest blocks spanning the minimum evidence more than p below the figure, on `confirm_blocks`
+        consecutive refines. Then the verdict re-opens (`_restart`), recorded as a level shift of kind
+        `decline`, and the figure is no longer given for a level that is gone. True when it re-opened."""
+        precision = self.config.precision
+        start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
+        seconds = self._block_ts[end - 1] - start_ts
+        recent_blocks = self._blocks_holding_minimums()
+        if seconds < DECLINE_MIN_SECONDS or recent_blocks is None or end - recent_blocks <= first:
+            self._declining_since = None
+            return False
+        slope = trend(level.means)
+        across = (len(level.means) - 1) / (abs(level.mean) or 1.0)
+        change, hi = slope.slope * across, slope.hi * across
+        recent = median(self._medians[end - recent_blocks : end])
+        falling = hi < -precision and recent < (1 - precision) * self._declared_tok_s
+        self._declining_since = (self._declining_since or self.last_ts) if falling else None
+        if self._declining_since is None or self.last_ts - self._declining_since < self.config.min_steady_seconds:
+            return False
+        per_min = change / seconds * 60
+        origin = first
+        lo_rel = slope.lo * across
+        self._restart(origin, {
+            "shape": "decline", "from_tok_s": round(self._declared_tok_s, 1), "to_tok_s": round(recent, 1),
+            "change_rel": round(change, 4), "change_rel_95": [round(lo_rel, 4), round(hi, 4)] if math.isfinite(lo_rel)
+            else [None, round(hi, 4)], "rel_per_min": round(per_min, 4), "over_s": round(seconds, 1),
+        }, "re-estimating")
+        return True
 
     # ---- analysis before steady ---------------------------------------------------------------
     def _minimums_met(self) -> tuple[bool, str]:
@@ -447,7 +498,8 @@ class SteadyDetector:
         slope = trend(level.means)  # on the batch means: nearly independent points
         # in batch units: half the window, and at least trend_horizon_steps (a slow leak in a short window)
         steps_per_batch = (self.last_step - self._block_first_step[first] + 1) / len(window) * level.batch_size
-        half_window = (len(level.means) - 1) * TREND_HORIZON
+        across = len(level.means) - 1
+        half_window = across * TREND_HORIZON
         span = max(half_window, self.config.trend_horizon_steps / steps_per_batch)
         scale = abs(level.mean) or 1.0
         start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
@@ -468,6 +520,8 @@ class SteadyDetector:
             "noise_rel": noise,
             "horizon_floor": span > half_window,  # projected over trend_horizon_steps, not half the window
             "window_steps": self.last_step - self._block_first_step[first] + 1,
+            # across the whole window (not projected from its centre): what a decline was found with (_declined)
+            "trend_rel_across": (slope.lo * across / scale, slope.hi * across / scale),
         }
 
     def _checks(self, stats: dict) -> dict:
@@ -478,8 +532,22 @@ class SteadyDetector:
         # shorter one: a flat stretch inside a slow leak looks level (docs/benchmarks.md, Round 4, V4)
         long_enough = stats["window_steps"] >= self.config.trend_horizon_steps
         no_trend = long_enough and -precision <= lo and hi <= precision
+        # after a decline re-opened the verdict, a new level is declared only once the test that found the decline
+        # clears it: a window as long as the one the fall was measured over (60-90 s: 400 blocks of a fast run
+        # logging each line as a block span ~100 s, the most the analysis sees), the
+        # trend across all of it within +/- p (a leak that goes on looks level on the short tail MSER keeps, and
+        # over a shorter window: it was declared steady again there)
+        after_decline = self._after_decline()
+        across_lo, across_hi = stats["trend_rel_across"]
+        hold_s = min(max(DECLINE_MIN_SECONDS, self.shifts[-1]["over_s"]), DECLINE_HOLD_MAX_S) if after_decline else 0.0
+        flat_across = stats["window_s"] >= hold_s and -precision <= across_lo and across_hi <= precision
+        no_trend = no_trend and (flat_across or not after_decline)
         precise = level.half_width_rel <= precision
+        extra = {"after_decline": True, "window_s": round(stats["window_s"], 1), "hold_s": round(hold_s, 1),
+                 "trend_rel_across_95": [round(v, 4) if math.isfinite(v) else None for v in (across_lo, across_hi)],
+                 "flat_across_window": flat_across} if after_decline else {}
         return {
+            **extra,
             "ok": no_trend and precise,
             "precision": precision,
             "trend_rel": round(stats["trend_rel"], 4),
@@ -546,6 +614,8 @@ class SteadyDetector:
             return None  # a trend beyond p is the point estimate: wait (max_undecided_s decides it)
         if stats["horizon_floor"]:
             return None  # projected over trend_horizon_steps, the trend's width shrinks ~ time^-1.5, not ^-0.5
+        if self._after_decline():
+            return None  # a decline was measured: the level must be seen flat again, not projected out of reach
         lo, hi = stats["trend_rel_interval"]
         widest = max(stats["level"].half_width_rel, abs(lo), abs(hi))
         if not math.isfinite(widest):
@@ -558,6 +628,12 @@ class SteadyDetector:
         if checks["window_steps"] < checks["trend_horizon_steps"]:
             parts.append(f"the window is {checks['window_steps']} steps; a trend is judged over "
                          f"{checks['trend_horizon_steps']}")
+        elif checks.get("after_decline") and not checks["flat_across_window"]:
+            lo, hi = checks["trend_rel_across_95"]
+            have, need = seconds_against(checks["window_s"], checks["hold_s"])
+            parts.append(f"after a decline, the level must hold within +/-{checks['precision']:.0%} across "
+                         f"{need} s (as long as it fell over): {have} s, trend across it 95% "
+                         f"{lo if lo is not None else -math.inf:+.1%}..{hi if hi is not None else math.inf:+.1%}")
         elif not checks["no_trend_beyond_precision"]:
             lo, hi = checks["trend_rel_95"]
             parts.append(f"a trend of {checks['trend_rel']:+.1%} over the window is still plausible "
@@ -597,19 +673,24 @@ class SteadyDetector:
         }
 
     def _declare(self, d: int, stats: dict, checks: dict, noisy: bool = False) -> None:
-        self._truncation = d
+        self._truncation = self._declared_truncation = d
         self.estimate.steady = True
         self.estimate.declared_step, self.estimate.declared_ts = self.last_step, self.last_ts
         self.estimate.declared_warmup_end_step = self._block_first_step[d]
         self._forced_noisy = noisy
         self._set_level(stats, checks)
+        self._declared_tok_s = self.estimate.tok_s
         if self.shifts and self.shifts[-1]["declared_tok_s"] is None:
             self.shifts[-1]["declared_tok_s"] = round(self.estimate.tok_s, 1)
             self.shifts[-1]["declared_step"] = self.last_step
 
     def _undecided(self, reason: str, d: int | None, checks: dict | None = None) -> None:
-        if self.shifts:
-            reason += f" after a level shift at step {self.shifts[-1]['at_step']}"
+        if self._after_decline():  # said first: what the user must know is that the run is degrading
+            reason = f"{decline_text(self.shifts[-1])}; {reason}"
+        elif self.shifts:
+            last = self.shifts[-1]
+            reason += (f" after a decline from step {last['at_step']}" if last["shape"] == "decline"
+                       else f" after a level shift at step {last['at_step']}")
         self.estimate.reason = reason
         self.estimate.evidence = {"blocks": len(self._medians) - self._origin, "truncation_block": d, "checks": checks}
         if self.shifts:
@@ -630,6 +711,11 @@ class SteadyDetector:
         if later is not None and self._truncation < later <= first + (end - first) // 2:
             self._truncation = first = later  # with more data MSER sees the warm-up's tail: cut it too
         level = batch_means_level(self._medians[first:end])
+        # a decline is judged from the declaration's cut: the re-run MSER moves the cut later on a leak (its
+        # start looks like a warm-up's tail), which would keep the window too short to see it
+        since = max(self._declared_truncation, n - REFINE_BLOCKS)
+        if since < end - 1 and self._declined(since, end, level if since == first else batch_means_level(self._medians[since:end])):
+            return
         raw = [v for block in self._raw[first:end] for v in block]
         stats = {"first": first, "end": end, "level": level, "noise_rel": noise_of(raw)}
         checks = dict(self.estimate.evidence.get("checks") or {})
