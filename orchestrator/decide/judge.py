@@ -28,6 +28,7 @@ from ..logfmt import format_ts
 from ..states import Verdict
 from .config import DecideConfig
 from .gpus import IdleGpuDetector
+from .memory import MemoryWatch
 from .observations import EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, StopRequested, TickObs
 from .policy import action_for, next_variant
 from .signatures import PSEUDO, Catalogue, Match, MatchTracker, Signature
@@ -36,7 +37,8 @@ from .steady import SteadyDetector, seconds_against
 GAP_HISTORY = 50  # the stall threshold follows the median of the last 50 gaps between step lines
 EARLY_STEP_LINES = 10  # for the first 10 step lines, the stall limit is at least the time the first step took
 DECLINE_FIELDS = ("change_rel", "change_rel_95", "rel_per_min", "over_s")  # a decline's record (steady.py _declined)
-SIGTERM_EXITS = frozenset({75, 143})  # the trainer's checkpointed stop (75), or the default SIGTERM death
+SIGTERM_EXITS = frozenset({75, 143})
+GIB = 2**30  # memory is compared in GiB: nvidia-smi's MiB / 1024, the trainer's mem_gb (1e9 bytes) / GIB  # the trainer's checkpointed stop (75), or the default SIGTERM death
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Decision:
     exit_code: int | None = None
     level_shifts: list[dict] = field(default_factory=list)  # RunJudge.level_shifts(): each shift, both levels
     shift_suspected: dict | None = None  # steady, but a level shift being confirmed: RunJudge.shift_suspected()
+    degrading: dict | None = None  # memory climbing since steady (RunJudge.degrading()): what, how fast, full when
 
     @property
     def final(self) -> bool:
@@ -129,6 +132,7 @@ class RunJudge:
         self._typical_gap: float | None = None
         self.gpu_samples: deque[GpuObs] = deque(maxlen=30)
         self.idle_gpus = IdleGpuDetector()  # which GPU went idle first: named in a crash or stall verdict
+        self.memory = MemoryWatch(hold_s=self.config.min_steady_seconds)  # climbing after steady: degrading
         self.warnings: Counter[str] = Counter()
         self.pending_traceback: Match | None = None
         self.pending_since: float | None = None
@@ -208,6 +212,8 @@ class RunJudge:
             match = Match(PSEUDO["nan_loss"], f"step={obs.step} loss={obs.loss}")
             self._crash(match.signature, match, obs.ts, f"loss is {obs.loss} at step {obs.step}")
             return
+        if obs.mem_gb is not None and self.first_steady is not None:
+            self.memory.feed(obs.ts, "log", obs.mem_gb * 1e9 / GIB)
         known = len(self.steady.shifts)
         if self.steady.feed(obs):
             self._note_shifts(known, obs)
@@ -273,6 +279,38 @@ class RunJudge:
         self.gpu_samples.append(obs)
         if self._final is None and self._ended is None:  # after the verdict, GPUs say nothing new
             self.idle_gpus.feed(obs)
+            if self.first_steady is not None:  # memory grows in a warm-up; after the declaration it should not
+                for gpu in obs.gpus:
+                    used, total = gpu.get("mem_used_mib"), gpu.get("mem_total_mib")
+                    if gpu.get("index") is not None and isinstance(used, (int, float)):
+                        self.memory.feed(obs.ts, f"gpu{gpu['index']}", used / 1024,
+                                         total / 1024 if isinstance(total, (int, float)) and total > 0 else None)
+
+    def degrading(self) -> dict | None:
+        """Memory climbing since the run was declared steady (decide/memory.py), while it runs: `what`
+        (gpu_memory: a GPU's memory.used, `gpu` its index; memory_peak: the trainer's mem_gb), `since_at`,
+        `from_gib`, `now_gib`, `total_gib` (null for mem_gb), `gib_per_min`, `full_in_s` (at this rate; null
+        without a total). None when nothing climbs, and once the run ended or got a final verdict."""
+        state = self.memory.state() if self._final is None and self._ended is None else None
+        if state is None:
+            return None
+        source, climb = state
+        where = {"what": "memory_peak", "gpu": None} if source == "log" else {"what": "gpu_memory", "gpu": int(source[3:])}
+        return {**where, "since_at": format_ts(climb["since_ts"]),
+                **{k: climb[k] for k in ("from_gib", "now_gib", "total_gib", "gib_per_min", "full_in_s")}}
+
+    def _with_degrading(self, reason: str) -> str:
+        degrading = self.degrading()
+        if degrading is None:
+            return reason
+        what = (f"GPU {degrading['gpu']} memory" if degrading["what"] == "gpu_memory"
+                else "the trainer's peak memory (mem_gb)")
+        text = (f"degrading: {what} {degrading['from_gib']:,.1f} -> {degrading['now_gib']:,.1f} GiB since "
+                f"{degrading['since_at']} ({degrading['gib_per_min']:+,.2f} GiB/min)")
+        if degrading["full_in_s"] is not None:
+            text += (f", full ({degrading['total_gib']:,.1f} GiB) in ~{degrading['full_in_s'] / 60:,.0f} min at this "
+                     f"rate: an out-of-memory crash is likely")
+        return f"{reason}; {text}"
 
     def _on_line(self, obs: LineObs) -> None:
         for match in self.tracker.feed(obs.text):
@@ -415,6 +453,7 @@ class RunJudge:
             exit_code=code,
             level_shifts=self.level_shifts(),
             shift_suspected=self.shift_suspected() if verdict == Verdict.STEADY else None,
+            degrading=self.degrading() if verdict in (Verdict.STEADY, Verdict.UNDECIDED) else None,
         )
 
     def _common_evidence(self) -> dict:
@@ -447,7 +486,7 @@ class RunJudge:
         estimate = self.steady.estimate
         if estimate.steady:
             return self._verdict(Verdict.STEADY, estimate.declared_step, estimate.declared_ts, None,
-                                 self._with_ending(estimate.reason), {})
+                                 self._with_degrading(self._with_ending(estimate.reason)), {})
         if estimate.drifting:
             return self._verdict(Verdict.DRIFTING, estimate.declared_step, estimate.declared_ts, None,
                                  self._with_ending(estimate.reason), {})
@@ -456,7 +495,7 @@ class RunJudge:
             verdict = Verdict.STOPPED if how == "stopped" else Verdict.EXITED
             before = f" before a steady state was reached ({estimate.reason})" if self.last_step is not None else " before its first step"
             return self._verdict(verdict, self.last_step, ts, None, self._ending_text() + before, {"exit_code": code})
-        reason = estimate.reason if self.last_step is not None else "waiting for the first step"
+        reason = self._with_degrading(estimate.reason) if self.last_step is not None else "waiting for the first step"
         return self._verdict(Verdict.UNDECIDED, self.last_step, self.last_step_ts or self.now, None, reason, {})
 
     def _ending_text(self) -> str:

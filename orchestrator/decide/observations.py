@@ -22,6 +22,7 @@ class StepObs:
     loss: float | None = None
     phase: str = "train"  # warmup | train | eval | checkpoint
     active: str | None = None  # "7/8" when the trainer reports it
+    mem_gb: float | None = None  # the trainer's peak memory allocated (GB), when its line says it
 
     @property
     def loss_is_bad(self) -> bool:
@@ -87,7 +88,7 @@ Observation = StepObs | LineObs | EventObs | ExitObs | StopRequested | GpuObs | 
 def observation_from_record(record: Record, fallback_ts: float) -> StepObs | LineObs | EventObs:
     """Turn a logfmt/regex record into an observation; lines without a time take `fallback_ts`."""
     if isinstance(record, StepRecord):
-        return StepObs(record.ts, record.step, record.tok_s, record.loss, record.phase, record.active)
+        return StepObs(record.ts, record.step, record.tok_s, record.loss, record.phase, record.active, record.mem_gb)
     if isinstance(record, EventRecord):
         return EventObs(record.ts, record.event, dict(record.fields))
     return LineObs(record.ts if record.ts is not None else fallback_ts, record.text)

@@ -86,3 +86,96 @@ def test_no_real_log_records_a_decline(log):
     (without that, tiny-nographs was re-opened at 3%)."""
     for decision in (judge(log, config=DecideConfig(precision=0.03)), judge(log), judge(log, config=DecideConfig(precision=0.10))):
         assert [s for s in decision.level_shifts if s["shape"] == "decline"] == [], decision.reason
+
+
+# ---------------------------------------------------------------- memory climbing toward OOM
+
+H200_MIB = 143_771  # nvidia-smi's memory.total of an H200
+
+
+def with_gpu_samples(lines: list[str], used_mib) -> list:
+    """A real log's observations with a GPU sample every second in between, as `dfo watch` feeds them
+    (nvidia-smi -lms 1000): used_mib(seconds since the first step line) -> GPU 0's memory.used."""
+    from orchestrator.decide import GpuObs
+    from orchestrator.decide.replay import judged_lines as _  # noqa: F401 (the same parser as replay)
+    from orchestrator.logfmt import make_parser
+    from orchestrator.decide import observation_from_record
+
+    t0, parse, out = first_step_ts(lines), make_parser(None), []
+    next_sample = t0
+    for line in lines:
+        record = parse(line)
+        ts = getattr(record, "ts", None)
+        if ts is None:
+            continue
+        while next_sample <= ts:
+            gpu = {"index": 0, "mem_used_mib": float(used_mib(next_sample - t0)), "mem_total_mib": H200_MIB, "util_pct": 97}
+            out.append(GpuObs(next_sample, (gpu,)))
+            next_sample += 1.0
+        out.append(observation_from_record(record, ts))
+    return out
+
+
+def fed(observations):
+    judge_ = RunJudge(run="qwen")
+    t0 = next(o.ts for o in observations if isinstance(o, StepObs))
+    shown = [(getattr(o, "ts", t0) - t0, judge_.feed(o)) for o in observations]
+    return judge_, shown
+
+
+def staircase(start_s: float, mib_per_s: float, every_s: float = 4.0):
+    """The caching allocator's growth: memory.used jumps by a segment every few seconds, flat in between."""
+    return lambda t: 31_250 + (math.floor(max(0.0, t - start_s) / every_s) * every_s * mib_per_s if t >= start_s else 0)
+
+
+def test_gpu_memory_climbing_after_the_declaration_is_said_beside_the_steady_figure():
+    """qwen-ps-eager (6,915 tok/s, a line every ~1.5 s, declared at ~49 s) with GPU 0's memory.used sampled every
+    second: flat at 30.5 GiB, then from 60 s on +40 MiB a second in 160-MiB steps (a tensor kept per step).
+    Before, the verdict said `steady` with nothing about it until the out-of-memory crash; now, ~1.5 GiB up
+    and still climbing on every look for 30 s, the decision says `degrading` (which GPU, how fast, full when)
+    and the reason says it, while the verdict and its figure stay the run's (the throughput is steady)."""
+    lines = LOGS["qwen-ps-eager"].lines()
+    judge_, shown = fed(with_gpu_samples(lines, staircase(60.0, 40.0)))
+    flagged = [(s, d) for s, d in shown if d.degrading is not None]
+    assert flagged, shown[-1][1].reason
+    seconds, first = flagged[0]
+    assert 60 + 30 < seconds < 150 and first.decision == "steady", (seconds, first.reason)
+    degrading = first.degrading
+    assert degrading["what"] == "gpu_memory" and degrading["gpu"] == 0 and degrading["total_gib"] == round(H200_MIB / 1024, 2)
+    assert 1.8 < degrading["gib_per_min"] < 2.8 and degrading["now_gib"] - degrading["from_gib"] >= 1.4
+    assert 40 * 60 < degrading["full_in_s"] < 80 * 60  # (140 - 32) GiB at ~2.3 GiB/min
+    assert "; degrading: GPU 0 memory 30.5 -> " in first.reason and "an out-of-memory crash is likely" in first.reason
+    end = shown[-1][1]
+    assert end.decision == "steady" and abs(end.steady_tok_s / 6_915 - 1) < 0.05 and end.degrading is not None
+    assert end.to_json()["degrading"]["what"] == "gpu_memory"
+
+
+@pytest.mark.parametrize("used", [
+    staircase(1e9, 0.0),  # flat
+    lambda t: 31_250 + (2_048 if t >= 90 else 0),  # one step up of 2 GiB (an eval's buffers), then flat
+    lambda t: 20_000 + min(t, 45.0) * 250,  # growing through the warm-up only, flat from 45 s
+    lambda t: 31_250 + (t % 20 < 10) * 1_536,  # 1.5 GiB taken and given back every 20 s
+])
+def test_memory_that_does_not_keep_climbing_is_not_degrading(used):
+    _, shown = fed(with_gpu_samples(LOGS["qwen-ps-eager"].lines(), used))
+    assert all(d.degrading is None for _, d in shown) and shown[-1][1].decision == "steady"
+
+
+def test_the_trainers_own_memory_figure_climbing_is_said_by_dfo_replay_too():
+    """Without GPU samples (`dfo replay` of a log): the trainer's mem_gb (its peak allocated) climbing from
+    0.79 GB by 10 MB a second from 60 s on (tiny-nographs, declared at 30 s) is said the same way, with no
+    total and so no time to full."""
+    lines, t0 = LOGS["tiny-nographs"].lines(), first_step_ts(LOGS["tiny-nographs"].lines())
+
+    def climbing(line):
+        found = STEP.search(line)
+        if not found:
+            return line
+        seconds = parse_ts(found[1]) - t0
+        return line.replace("mem_gb=0.79", f"mem_gb={0.79 + max(0.0, seconds - 60) * 0.01:.2f}")
+
+    decision = replay([climbing(line) for line in lines], run="tiny")
+    assert decision.decision == "steady" and decision.degrading["what"] == "memory_peak", decision.reason
+    assert decision.degrading["full_in_s"] is None and 0.4 < decision.degrading["gib_per_min"] < 0.7
+    assert "degrading: the trainer's peak memory (mem_gb) 0.7 -> " in decision.reason
+    assert replay(lines, run="tiny").degrading is None
