@@ -378,6 +378,15 @@ class SteadyDetector:
         shift threshold from the level before it (a dip that is over is no shift); None when no such move is
         there. While one is suspected the steady figure stays the level before it (docs/decisions.md, point 6)."""
         n, d = len(self._medians), self._truncation
+        threshold = shift_threshold(self.config.precision)
+        if self._suspect is not None and self._suspect > d:
+            # a suspicion stays while its move holds, until the new level spans the minimum evidence and the shift
+            # is confirmed: the ladder below can lose it (with min_steady_steps 25,000 the 100 blocks before the
+            # newest k are all at the new level for some k, and the next k is too long), and once it lapsed the
+            # re-run MSER cut the old level as a warm-up, the new level became the figure with no shift recorded
+            before = median(self._medians[max(d, self._suspect - SHIFT_BEFORE_BLOCKS) : self._suspect])
+            if abs(median(self._medians[n - self.config.shift_blocks :]) - before) > threshold * before:
+                return self._suspect
         shortest = self._blocks_holding_minimums() or n - d
         k = self.config.shift_blocks
         while k < shortest:
@@ -395,7 +404,7 @@ class SteadyDetector:
                     start = min(self._suspect, start)
                 before = median(self._medians[max(d, start - SHIFT_BEFORE_BLOCKS) : start])
                 now = median(self._medians[n - self.config.shift_blocks :])
-                return start if abs(now - before) > shift_threshold(self.config.precision) * before else None
+                return start if abs(now - before) > threshold * before else None
             k *= 2
         return None
 

@@ -53,3 +53,34 @@ def test_while_a_shift_is_being_confirmed_the_figure_stays_the_level_before_it_w
     assert abs(first.shift_suspected["to_tok_s"] / new - 1) < 0.10
     assert f"level shift suspected since step {shift['at_step']}: ~" in first.reason
     assert shown[-1][1].shift_suspected is None  # confirmed, then declared: no longer suspected
+
+
+def test_a_drop_right_after_a_declaration_under_a_huge_minimum_is_recorded_as_a_shift():
+    """min_steady_steps 25,000 (a user whose autotuning runs long), a line every 20 steps at 0.02 s a step,
+    100k tok/s declared at step ~25,000, then 70k from 200 steps later. The suspicion used to lapse after ~10,000
+    steps (the 100 blocks before the newest k were all at the new level for one k, and the next k was longer than
+    the data after the cut); the re-run MSER then cut the 100k level as a warm-up and 70k became the figure with
+    no shift recorded. Now the suspicion stays while the move holds, with the figure at 100k, until the new level
+    spans the minimum evidence: then the shift is recorded with both levels and 70k declared."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    judge_ = RunJudge(DecideConfig(min_steady_steps=25_000), run="big")
+    drop_at = None
+    shown = []
+    for line in range(1, 3_001):
+        step = line * 20
+        level = 70_000 if drop_at is not None and step >= drop_at else 100_000
+        decision = judge_.feed(StepObs(1_795_000_000.0 + step * 0.02, step, level * (1 + rng.normal(0, 0.03))))
+        if decision.decision == "steady" and drop_at is None:
+            drop_at = step + 200
+        shown.append((step, decision))
+    assert drop_at is not None and 25_000 <= drop_at - 200 < 26_000
+    for step, decision in shown:
+        if decision.decision == "steady" and not decision.level_shifts:  # the level declared first: 100k
+            assert abs(decision.steady_tok_s / 100_000 - 1) < 0.01, (step, decision.reason)
+            assert decision.shift_suspected or step < drop_at + 200, (step, decision.reason)
+    [shift] = shown[-1][1].level_shifts
+    assert shift["shape"] == "step" and abs(shift["at_step"] - drop_at) <= 40, shift
+    assert abs(shift["from_tok_s"] / 100_000 - 1) < 0.01 and abs(shift["declared_tok_s"] / 70_000 - 1) < 0.01, shift
+    assert shown[-1][1].decision == "steady" and abs(shown[-1][1].steady_tok_s / 70_000 - 1) < 0.01
