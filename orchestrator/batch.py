@@ -625,7 +625,8 @@ def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *
             if cell.target not in verdicts:
                 tolerate = TOLERABLE_WHEN_BUSY if cell.target in ours else ()
                 try:
-                    runs.launch(target, spec, store, name=name, gate=Gate(inventory.target(cell.target), tolerate=tolerate))
+                    runs.launch(target, spec, store, name=name, gate=Gate(inventory.target(cell.target), tolerate=tolerate),
+                                start_grace_s=inventory.watch.start_grace_s)
                 except PreflightFailed as exc:
                     verdicts[cell.target] = "preflight failed: " + "; ".join(f"{c.name}: {c.detail}" for c in exc.failed)
                     raise RefusedError(verdicts[cell.target]) from None
@@ -633,7 +634,7 @@ def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *
                 return name
         if verdicts[cell.target]:
             raise RefusedError(verdicts[cell.target])
-        runs.launch(target, spec, store, name=name)
+        runs.launch(target, spec, store, name=name, start_grace_s=inventory.watch.start_grace_s)
         return name
 
     return start

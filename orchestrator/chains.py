@@ -39,8 +39,8 @@ from .inventory import Inventory, TargetSpec, load_inventory
 from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
-from .runs import (FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, exit_at_hook, look, needs_look, out_dir, resolve_launch,
-                   look_due, spec_for, start_unseen, started)
+from .runs import (FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, StartsUnseen, exit_at_hook, look, needs_look,
+                   out_dir, resolve_launch, look_due, spec_for, start_unseen, started)
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
@@ -343,7 +343,8 @@ class StartUnseen(DfoError):
         node of a multi-node one) is start_unseen; `again`: the command that finishes the fallback
         (finishing_command)."""
         if any(run is not None and start_unseen(run) for run in tried):
-            raise cls(f"the start of {name} got no answer ({exc.message}); the fallback stays open: `{again}` adopts "
+            answer = exc.answer if isinstance(exc, StartsUnseen) else exc.message  # the target's words, not the launch's
+            raise cls(f"the start of {name} got no answer ({answer}); the fallback stays open: `{again}` adopts "
                       f"{name} if it runs, else launches the next name") from exc
 
 

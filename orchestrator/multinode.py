@@ -36,7 +36,7 @@ from .chains import (
 )
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
-from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
+from .errors import DfoError, RefusedError, RemoteError, UsageError
 from .launchplan import Gate
 from .package import Package, build_package, parse_probe
 from .remote.base import Target
@@ -174,8 +174,11 @@ def launch_nodes(
     environ: Mapping[str, str] | None = None,
     package: Package | None = None,
     now: datetime | None = None,
+    start_grace_s: float,
 ) -> MultiLaunched:
-    """Prepare every node, then start them all (module docstring); refuses as runs.launch does, naming the node."""
+    """Prepare every node, then start them all (module docstring); refuses as runs.launch does, naming the node.
+    A node whose start got no answer is waited for `start_grace_s` (the inventory's watch.start_grace_s) when a
+    later node's start fails and the nodes are stopped (_undo_start)."""
     nnodes = len(specs)
     name = free_name(store, specs[0].variant, nnodes, name, now)
     package = package or build_package()
@@ -207,49 +210,33 @@ def launch_nodes(
             if isinstance(exc, DfoError) and runs_lib.start_unseen(store.get_run(ready.name)):
                 unseen.append((ready, exc))  # it may run all the same: the later nodes are started, the next look settles it
                 continue
-            _undo_start(prepared, index, store)
+            _undo_start(prepared, index, store, start_grace_s)
             raise
     if unseen:  # `lost` without a PID: a single run's start that got no answer is left the same way
-        raise starts_unseen(name, unseen, launched)
+        raise runs_lib.StartsUnseen(name, [(store.get_run(ready.name), exc) for ready, exc in unseen],
+                                    [node.run for node in launched], grace_s=start_grace_s)
     return MultiLaunched(name, rendezvous, tuple(launched))
 
 
-def starts_unseen(run: str, unseen: Sequence[tuple[runs_lib.Prepared, DfoError]],
-                  launched: Sequence[runs_lib.Launched]) -> CommandTimeout:
-    """The launch's error when some nodes' starts got no answer: those nodes by name and target, the nodes that
-    did start, and what happens next (the next look settles the `lost` ones; the started ones wait for them at
-    the rendezvous)."""
-    lost = ", ".join(f"{ready.name} on {ready.spec.target}" for ready, _ in unseen)
-    started = ", ".join(f"{node.run.name} on {node.run.target} (PID {node.run.pid})" for node in launched)
-    first = unseen[0][1]
-    return CommandTimeout(
-        f"{run}: the start of {lost} got no answer ({first.message}); started: {started or 'no node'}; "
-        f"left `lost`: {lost}, which may still come up",
-        hint=f"`dfo runs {run}` or `dfo watch {run}` looks for it by its exit file: adopted if it runs, marked failed "
-             f"if nothing of it shows within watch.start_grace_s; the started nodes wait for it at the rendezvous "
-             f"(run.rendezvous_timeout_s) and end on their own if it never comes; `dfo stop {run}` stops every node, "
-             f"waiting for a `lost` one while its start grace lasts",
-    )
-
-
-def _undo_start(prepared: Sequence[runs_lib.Prepared], failed: int, store: Store) -> None:
+def _undo_start(prepared: Sequence[runs_lib.Prepared], failed: int, store: Store, grace_s: float) -> None:
     """Node `failed`'s start failed: the nodes after it are not started (kept `failed`: the run still names
     them), and what runs of those before it is stopped, node 0 first (_stop_if_started)."""
     for later in prepared[failed + 1:]:
         later.cancel(why=f"not started: the start of {prepared[failed].name} before it failed")
     for ready in prepared[:failed + 1]:
-        _stop_if_started(ready, store)
+        _stop_if_started(ready, store, grace_s)
 
 
-def _stop_if_started(ready: runs_lib.Prepared, store: Store) -> None:
+def _stop_if_started(ready: runs_lib.Prepared, store: Store, grace_s: float) -> None:
     """Stop node `ready` if it runs. One whose start got no answer (runs.start_unseen) may run all the same:
-    looked for by its exit file path first (runs.resolve_launch); none found, it is marked failed."""
+    looked for by its exit file path first (runs.resolve_launch, through `grace_s`); none found, it is marked
+    failed."""
     row = store.find_run(ready.name)
     if row is None:
         return
     if runs_lib.start_unseen(row):
         try:
-            row = runs_lib.resolve_launch(ready.target, store, row)
+            row = runs_lib.resolve_launch(ready.target, store, row, grace_s=grace_s)
         except DfoError:
             return  # its target went away: the row stays lost, and `dfo runs` looks again later
     if row.active:
@@ -440,7 +427,8 @@ def successor(inventory, connections, store: Store, run: str, variant: str, *, r
 
     def launch() -> MultiLaunched:
         rendezvous = find_rendezvous(targets[0], specs[0], int(port), addr)
-        return launch_nodes(targets, specs, store, name=name, rendezvous=rendezvous, gates=gates, package=package)
+        return launch_nodes(targets, specs, store, name=name, rendezvous=rendezvous, gates=gates, package=package,
+                            start_grace_s=inventory.watch.start_grace_s)
 
     # the nodes just stopped may hold their GPUs and the rendezvous port a moment longer
     return until_released(launch, gpu_release_s, gpu_poll_s, also=(PortTaken,))

@@ -136,7 +136,8 @@ def launch_command(
     target = inv.target(host)
     gate = None if no_preflight else Gate(target, tolerate=TOLERABLE_WHEN_BUSY if force else ())
     with Connections(inv) as connections, Store() as store:
-        launched = runs_lib.launch(connections.container(host), spec, store, name=name, gate=gate)
+        launched = runs_lib.launch(connections.container(host), spec, store, name=name, gate=gate,
+                                   start_grace_s=inv.watch.start_grace_s)
     _warn_tolerated(launched.preflight, target)
     for missing in launched.missing_secrets:
         _warn(f"warning: secret {missing} is not set in this environment; the run starts without it")
@@ -169,7 +170,8 @@ def _launch_nodes(inv, hosts: list[str], variant: str, *, name: Optional[str], s
     with Connections(inv) as connections, Store() as store:
         remotes = [connections.container(host) for host in hosts]
         rendezvous = multinode.find_rendezvous(remotes[0], specs[0], port, master_addr)
-        launched = multinode.launch_nodes(remotes, specs, store, name=name, rendezvous=rendezvous, gates=gates)
+        launched = multinode.launch_nodes(remotes, specs, store, name=name, rendezvous=rendezvous, gates=gates,
+                                          start_grace_s=inv.watch.start_grace_s)
     for node, target in zip(launched.nodes, targets):
         _warn_tolerated(node.preflight, target)
     if as_json:
