@@ -40,7 +40,7 @@ from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
 from .runs import (FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, StartsUnseen, exit_at_hook, look, needs_look,
-                   out_dir, resolve_launch, look_due, spec_for, start_unseen, started)
+                   out_dir, resolve_launch, look_due, spec_for, start_unseen, start_unsettled, started)
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
@@ -556,11 +556,11 @@ def inventory_for(run: Run, given: Path | None) -> tuple[Inventory, str | None]:
 
 def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], Any], *,
             timeout: float = LOOK_TIMEOUT, recheck: bool = False) -> dict[str, str]:
-    """Look at every target holding a run of `runs` that is due a look (runs.look_due: active, or its start never
-    seen answered and not tried within LOST_RECHECK_S; `recheck`: every such start) at once (one remote call
-    each, see runs.look) and record what changed; returns {target: why it could not be looked at}. A start
-    never seen answered on a target looked at anyway is looked for too; one whose target did not answer gets
-    its checked_at (when it was last tried).
+    """Look at every target holding a run of `runs` that is due a look (runs.look_due: active, but a start never
+    settled, runs.start_unsettled, only when not tried within LOST_RECHECK_S; `recheck`: every such start) at once
+    (one remote call each, see runs.look) and record what changed; returns {target: why it could not be looked
+    at}. A start never settled on a target looked at anyway is looked for too; one whose target did not answer
+    gets its checked_at (when it was last tried).
     Bounded: a target that has not answered within `timeout` (plus a little) is left as it was."""
     groups: dict[str, tuple[Any, list[Run]]] = {}
     problems: dict[str, str] = {}
@@ -594,7 +594,7 @@ def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], 
             problems[target] = f"no answer within {timeout:g} s"
     for target, (_, group) in groups.items():
         for run in group if target in problems else ():  # not found: tried at a target that did not answer
-            if start_unseen(run):
+            if start_unsettled(run):
                 store.update_run(run.name, checked_at=utc_now())
     return problems
 

@@ -665,13 +665,20 @@ def needs_look(run: Run) -> bool:
     return run.active or start_unseen(run)
 
 
+def start_unsettled(run: Run) -> bool:
+    """A start whose outcome dfo never learnt: one it never saw answered (start_unseen), or one whose launching dfo
+    died before recording it (`launching`, its launcher gone: launcher_alive). Its run may be going or not; the
+    next look at its target settles it (look)."""
+    return start_unseen(run) or (run.state == RunState.LAUNCHING and not launcher_alive(run))
+
+
 def look_due(run: Run, *, recheck: bool = False, now: float | None = None, every_s: float = LOST_RECHECK_S) -> bool:
-    """Whether `dfo runs` looks at `run` now: an active row always; a start never seen answered (start_unseen)
-    when it was never tried, or last tried (checked_at) `every_s` or more ago: its target may be gone, and each
-    try can cost a timeout (`recheck`, `dfo runs --recheck`: looks anyway)."""
+    """Whether `dfo runs` looks at `run` now: an active row always, but a start never settled (start_unsettled)
+    only when it was never tried, or last tried (checked_at) `every_s` or more ago: its target may be gone, and
+    each try can cost a timeout (`recheck`, `dfo runs --recheck`: looks anyway)."""
     if not needs_look(run):
         return False
-    if recheck or run.active or not run.checked_at:
+    if recheck or not run.checked_at or not start_unsettled(run):
         return True
     return (now if now is not None else time.time()) - datetime.fromisoformat(run.checked_at).timestamp() >= every_s
 

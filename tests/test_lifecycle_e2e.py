@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -508,32 +509,47 @@ def test_ctrl_c_during_a_watch_fallback_says_what_it_finishes_and_a_second_leave
         assert "stopped watching; the runs go on" in said
 
 
-def test_dfo_runs_looks_for_a_lost_start_on_a_stopped_container_once_then_says_when_until_recheck(lab: Lab, sshd) -> None:
-    # a start that got no answer: `lost` without a PID, as runs._abandon leaves it; then its container stops
+def dead_launcher() -> str:
+    """The `host:pid` of a dfo that has gone (a process of this host that has ended)."""
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    return f"{socket.gethostname()}:{ended.pid}"
+
+
+def test_dfo_runs_looks_for_an_unsettled_start_on_a_stopped_container_once_then_says_when_until_recheck(
+        lab: Lab, sshd) -> None:
+    # a start that got no answer: `lost` without a PID, as runs._abandon leaves it; a launch whose dfo died before
+    # recording it: `launching`, its launcher gone (before, looked at on every dfo runs); then the container stops
     with lab.store() as store:
-        store.add_run(Run(name="ls", target="ct_a", host="pve1", variant="gated", state="lost", workspace="/workspace",
-                          log_path="/workspace/logs/ls.log", exit_path="/workspace/logs/ls.log.exit",
-                          inventory_path=str(lab.inventory)))
+        for name, state, owner in (("ls", "lost", None), ("ll", "launching", dead_launcher())):
+            store.add_run(Run(name=name, target="ct_a", host="pve1", variant="gated", state=state, owner=owner,
+                              workspace="/workspace", log_path=f"/workspace/logs/{name}.log",
+                              exit_path=f"/workspace/logs/{name}.log.exit", inventory_path=str(lab.inventory)))
     lab.container.stop()
     first = lab.dfo("runs", "--json", inventory=False)
     assert first.returncode == 0 and "could not look at ct_a" in first.stderr, first.stderr
-    [row] = json.loads(first.stdout)
-    assert (row["state"], row["pid"]) == ("lost", None) and row["checked_at"]
+    rows = {row["name"]: row for row in json.loads(first.stdout)}
+    assert [(rows[n]["state"], rows[n]["pid"]) for n in ("ls", "ll")] == [("lost", None), ("launching", None)]
+    assert rows["ls"]["checked_at"] and rows["ll"]["checked_at"]
     connections = sshd.accepted_connections()
     started = time.monotonic()
     second = lab.dfo("runs", inventory=False, COLUMNS="200")
     assert second.returncode == 0, second.stderr
     assert sshd.accepted_connections() == connections and time.monotonic() - started < 10  # no look this time
-    checked = datetime.fromisoformat(row["checked_at"]).astimezone().strftime("%H:%M:%S")
-    [line] = [line for line in second.stdout.splitlines() if line.startswith("ls ")]
-    assert f"lost, checked {checked}" in line, second.stdout
-    assert f"its target did not answer at {checked}" in second.stderr and "dfo runs --recheck" in second.stderr
+    for name, state in (("ls", "lost"), ("ll", "launching")):
+        checked = datetime.fromisoformat(rows[name]["checked_at"]).astimezone().strftime("%H:%M:%S")
+        [line] = [line for line in second.stdout.splitlines() if line.startswith(f"{name} ")]
+        assert f"{state}, checked {checked}" in line, second.stdout
+    said = " ".join(second.stderr.split())
+    assert "2 runs whose start was never settled not looked for again (ls (lost), ll (launching))" in said, said
+    assert f"their target did not answer at {checked}" in said and "dfo runs --recheck" in said, said
     again = lab.dfo("runs", "--recheck", "--json", inventory=False)  # looks now: still out of reach, tried again
     assert sshd.accepted_connections() > connections and "could not look at ct_a" in again.stderr, again.stderr
-    assert json.loads(again.stdout)[0]["checked_at"] > row["checked_at"]
+    assert json.loads(again.stdout)[0]["checked_at"] > rows["ls"]["checked_at"]
     lab.container.start()
-    assert lab.runs()["ls"]["state"] == "lost"  # not due yet: shown as it was
-    assert lab.dfo("runs", "ls", "--recheck", inventory=False).stdout.count("state:    failed") == 1  # nothing started
+    assert [lab.runs()[name]["state"] for name in ("ls", "ll")] == ["lost", "launching"]  # not due yet: as they were
+    for name in ("ls", "ll"):
+        assert lab.dfo("runs", name, "--recheck", inventory=False).stdout.count("state:    failed") == 1  # none started
 
 
 def test_dfo_stop_right_after_a_start_that_got_no_answer_waits_for_the_run_and_stops_it_or_says_it_never_started(

@@ -212,7 +212,8 @@ def runs_command(
     batch: Optional[str] = typer.Option(None, "--batch", help="Only runs of this batch."),
     active: bool = typer.Option(False, "--active", help="Only launching/running runs."),
     no_refresh: bool = typer.Option(False, "--no-refresh", help="Show the registry as it is: no look at the targets of active runs."),
-    recheck: bool = typer.Option(False, "--recheck", help="Look for every `lost` run whose start got no answer now, even one "
+    recheck: bool = typer.Option(False, "--recheck", help="Look for every run whose start was never settled (`lost` "
+                                                          "without a PID, or `launching` by a dfo that died) now, even one "
                                                           f"tried less than {runs_lib.LOST_RECHECK_S:g} s ago."),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
@@ -247,14 +248,17 @@ def runs_command(
 
 
 def _say_not_looked_for(store: Store, skipped: list[Run]) -> None:
-    """One note for the `lost` runs whose start got no answer that were not looked for (runs.look_due: their
-    target did not answer lately) and still are as they were: not tried again, nor settled by a look at their
-    target made anyway for an active run there."""
-    waiting = [run for run in skipped if runs_lib.start_unseen(fresh := store.get_run(run.name))
+    """One note for the runs whose start was never settled (runs.start_unsettled: `lost` without a PID, or
+    `launching` by a dfo that died) that were not looked for (runs.look_due: their target did not answer lately)
+    and still are as they were: not tried again, nor settled by a look at their target made anyway for an active
+    run there."""
+    waiting = [run for run in skipped if runs_lib.start_unsettled(fresh := store.get_run(run.name))
                and fresh.checked_at == run.checked_at]
     if waiting:
         when = _local_time(max(run.checked_at for run in waiting), datetime.now().astimezone(), seconds=True)
-        _warn(f"note: {len(waiting)} lost run{'s' if len(waiting) > 1 else ''} not looked for again: "
+        which = ", ".join(f"{run.name} ({run.state})" for run in waiting)
+        _warn(f"note: {len(waiting)} run{'s' if len(waiting) > 1 else ''} whose start was never settled not looked "
+              f"for again ({which}): "
               f"{'their' if len(waiting) > 1 else 'its'} target did not answer at {when} (tried at most every "
               f"{runs_lib.LOST_RECHECK_S:g} s; `dfo runs --recheck` looks now)")
 
@@ -295,7 +299,7 @@ def show_run(name: str, as_json: bool) -> None:
             ("state", run.state + (f" (exit code {run.exit_code})" if run.exit_code is not None else "")),
             ("started", run.started_at or ""), ("ended", run.ended_at or ""), ("PID", _text(run.pid)),
             ("checked", f"{run.checked_at} (its target did not answer; `dfo runs {run.name} --recheck` looks again)"
-                        if runs_lib.start_unseen(run) and run.checked_at else ""),
+                        if runs_lib.start_unsettled(run) and run.checked_at else ""),
             ("log", run.log_path or ""), ("batch", run.batch or ""), ("after", run.parent or ""),
             ("decision", verdict), ("why", decision.get("reason") or not_started or ""),
             *(("shift", LevelShift.describe(shift)) for shift in decision.get("level_shifts") or ()),
@@ -339,7 +343,7 @@ def runs_table(runs: list[Run], width: int, now: datetime | None = None) -> Tabl
 
 def _run_row(run: Run, now: datetime) -> dict[str, str]:
     state = run.state if run.exit_code is None or run.state == "exited" else f"{run.state} {run.exit_code}"
-    if runs_lib.start_unseen(run) and run.checked_at:  # looked for at a target that did not answer
+    if runs_lib.start_unsettled(run) and run.checked_at:  # looked for at a target that did not answer
         state += f", checked {_local_time(run.checked_at, now, seconds=True)}"
     return {"name": run.name, "target": run.target, "variant": run.variant or "", "state": state,
             "started": _local_time(run.started_at, now), "PID": _text(run.pid),
