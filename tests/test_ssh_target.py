@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from orchestrator.errors import AuthError, CommandFailed, CommandTimeout, ConnectError, HostKeyChanged, HostKeyUnknown, TransferError
+from orchestrator.remote import ssh as ssh_module
 from orchestrator.remote.ssh import SshTarget, trust_host_key
 
 
@@ -69,6 +70,57 @@ def test_many_commands_from_many_threads_share_one_connection(target, sshd):
         results = list(pool.map(lambda i: target.run(["echo", str(i)]).stdout, range(40)))
     assert results == [f"{i}\n" for i in range(40)]
     assert sshd.accepted_connections() == 1
+
+
+CHANNEL_EOF = 96
+"""SSH_MSG_CHANNEL_EOF (RFC 4254), the first byte of such a message."""
+
+
+@pytest.fixture
+def late_eofs(monkeypatch):
+    """Every channel EOF dfo sends leaves 0.3 s after paramiko built it. paramiko builds an EOF under the
+    channel's lock and sends it after releasing it; when the host's CLOSE is answered in between (by
+    paramiko's own thread), the EOF follows our CLOSE and sshd drops the whole connection ("ieof packet
+    referred to nonexistent channel", paramiko issue 1115). Under load that window opens by itself, rarely
+    (1 in ~300 runs of the test above in CI's order); this makes it wide."""
+    transport_class = ssh_module.paramiko.Transport
+    send = transport_class._send_user_message
+
+    def send_late_eof(transport, message):
+        if message.asbytes()[:1] == bytes([CHANNEL_EOF]):
+            time.sleep(0.3)
+        return send(transport, message)
+
+    monkeypatch.setattr(transport_class, "_send_user_message", send_late_eof)
+
+
+def test_commands_that_end_at_once_keep_the_connection_when_eofs_leave_late(target, sshd, late_eofs):
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda i: target.run(["echo", str(i)]).stdout, range(8)))
+    assert results == [f"{i}\n" for i in range(8)]
+    assert target.run(["cat"]).stdout == ""  # stdin still reads as closed
+    assert sshd.accepted_connections() == 1, sshd.log_tail()
+
+
+def test_a_command_that_fails_before_reading_its_input_keeps_the_connection_when_eofs_leave_late(
+        target, sshd, late_eofs, tmp_path):
+    with pytest.raises(CommandFailed, match="no/such/dir"):
+        target.put_bytes(b"x" * 100_000, str(tmp_path / "no/such/dir/file"))  # `cat > ...` fails at once
+    result = target.run("cat; exit 3", input=b"payload")
+    assert (result.exit_code, result.stdout) == (3, "payload")
+    assert sshd.accepted_connections() == 1, sshd.log_tail()
+
+
+def test_closing_a_stream_whose_command_ended_keeps_the_connection_when_eofs_leave_late(target, sshd, late_eofs):
+    for _ in range(3):
+        stream = target.stream(["echo", "hi"])
+        output = b""
+        while chunk := stream.read(timeout=5):
+            output += chunk
+        assert output == b"hi\n"
+        stream.close()
+    assert target.run(["echo", "after"]).stdout == "after\n"
+    assert sshd.accepted_connections() == 1, sshd.log_tail()
 
 
 def test_put_copies_bytes_and_mode(target, tmp_path):

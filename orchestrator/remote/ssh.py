@@ -145,7 +145,7 @@ class SshTarget(Target):
         command = _with_env(render(cmd), env)
         started = time.monotonic()
         deadline = started + timeout
-        with self._slots, self._channel(_reporting_pgid(command), timeout) as channel:
+        with self._slots, self._channel(command, _session_script(command, feeds_input=bool(input)), timeout) as channel:
             with self._mapped_errors(command, timeout=timeout):
                 stdout, stderr = _exchange(channel, input, deadline)
             exit_code = channel.recv_exit_status() if stdout is not None else None
@@ -169,12 +169,12 @@ class SshTarget(Target):
             self.run(["kill", "-KILL", "--", f"-{pgid}"], timeout=self.connect_timeout)
 
     @contextlib.contextmanager
-    def _channel(self, command: str, timeout: float) -> Iterator[paramiko.Channel]:
-        """A session channel running `command`, closed on the way out."""
+    def _channel(self, command: str, script: str, timeout: float) -> Iterator[paramiko.Channel]:
+        """A session channel running `script` (which runs `command`), closed on the way out."""
         transport = self._transport()
         with self._mapped_errors(command, timeout=timeout, transport=transport):
             channel = transport.open_session(timeout=min(timeout, self.connect_timeout))
-            channel.exec_command(command)
+            channel.exec_command(script)
         try:
             yield channel
         finally:
@@ -323,7 +323,13 @@ class SshStream(Stream):
             self._channel.sendall(data)
 
     def close(self) -> None:
+        """Close stdin, give the command 2 s to exit, close the channel. A command that ended already gets no
+        EOF of its own: the host may be closing its channel, and an EOF that follows our CLOSE costs the whole
+        connection (`_session_script`); closing the channel sends EOF and CLOSE in order."""
         if self._channel.closed:
+            return
+        if self._channel.eof_received or self._channel.exit_status_ready():
+            self._channel.close()
             return
         with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
             self._channel.shutdown_write()
@@ -518,16 +524,15 @@ def _with_env(command: str, env: dict[str, str] | None) -> str:
 
 
 def _exchange(channel: paramiko.Channel, data: bytes | None, deadline: float) -> tuple[bytes | None, bytes]:
-    """Feed stdin (then close it, so readers see EOF) while reading stdout and stderr until the command
-    exits; (None, stderr so far) if the deadline passes first. Interleaved, so a command that echoes a large
+    """Feed `data` to stdin, then EOF (nothing is sent without data: the command reads /dev/null, see
+    `_session_script`) while reading stdout and stderr until the command exits; (None, stderr so far) if the
+    deadline passes first. Interleaved, so a command that echoes a large
     input back cannot block on a full window while we still send. A command killed by a signal has no exit
     status (sshd sends exit-signal, which paramiko ignores): its exit code reads -1. A channel closed without
     EOF was cut off (paramiko closes every channel of a dying connection before it marks the connection
     inactive, so `is_active()` cannot tell yet): _ConnectionDropped."""
     pending = memoryview(data or b"")
     stdout, stderr = bytearray(), bytearray()
-    if not pending:
-        channel.shutdown_write()
     while True:
         if pending and channel.send_ready():
             pending = pending[channel.send(pending[:32768]):]
@@ -576,13 +581,24 @@ PGID_MARK = b"\x1edfo-pgid:"
 """Prefix of the first stderr line of every `run`: the command's process group, stripped before callers see it."""
 
 
-def _reporting_pgid(command: str) -> str:
-    """`command`, preceded by a report of its process group (sshd makes the session's shell a group leader)."""
-    return f"printf '\\036dfo-pgid:%s\\n' $$ >&2; exec {command}"
+def _session_script(command: str, *, feeds_input: bool) -> str:
+    """What a `run` session executes: a report of its process group (sshd makes the session's shell a group
+    leader), then `command`, arranged so that dfo sends nothing on the channel once the command may have ended.
+
+    paramiko builds a channel's EOF (or data) under the channel's lock and sends it after releasing it; if the
+    host's CLOSE for an ended command is answered in between (by paramiko's own thread), our EOF follows our
+    CLOSE and sshd drops the whole connection, every command on it too ("ieof packet referred to nonexistent
+    channel", paramiko issue 1115). So without input the command reads /dev/null and no EOF is ever sent
+    (closing the channel sends EOF and CLOSE in order); with input, the session drains stdin after the command
+    and so ends only once our EOF has arrived (a command killed by a signal then exits 128+N, not -1)."""
+    report = "printf '\\036dfo-pgid:%s\\n' $$ >&2; "
+    if not feeds_input:
+        return f"{report}exec {command} </dev/null"
+    return f"{report}{command}; s=$?; cat >/dev/null; exit $s"
 
 
 def _split_pgid(stderr: bytes) -> tuple[int | None, bytes]:
-    """The process group reported by `_reporting_pgid` and the command's own stderr."""
+    """The process group reported by `_session_script` and the command's own stderr."""
     if not stderr.startswith(PGID_MARK) or b"\n" not in stderr:
         return None, stderr
     line, _, rest = stderr.partition(b"\n")
