@@ -337,12 +337,13 @@ LEAK_BANDS = ((0.0005, 0.001), (0.001, 0.0015), (0.0015, 0.002))  # fast_leak's 
 
 
 def gap_table(seeds: range) -> None:
-    """The kinds today's rule gets wrong (tracegen.GAP_KINDS, kept out of the suite): verdicts right, steady
-    declared on a trace with no steady state (premature; R: of those, the ones whose verdict at the end is the
-    precision-out-of-reach answer), seconds from the first step line to that first declaration, and the
-    premature ones per band of the leak's rate."""
+    """The kinds today's rule gets wrong (tracegen.GAP_KINDS, kept out of the suite): verdicts right (at the
+    log's end), steady declared on a trace with no steady state (premature; R: of those, the ones whose verdict
+    at the end is the precision-out-of-reach answer), decl: traces re-opened by a decline after a steady
+    declaration (docs/decisions.md, point 6b), seconds from the first step line to that first declaration, and
+    the premature ones per band of the leak's rate."""
     print(f"known gaps (tracegen.GAP_KINDS, not in the suite above; seeds {seeds.start}-{seeds.stop - 1})")
-    header = (f"{'kind':12} {'ok':>5} {'prem':>4} {'(R)':>4}  {'declared s med/p90/max':>22}  premature per leak "
+    header = (f"{'kind':12} {'ok':>5} {'prem':>4} {'(R)':>4} {'decl':>4}  {'declared s med/p90/max':>22}  premature per leak "
               + " | ".join(f"{lo * 100:.2f}-{hi * 100:.2f}%/s" for lo, hi in LEAK_BANDS))
     print_header(header)
     for kind in GAP_KINDS:
@@ -353,14 +354,16 @@ def gap_table(seeds: range) -> None:
             row = score(trace, decision)
             first = decision.evidence.get("first_steady_declared_step", row["steady_declared_step"])
             seconds = trace.step_ts[first] - min(trace.step_ts.values()) if row["premature"] else None
-            rows.append((trace, row, seconds, decided_by(decision) == "precision_out_of_reach"))
-        premature = [(trace, s, by_rule) for trace, row, s, by_rule in rows if row["premature"]]
+            rows.append((trace, row, seconds, decided_by(decision) == "precision_out_of_reach",
+                         any(shift.get("shape") == "decline" for shift in decision.level_shifts)))
+        premature = [(trace, s, by_rule) for trace, row, s, by_rule, _ in rows if row["premature"]]
         bands = []
         for lo, hi in LEAK_BANDS:
             band = [r for r in rows if lo <= (r[0].leak_per_s or 0) < hi]
             bands.append(f"{sum(r[1]['premature'] for r in band)}/{len(band)}")
         print(f"{kind:12} {sum(r[1]['verdict_ok'] for r in rows):>2}/{len(rows):<2} {len(premature):>4} "
-              f"{sum(by_rule for *_, by_rule in premature):>4}  {fmt([s for _, s, _ in premature if s is not None]):>22}  "
+              f"{sum(by_rule for *_, by_rule in premature):>4} {sum(r[4] for r in rows):>4}  "
+              f"{fmt([s for _, s, _ in premature if s is not None]):>22}  "
               + " | ".join(f"{b:>17}" for b in bands))
     print()
 

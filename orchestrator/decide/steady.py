@@ -456,27 +456,30 @@ class SteadyDetector:
         self._truncation = self._suspect = None
         self._analyse()
 
-    def _declined(self, first: int, end: int, level: Level) -> bool:
-        """Once steady: has the level fallen by more than p across the figure's window (blocks [first, end),
-        at least DECLINE_MIN_SECONDS long), a slow leak in time that the shift rule cannot see (it compares
-        the newest blocks with the ones just before them, and a leak moves both)? The Theil-Sen slope over the
-        window's batch means, taken across the whole window, with its 95% interval wholly below -p, and the
-        newest blocks spanning the minimum evidence more than p below the figure, on `confirm_blocks`
-        consecutive refines. Then the verdict re-opens (`_restart`), recorded as a level shift of kind
-        `decline`, and the figure is no longer given for a level that is gone. True when it re-opened."""
+    def _declined(self, first: int, end: int, level_of) -> bool:
+        """Once steady: has the level fallen by more than p across the window since the declaration's cut
+        (blocks [first, end), at least DECLINE_MIN_SECONDS long), a slow leak in time that the shift rule cannot
+        see (it compares the newest blocks with the ones just before them, and a leak moves both)? The newest
+        blocks spanning the minimum evidence more than p below the declared figure, and the Theil-Sen slope over
+        the window's batch means (`level_of()`: that Level), taken across the whole window, with its 95%
+        interval wholly below -p, on every look for min_steady_seconds. Then the verdict re-opens (`_restart`),
+        recorded as a level shift of shape `decline`, and the figure is no longer given for a level that is
+        gone. True when it re-opened."""
         precision = self.config.precision
         start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
         seconds = self._block_ts[end - 1] - start_ts
         recent_blocks = self._blocks_holding_minimums()
-        if seconds < DECLINE_MIN_SECONDS or recent_blocks is None or end - recent_blocks <= first:
+        recent = (median(self._medians[end - recent_blocks : end])
+                  if recent_blocks is not None and end - recent_blocks > first else None)
+        # the cheap test first: on a level run the newest blocks are where the figure is, and no slope is taken
+        if seconds < DECLINE_MIN_SECONDS or recent is None or recent >= (1 - precision) * self._declared_tok_s:
             self._declining_since = None
             return False
+        level = level_of()
         slope = trend(level.means)
         across = (len(level.means) - 1) / (abs(level.mean) or 1.0)
         change, hi = slope.slope * across, slope.hi * across
-        recent = median(self._medians[end - recent_blocks : end])
-        falling = hi < -precision and recent < (1 - precision) * self._declared_tok_s
-        self._declining_since = (self._declining_since or self.last_ts) if falling else None
+        self._declining_since = (self._declining_since or self.last_ts) if hi < -precision else None
         if self._declining_since is None or self.last_ts - self._declining_since < self.config.min_steady_seconds:
             return False
         per_min = change / seconds * 60
@@ -723,7 +726,8 @@ class SteadyDetector:
         # a decline is judged from the declaration's cut: the re-run MSER moves the cut later on a leak (its
         # start looks like a warm-up's tail), which would keep the window too short to see it
         since = max(self._declared_truncation, n - REFINE_BLOCKS)
-        if since < end - 1 and self._declined(since, end, level if since == first else batch_means_level(self._medians[since:end])):
+        if since < end - 1 and self._declined(
+                since, end, lambda: level if since == first else batch_means_level(self._medians[since:end])):
             return
         raw = [v for block in self._raw[first:end] for v in block]
         stats = {"first": first, "end": end, "level": level, "noise_rel": noise_of(raw)}
