@@ -40,7 +40,7 @@ from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
 from .runs import (FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, StartsUnseen, exit_at_hook, look, needs_look,
-                   out_dir, resolve_launch, look_due, spec_for, start_unseen, start_unsettled, started)
+                   out_dir, process_alive, resolve_launch, look_due, spec_for, start_unseen, start_unsettled, started)
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
@@ -206,8 +206,10 @@ def owner_id() -> str:
 
 
 class Claims:
-    """The leases one watcher (or scheduler) holds. `holds(key)` takes the claim when it is free or expired
-    and renews it when it is ours; everyone else sees who has it."""
+    """The leases one watcher (or scheduler) holds. `holds(key)` takes the claim when it is free or expired, or
+    when its holder is a dfo of this workstation that has gone (killed -9: runs.process_alive; one of another
+    workstation cannot be looked at, its lease is waited out), and renews it when it is ours; everyone else
+    sees who has it."""
 
     def __init__(self, store: Store, *, ttl_s: float = LEASE_S, clock: Callable[[], float] = time.time) -> None:
         self.store, self.ttl_s, self.clock = store, ttl_s, clock
@@ -220,6 +222,9 @@ class Claims:
         if key in self.held and now - self.held[key] < self.ttl_s / 3:
             return True
         claim = self.store.claim(key, self.owner, pid=os.getpid(), host=socket.gethostname(), ttl_s=self.ttl_s, now=now)
+        if claim.owner != self.owner and not process_alive(claim.host, claim.pid):  # its holder died: no lease to wait out
+            claim = self.store.claim(key, self.owner, pid=os.getpid(), host=socket.gethostname(), ttl_s=self.ttl_s,
+                                     now=now, dead_owner=claim.owner)
         if claim.owner == self.owner:
             self.held[key] = now
             self.others.pop(key, None)

@@ -163,8 +163,24 @@ def launcher_id() -> str:
 def launcher_alive(run: Run) -> bool:
     """Whether the dfo that is launching `run` still lives (one on another workstation: assumed alive)."""
     host, _, pid = (run.owner or "").rpartition(":")
-    if not pid.isdigit() or host != socket.gethostname():
-        return bool(run.owner) and host != socket.gethostname()
+    if host != socket.gethostname():
+        return bool(run.owner)
+    return pid.isdigit() and process_alive(host, int(pid))
+
+
+def process_alive(host: str | None, pid: int | None) -> bool:
+    """Whether process `pid` of workstation `host` (a dfo: a launch's, a claim's holder) still lives. One on
+    another workstation, or of no known PID, cannot be looked at from here: assumed alive. A zombie (it ended,
+    its parent has not reaped it yet) is not."""
+    if host != socket.gethostname() or pid is None:
+        return True
+    try:
+        with open(f"/proc/{int(pid)}/stat") as stat:
+            return proc_state(stat.read()) != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: ask the kernel
+        pass
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:

@@ -547,12 +547,14 @@ class Store:
 
     # -- claims: who acts on a chain or batch cell (one owner at a time; the others only look)
 
-    def claim(self, key: str, owner: str, *, pid: int, host: str, ttl_s: float, now: float) -> "Claim":
-        """Take or renew the claim on `key` for `owner` when it is free, expired or already ours; returns the
-        claim as it stands after (its owner may be another one, whose lease has not run out)."""
+    def claim(self, key: str, owner: str, *, pid: int, host: str, ttl_s: float, now: float,
+              dead_owner: str | None = None) -> "Claim":
+        """Take or renew the claim on `key` for `owner` when it is free, expired, already ours, or still held by
+        `dead_owner` (a holder the caller found gone); returns the claim as it stands after (its owner may be
+        another one, whose lease has not run out)."""
         with self._write() as db:
             row = db.execute("SELECT * FROM claims WHERE key = ?", (key,)).fetchone()
-            if row is None or row["owner"] == owner or row["expires_at"] <= now:
+            if row is None or row["owner"] in (owner, dead_owner) or row["expires_at"] <= now:
                 db.execute(
                     "INSERT INTO claims (key, owner, pid, host, expires_at, renewed_at) VALUES (?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT(key) DO UPDATE SET owner = excluded.owner, pid = excluded.pid, host = excluded.host,"

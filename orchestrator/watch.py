@@ -74,6 +74,7 @@ class WatchedRun:
     unsaved: list = field(default_factory=list)  # samples seen while another watcher owned the chain
     unsaved_offset: int | None = None
     unsaved_ident: dict | None = None
+    stored_floor: int | None = None  # after a take-over: steps up to here its former owner stored (not stored again)
     throughput: deque = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))
     latest: StepRecord | None = None
     steps_total: int | None = None  # the trainer's own step count (its event=start steps=), when it says
@@ -188,6 +189,7 @@ class Watcher:
         self._actions: list[tuple[threading.Thread, str]] = []  # each action's thread and what it does
         self._events: list[ev.Event] = []
         self._looked_at: dict[str, float] = {}  # chain root -> when its runs were last looked up (observing)
+        self._left_to_batch: set[int] = set()  # the open batch fallbacks (intent ids) said to be left to dfo batch
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ public
@@ -401,7 +403,8 @@ class Watcher:
             stored = self.store.last_step(watched.name)
             rows = [s for s in watched.unsaved if stored is None or s["step"] > stored]
             self.store.add_samples(watched.name, rows, offset=watched.unsaved_offset, ident=watched.unsaved_ident)
-            watched.unsaved, watched.unsaved_offset, watched.unsaved_ident = [], None, None
+            watched.stored_floor = self.store.last_step(watched.name)  # a former owner just gone (its pid) stored
+            watched.unsaved, watched.unsaved_offset, watched.unsaved_ident = [], None, None  # lines still on their way
             self._store_shown_shifts(watched)
             watched.handled = watched.handled or bool(self.store.children(watched.name))
             watched.dirty = True
@@ -430,9 +433,8 @@ class Watcher:
         batch = self.store.get_run(root).batch if intents else None
         for intent in intents:
             watched = self.watched.get(intent.data["run"])
-            if watched is not None and batch:  # a batch cell's: `dfo batch` finishes it (its GPU ledger), never
-                watched.handled = True  # this watch, whichever holds the chain (a dead batch's lease runs out)
-                self._emit(watched, ev.LeftToBatch, batch=batch, command=batch_command(self.store, batch))
+            if batch:  # a batch cell's: `dfo batch` finishes it (its GPU ledger), never this watch
+                self._leave_to_batch(root, intent, batch)
             elif watched is not None:
                 watched.handled = watched.acting = watched.stopping = True
         if batch:
@@ -441,6 +443,19 @@ class Watcher:
         if intents and current is not None:
             self._start_worker(current, lambda: self.supervisor.finish_open(root),
                                "; ".join(fallback_text(intent.data) for intent in intents))
+
+    def _leave_to_batch(self, root: str, intent, batch: str) -> None:
+        """Say once (however often the chain is attached or taken over) that the open fallback `intent` of batch
+        cell chain `root` is left to `dfo batch`, which this watch names; its run is acted on already."""
+        watched = self.watched.get(intent.data["run"])
+        if watched is not None:
+            watched.handled = True
+        if intent.id in self._left_to_batch:
+            return
+        self._left_to_batch.add(intent.id)
+        event = ev.LeftToBatch(at=utc_now(), run=intent.data["run"], chain=root, batch=batch,
+                               command=batch_command(self.store, batch))
+        self._publish(event, intent.data["run"], event.stored and root in self.owned)
 
     def _observer_for(self, target_name: str) -> ObserverBase:
         if target_name in self.observers:
@@ -605,8 +620,11 @@ class Watcher:
         for name in writes.samples.keys() | writes.offsets.keys():
             watched = self.watched[name]
             if watched.root in self.owned:
-                self.store.add_samples(name, writes.samples.get(name, ()), offset=writes.offsets.get(name),
-                                       ident=writes.idents.get(name))
+                samples = writes.samples.get(name, [])
+                if watched.stored_floor is not None:  # right after a take-over: its former owner stored these
+                    samples = [sample for sample in samples if sample["step"] > watched.stored_floor]
+                    watched.stored_floor = None if samples else watched.stored_floor
+                self.store.add_samples(name, samples, offset=writes.offsets.get(name), ident=writes.idents.get(name))
                 continue
             watched.unsaved = (watched.unsaved + writes.samples.get(name, []))[-UNSAVED_MAX:]
             if writes.offsets.get(name) is not None:

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 import typer
 from rich.live import Live
 
-from ..chains import FALLBACK, MULTINODE_FALLBACK, Outcome, Supervisor, batch_command, inventory_for
+from ..chains import FALLBACK, MULTINODE_FALLBACK, Outcome, Supervisor, inventory_for
 from ..connections import Connections
 from ..errors import DfoError
 from ..events import ActionError, DecisionMade, Event, FellBack, GpuError, LeftToBatch, LevelShift
@@ -178,9 +178,8 @@ def finish_open_fallbacks(inventory: Inventory, names: Sequence[str], as_json: b
                   if any(i.kind == MULTINODE_FALLBACK for i in store.open_intents(root_of(store, group)))]
         roots = [root for root in dict.fromkeys(store.lineage(node)[0] for node in nodes)
                  if any(i.kind == FALLBACK for i in store.open_intents(root))]
-        for root in [root for root in roots if store.get_run(root).batch]:  # `dfo batch` finishes a cell's
-            roots.remove(root)
-            tell_left_to_batch(store, root, as_json)
+        # `dfo batch` finishes a cell's: the Watcher says so once it holds the chain (Watcher._leave_to_batch)
+        roots = [root for root in roots if not store.get_run(root).batch]
         if not groups and not roots:
             return list(names)
     with Connections(inventory) as connections, Store() as store:
@@ -199,15 +198,6 @@ def finish_open_fallbacks(inventory: Inventory, names: Sequence[str], as_json: b
         if not finished and not any(outcome.launched for outcome in outcomes):
             return list(names)
         return resolve_names(store, [store.lineage(node)[0] for node in resolve_nodes(store, names)])  # newest of each chain
-
-
-def tell_left_to_batch(store: Store, root: str, as_json: bool) -> None:
-    """One line on an open fallback of a batch cell's chain, which this watch leaves to `dfo batch` (the batch
-    keeps the cell's GPUs in its bookkeeping; a fallback carried out here would be outside it)."""
-    intent = next(intent for intent in store.open_intents(root) if intent.kind == FALLBACK)
-    batch = store.get_run(root).batch
-    tell(LeftToBatch(at=utc_now(), run=intent.data["run"], chain=root, batch=batch, command=batch_command(store, batch)),
-         as_json)
 
 
 def tell(event: Event, as_json: bool) -> None:
@@ -267,7 +257,7 @@ def tell_fell_back(data: dict, as_json: bool) -> bool:
 
 def drive(watcher: Watcher, until_decided: bool, interval: float, refresh) -> None:
     """Step the watcher until it is done, calling `refresh(events)` at most every `interval` seconds."""
-    shown_at, pending = 0.0, []
+    shown_at, pending = 0.0, watcher.step(0)  # once at least: what attaching said is shown even when all is settled
     while not done(watcher, until_decided):
         pending += watcher.step(min(0.25, interval))
         if time.monotonic() - shown_at >= interval:
