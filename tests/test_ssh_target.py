@@ -111,6 +111,23 @@ def test_a_command_that_fails_before_reading_its_input_keeps_the_connection_when
     assert sshd.accepted_connections() == 1, sshd.log_tail()
 
 
+def test_a_connection_the_host_ends_with_a_reason_fails_the_command_saying_that_reason(target, sshd):
+    def stray_eof_soon():  # a protocol error sshd answers with a disconnect that says why
+        time.sleep(0.5)
+        message = ssh_module.paramiko.Message()
+        message.add_byte(bytes([CHANNEL_EOF]))
+        message.add_int(4242)
+        target._transport()._send_user_message(message)
+
+    sender = threading.Thread(target=stray_eof_soon)
+    sender.start()
+    with pytest.raises(ConnectError, match=r"lost the connection to 127\.0\.0\.1:\d+ while running sh -c 'sleep 5': "
+                                           r"the host disconnected: ieof packet referred to nonexistent channel 4242 \(code 2\)"):
+        target.run("sleep 5", timeout=20)
+    sender.join(timeout=5)
+    assert "nonexistent channel 4242" in sshd.log_tail()
+
+
 def test_closing_a_stream_whose_command_ended_keeps_the_connection_when_eofs_leave_late(target, sshd, late_eofs):
     for _ in range(3):
         stream = target.stream(["echo", "hi"])

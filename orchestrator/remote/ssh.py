@@ -114,7 +114,8 @@ class SshTarget(Target):
         connection.client = client
         connection.connect_timeout = None  # fabric rounds it to whole seconds; it goes in connect_kwargs
         connection.connect_kwargs.update(
-            timeout=self.connect_timeout, banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout
+            timeout=self.connect_timeout, banner_timeout=self.connect_timeout, auth_timeout=self.connect_timeout,
+            transport_factory=_Transport,
         )
         if isinstance(connection.gateway, Connection):
             self._guard(connection.gateway)
@@ -256,26 +257,29 @@ class SshTarget(Target):
         if action == "connect":
             return ConnectError(f"connect to {self.host}:{self.port} failed: {_describe(exc)}", where=self.name, hint=hint)
         transport = transport or self._connection.transport
-        cause = self._cause_of_loss(transport, exc)
-        if cause is not None:
-            why = _describe(cause)
-        elif isinstance(exc, _ConnectionDropped) and transport is not None and transport.is_active():
+        why = self._why_lost(transport, exc)
+        if why is None and isinstance(exc, _ConnectionDropped) and transport is not None and transport.is_active():
             why = "the host closed its channel before the output ended (no EOF)"
-        else:
-            why = _describe(exc)
         return ConnectError(f"lost the connection to {self.host}:{self.port} while {doing or 'running ' + action[:120]}: "
-                            f"{why}", where=self.name, hint=hint)
+                            f"{why or _describe(exc)}", where=self.name, hint=hint)
 
-    def _cause_of_loss(self, transport: paramiko.Transport | None, exc: BaseException) -> BaseException | None:
-        """What ended `transport` (the exception its reading thread died of), for every command it cut off:
-        paramiko hands it to one caller only (get_exception clears it; a racing open_session raises it itself).
-        None while the transport lives, or when it ended without one (the host sent a disconnect)."""
+    def _why_lost(self, transport: paramiko.Transport | None, exc: BaseException) -> str | None:
+        """What ended `transport`, in words, for every command it cut off: the reason the host gave when it
+        disconnected, else the exception paramiko's reading thread died of (which paramiko hands to one caller
+        only: get_exception clears it, a racing open_session raises it itself). None while it lives."""
         if transport is None:
             return None
         if isinstance(exc, _ConnectionDropped):
             transport.join(timeout=CLOSE_WAIT_S)  # its thread closes the channels first, then ends
         if transport.is_active():
             return None
+        reason = getattr(transport, "disconnect_reason", None)
+        if reason:
+            return f"the host disconnected: {reason}"
+        cause = self._cause_of_loss(transport, exc)
+        return _describe(cause) if cause is not None else None
+
+    def _cause_of_loss(self, transport: paramiko.Transport, exc: BaseException) -> BaseException | None:
         with self._causes_lock:
             cause = self._causes.get(transport)
             if cause is None:
@@ -551,6 +555,18 @@ def _exchange(channel: paramiko.Channel, data: bytes | None, deadline: float) ->
         if remaining <= 0:
             return None, bytes(stderr)
         _wait_for_output(channel, min(remaining, 0.005 if pending else POLL_S))
+
+
+class _Transport(paramiko.Transport):
+    """paramiko's Transport, keeping the reason a host gives when it disconnects (paramiko only logs it)."""
+
+    disconnect_reason: str | None = None
+
+    def _parse_disconnect(self, m: paramiko.Message) -> None:
+        code, text = m.get_int(), m.get_text()
+        self.disconnect_reason = f"{text.strip()} (code {code})"
+        m.rewind()
+        super()._parse_disconnect(m)
 
 
 class _ConnectionDropped(EOFError):
