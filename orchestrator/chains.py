@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from .decide import Catalogue, next_variant, rest_of_chain
 from .errors import DfoError, RefusedError, UsageError
@@ -56,6 +56,7 @@ FALLBACK = "fallback"
 MULTINODE_FALLBACK = "multinode_fallback"  # subject: the multi-node run a chain started from (multinode.py)
 INTENT_WAIT_S = 600.0  # how long a dfo waits for another live one to finish an intent it is carrying out
 INTENT_POLL_S = 0.5
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------------- policy
@@ -538,6 +539,35 @@ def finish_under_way(rough: Sequence[str], describe: Callable[[], list[str]],
     except KeyboardInterrupt:
         return FallbacksLeft(described)
     return None
+
+
+def finish_on_own_thread(work: Callable[[], T], rough: Sequence[str], describe: Callable[[], list[str]],
+                         on_interrupt: Callable[[list[str]], None]) -> T:
+    """Carry out `work` (fallbacks a command runs itself: a multi-node run's after its watch, those a dead dfo
+    left open) on a thread of its own, so that Ctrl-C cannot cut it off half way as it would on the main thread.
+    On Ctrl-C it is finished first, as a watch's or a batch's fallbacks are (finish_under_way: `on_interrupt`
+    is told which, describe(), or `rough` until that answers), then KeyboardInterrupt is raised; a second
+    Ctrl-C raises FallbacksLeft at once. Returns what `work` returned (or raises what it raised)."""
+    outcome: dict[str, Any] = {}
+    done = threading.Event()  # not Thread.join: a join that Ctrl-C interrupts can leave the thread taken for ended
+
+    def body() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # given to the caller on its own thread
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=body, name="fallback", daemon=True).start()
+    try:
+        while not done.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        raise finish_under_way(rough, describe, on_interrupt, done.wait) or KeyboardInterrupt() from None
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 # ---------------------------------------------------------------------------------------------- where runs came from

@@ -376,6 +376,42 @@ def test_a_multinode_successor_whose_starts_got_no_answer_is_adopted_if_it_runs_
 
 
 @pytest.mark.slow
+def test_ctrl_c_during_a_multinode_fallback_says_what_it_finishes_and_finishes_it_first(hosts):
+    # the fallback runs after the watch, on dfo's main thread: Ctrl-C there cut it off half way (its successor's
+    # nodes recorded, none started) with only "interrupted: remote runs were left running"; now it is finished
+    # first and said as a single run's fallback is (a real SIGINT while its successor's launch is held)
+    paused, said = hosts.tmp / "paused", hosts.tmp / "stderr"
+    env = {**os.environ, "DFO_HOME": str(hosts.state), "DFO_TEST_PAUSE_AT": "nodes_recorded",
+           "DFO_TEST_PAUSE_FILE": str(paused)}
+    env.pop("DFO_INVENTORY", None)
+    with said.open("w") as stderr:
+        dfo = subprocess.Popen([DFO, "launch", "--name", "mn", "--master-addr", "127.0.0.1", "--master-port",
+                                str(hosts.port), "--host", "n0", "--host", "n1", "--variant", "ps2fail", "--watch",
+                                "--until-decided", "--json", "-i", str(hosts.inventory)],
+                               stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    try:
+        wait_for(paused.exists, 60, "the first launch to record its nodes")
+        paused.unlink()
+        wait_for(paused.exists, 180, "the fallback's launch to record its successor's nodes")
+        dfo.send_signal(signal.SIGINT)  # Ctrl-C
+        wait_for(lambda: "interrupted: finishing" in said.read_text(), 30, "the line about the fallback")
+        line = next(line for line in said.read_text().splitlines() if "finishing" in line)
+        assert line == ("interrupted: finishing the fallback of mn to ps2ok first; Ctrl-C again leaves it to the "
+                        "next `dfo watch`"), said.read_text()
+        time.sleep(1)
+        assert dfo.poll() is None  # it waits for the fallback
+        paused.unlink()
+        assert dfo.wait(timeout=60) == 130, said.read_text()
+    finally:
+        dfo.kill()
+        hosts.dfo("stop", "mn.2-ps2ok", "--grace", "5")
+    assert "stopped watching; the runs go on" in said.read_text()
+    assert open_intents(hosts) == []  # carried to its end: every node of the successor started and recorded
+    runs = {run["name"]: run for run in hosts.runs()}
+    assert all(runs[f"mn.2-ps2ok.node{node}"]["pid"] is not None for node in (0, 1)), runs
+
+
+@pytest.mark.slow
 def test_a_launch_whose_start_got_no_answer_on_one_node_names_that_node_and_what_was_left(hosts):
     # node 1's start script waits 4 s before it starts the run; dfo gives up on its answer after 1 s. The error
     # said "n1: the launch script gave no start within 1s": which run, which nodes started, what happens now?

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence, TypeVar
 
 import typer
 from rich.live import Live
 
-from ..chains import FALLBACK, MULTINODE_FALLBACK, Outcome, Supervisor, inventory_for
+from ..chains import (FALLBACK, MULTINODE_FALLBACK, FallbacksLeft, Outcome, Supervisor, fallback_text,
+                      finish_on_own_thread, inventory_for)
 from ..connections import Connections
 from ..errors import DfoError
 from ..events import ActionError, DecisionMade, Event, FellBack, GpuError, LeftToBatch, LevelShift
@@ -26,6 +27,7 @@ from .common import (InventoryOpt, complete_runs, console, err_console, leave_ha
                      verdicts_exit_status)
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
+T = TypeVar("T")
 AGAIN = "`dfo watch`"  # what finishes a fallback that a second Ctrl-C leaves half done
 SHOWN_EVENTS = ("decision", "level_shift", "left_to_batch", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
                 "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed", "took_over")
@@ -121,8 +123,11 @@ def watch_runs(
     Returns the exit status: 1 when a chain's final verdict is a failure (crash, stall, too slow, undecided
     when the watch ended, drifting) or a run was given up on, else 0 (steady, exited cleanly, stopped);
     130 on Ctrl-C."""
-    if fallback:  # a fallback a dfo that died left half done: finished first, then its successor watched
-        names = finish_open_fallbacks(inventory, names, as_json)
+    try:
+        if fallback:  # a fallback a dfo that died left half done: finished first, then its successor watched
+            names = finish_open_fallbacks(inventory, names, as_json)
+    except KeyboardInterrupt as interrupted:  # finished first (a second Ctrl-C leaves it half done)
+        return stopped_watching(interrupted)
     with Connections(inventory) as connections, Store() as store:
         names = resolve_nodes(store, names)
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
@@ -138,11 +143,7 @@ def watch_runs(
                 if not console.is_terminal:
                     console.print()  # Live leaves its last frame without a newline when not on a terminal
         except KeyboardInterrupt:  # a fallback under way is finished first (a second Ctrl-C leaves it half done)
-            left = watcher.finish_actions(lambda fallbacks: say_finishing(fallbacks, AGAIN))
-            if left is not None:
-                leave_half_done(left.fallbacks, AGAIN)
-            err_console.print("stopped watching; the runs go on (dfo watch again to reattach)", highlight=False)
-            return 130
+            return stopped_watching(watcher.finish_actions(lambda fallbacks: say_finishing(fallbacks, AGAIN)))
         finally:
             watcher.close()
         decisions = watcher.final_decisions()
@@ -158,11 +159,39 @@ def watch_runs(
         summarise(decisions)
     with Store() as store:
         report_multinode(store, names, as_json)
-    followers = fall_back_groups(inventory, names, as_json) if fallback else []
+    try:
+        followers = fall_back_groups(inventory, names, as_json) if fallback else []
+    except KeyboardInterrupt as interrupted:
+        return stopped_watching(interrupted)
     if followers:  # a multi-node run fell back: watch its successor on every node
         return watch_runs(inventory, followers, interval=interval, poll=poll, until_decided=until_decided,
                           fallback=fallback, as_json=as_json, unreachable_s=unreachable_s)
     return 1 if lost else verdicts_exit_status(d.get("decision") for d in decisions)
+
+
+def stopped_watching(interrupted: KeyboardInterrupt | None) -> int:
+    """Ctrl-C ends the watch (exit 130) once the fallbacks under way are finished; a second one (FallbacksLeft)
+    left them half done: said, and the process leaves at once."""
+    if isinstance(interrupted, FallbacksLeft):
+        leave_half_done(interrupted.fallbacks, AGAIN)
+    err_console.print("stopped watching; the runs go on (dfo watch again to reattach)", highlight=False)
+    return 130
+
+
+def finishing(work: Callable[[], T], rough: Sequence[str], describe: Callable[[], list[str]]) -> T:
+    """`work` (fallbacks carried out by the command itself) on a thread of its own, finished first on Ctrl-C and
+    said as the Watcher's own are (chains.finish_on_own_thread, say_finishing); a second Ctrl-C leaves at once,
+    before the connections `work` uses are closed under it."""
+    try:
+        return finish_on_own_thread(work, rough, describe, lambda fallbacks: say_finishing(fallbacks, AGAIN))
+    except FallbacksLeft as left:
+        leave_half_done(left.fallbacks, AGAIN)
+
+
+def open_fallbacks(store: Store, roots: Sequence[str]) -> list[str]:
+    """The open fallbacks of the chains of `roots` (a single run's or a multi-node run's), `RUN to VARIANT`."""
+    return [fallback_text(intent.data) for root in roots for intent in store.open_intents(root)
+            if intent.kind in (FALLBACK, MULTINODE_FALLBACK)]
 
 
 def finish_open_fallbacks(inventory: Inventory, names: Sequence[str], as_json: bool) -> list[str]:
@@ -183,19 +212,23 @@ def finish_open_fallbacks(inventory: Inventory, names: Sequence[str], as_json: b
         if not groups and not roots:
             return list(names)
     with Connections(inventory) as connections, Store() as store:
-        try:
-            finished = finish_open(inventory, connections, store, groups) if groups else []
-        except DfoError as exc:
-            err_console.print(f"finishing a half-done fallback failed: {exc}", highlight=False, markup=False)
-            finished = []
-        for data in finished:
-            tell_fell_back(data, as_json)
-        supervisor, outcomes = Supervisor(inventory, connections, store), []
-        for root in roots:
-            for outcome in supervisor.finish_open(root):
-                tell_outcome(outcome, root, as_json)
-                outcomes.append(outcome)
-        if not finished and not any(outcome.launched for outcome in outcomes):
+        def finish() -> bool:
+            try:
+                finished = finish_open(inventory, connections, store, groups) if groups else []
+            except DfoError as exc:
+                err_console.print(f"finishing a half-done fallback failed: {exc}", highlight=False, markup=False)
+                finished = []
+            for data in finished:
+                tell_fell_back(data, as_json)
+            supervisor, outcomes = Supervisor(inventory, connections, store), []
+            for root in roots:
+                for outcome in supervisor.finish_open(root):
+                    tell_outcome(outcome, root, as_json)
+                    outcomes.append(outcome)
+            return bool(finished) or any(outcome.launched for outcome in outcomes)
+
+        subjects = [root_of(store, group) for group in groups] + roots
+        if not finishing(finish, subjects, lambda: open_fallbacks(store, subjects) or subjects):
             return list(names)
         return resolve_names(store, [store.lineage(node)[0] for node in resolve_nodes(store, names)])  # newest of each chain
 
@@ -226,18 +259,24 @@ def groups_of(store: Store, names: Sequence[str]) -> list[str]:
 def fall_back_groups(inventory: Inventory, names: Sequence[str], as_json: bool) -> list[str]:
     """Relaunch, with the next variant, each multi-node run among `names` whose first failure falls back
     (multinode.fall_back); the names of the runs launched."""
-    from ..multinode import fall_back
+    from ..multinode import fall_back, root_of
 
-    launched_names = []
+    launched_names: list[str] = []
     with Connections(inventory) as connections, Store() as store:
-        for group in groups_of(store, names):
-            try:
-                data = fall_back(inventory, connections, store, group)
-            except DfoError as exc:
-                err_console.print(f"{group}: falling back failed: {exc}", highlight=False, markup=False)
-                continue
-            if data is not None and tell_fell_back(data, as_json):
-                launched_names.append(data["next_run"])
+        groups = groups_of(store, names)
+
+        def fall_back_each() -> None:  # on a thread of its own: Ctrl-C finishes it first (finishing)
+            for group in groups:
+                try:
+                    data = fall_back(inventory, connections, store, group)
+                except DfoError as exc:
+                    err_console.print(f"{group}: falling back failed: {exc}", highlight=False, markup=False)
+                    continue
+                if data is not None and tell_fell_back(data, as_json):
+                    launched_names.append(data["next_run"])
+
+        if groups:
+            finishing(fall_back_each, groups, lambda: open_fallbacks(store, [root_of(store, g) for g in groups]) or groups)
     return launched_names
 
 
