@@ -81,8 +81,8 @@ def late_eofs(monkeypatch):
     """Every channel EOF dfo sends leaves 0.3 s after paramiko built it. paramiko builds an EOF under the
     channel's lock and sends it after releasing it; when the host's CLOSE is answered in between (by
     paramiko's own thread), the EOF follows our CLOSE and sshd drops the whole connection ("ieof packet
-    referred to nonexistent channel", paramiko issue 1115). Under load that window opens by itself, rarely
-    (1 in ~300 runs of the test above in CI's order); this makes it wide."""
+    referred to nonexistent channel", paramiko issue 1115). That window opens by itself, rarely (2 in 900
+    loops of test_many_commands_from_many_threads_share_one_connection's 40 commands); this makes it wide."""
     transport_class = ssh_module.paramiko.Transport
     send = transport_class._send_user_message
 
