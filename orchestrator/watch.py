@@ -845,10 +845,11 @@ def config_from_inventory(inventory: Inventory) -> DecideConfig:
 
 
 def decision_key(decision: Decision) -> tuple:
-    """What makes a decision news: the verdict, the action, the next run, and a level shift suspected (where it
-    began) or no longer suspected."""
+    """What makes a decision news: the verdict, the action, the next run, a level shift suspected (where it
+    began) or no longer suspected, and memory climbing since steady (`degrading`: which memory) or no longer."""
     suspected = (decision.shift_suspected or {}).get("since_step")
-    return decision.decision, decision.action, decision.next_run, decision.signature, suspected
+    degrading = (decision.degrading or {}).get("what"), (decision.degrading or {}).get("gpu")
+    return decision.decision, decision.action, decision.next_run, decision.signature, suspected, degrading
 
 
 def sample_of(record: StepRecord) -> dict[str, Any]:
