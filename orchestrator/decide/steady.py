@@ -28,6 +28,11 @@ the evidence). With p = `precision` (default 5%):
    the figure and its interval stay those of the level before it (a mean over both levels is neither, and
    its interval spans both) and `shift_suspected` says since when and the new level so far; a move that
    does not hold (a dip) clears it, and its blocks count again.
+5b. Once steady, a decline (a leak in time, which moves the newest blocks and those before them together):
+   the newest blocks more than p below the declared figure and the Theil-Sen slope across the window since the
+   declaration's cut (>= DECLINE_MIN_SECONDS) with its 95% interval below -p, on every look for
+   min_steady_seconds, re-open the verdict (a level shift of shape `decline`); a new level is then declared
+   only once the trend across 60-90 s is within p.
 6. Never undecided forever: after `max_undecided_s` of steps (since the first step, or since a shift
    re-opened the verdict) the answer is final: steady, flagged noisy, with its wide interval when there is no
    trend (Mann-Kendall p >= 0.05, or a trend smaller than p), else drifting with the slope.
@@ -444,7 +449,7 @@ class SteadyDetector:
         return bool(self.shifts) and self.shifts[-1]["shape"] == "decline" and self.shifts[-1]["declared_tok_s"] is None
 
     def _restart(self, origin: int, record: dict, reason: str) -> None:
-        """Re-open the verdict: record the move (`record`: its kind and both levels; `to_tok_s` is the level
+        """Re-open the verdict: record the move (`record`: its shape and both levels; `to_tok_s` is the level
         when it was seen, `declared_tok_s` follows once a new level holds) and analyse again from block `origin`."""
         self._origin = origin
         self._open_since = self._block_ts[origin - 1] if origin > 0 else self.first_ts
@@ -483,9 +488,8 @@ class SteadyDetector:
         if self._declining_since is None or self.last_ts - self._declining_since < self.config.min_steady_seconds:
             return False
         per_min = change / seconds * 60
-        origin = first
         lo_rel = slope.lo * across
-        self._restart(origin, {
+        self._restart(first, {
             "shape": "decline", "from_tok_s": round(self._declared_tok_s, 1), "to_tok_s": round(recent, 1),
             "change_rel": round(change, 4), "change_rel_95": [round(lo_rel, 4), round(hi, 4)] if math.isfinite(lo_rel)
             else [None, round(hi, 4)], "rel_per_min": round(per_min, 4), "over_s": round(seconds, 1),
