@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 
 import pytest
 
@@ -16,6 +17,13 @@ from harness.sshd import SshServer
 
 HOST_ALIAS = "testhost"
 PCT_NODE = "testnode"
+
+
+def pytest_configure(config) -> None:
+    """A suite started with SIGINT ignored (`nohup pytest &`, a shell without job control) would pass that on to
+    every dfo it starts, and the Ctrl-C tests would time out; ignore it in neither (children get the default)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _require_root(what: str) -> None:
