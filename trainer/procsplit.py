@@ -226,7 +226,7 @@ class DrafterProcess:
         self.reporter = Reporter(cfg, self.log, start, world, self._queue_fill, lambda: world)
 
     def _build(self):
-        kind, embed_w, head_w = self._take("the head weights", stop_at_once=False)
+        kind, embed_w, head_w = self._take("head weights", stop_at_once=False)
         assert kind == "head", f"expected the head weights first, got {kind!r}"
         embed = nn.Embedding.from_pretrained(embed_w.to(self.device).clone(), freeze=True)
         lm_head = nn.Linear(head_w.shape[1], head_w.shape[0], bias=False, device=self.device, dtype=head_w.dtype)
