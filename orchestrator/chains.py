@@ -39,8 +39,9 @@ from .inventory import Inventory, TargetSpec, load_inventory
 from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
-from .runs import (FALLBACK_HOOK, LOOK_TIMEOUT, Launched, RunSpec, StartsUnseen, exit_at_hook, look, needs_look,
-                   out_dir, process_alive, resolve_launch, look_due, spec_for, start_unseen, start_unsettled, started)
+from .runs import (FALLBACK_HOOK, LATE_START_S, LOOK_TIMEOUT, Launched, RunSpec, StartsUnseen, exit_at_hook, look,
+                   look_due, may_start_late, needs_look, out_dir, process_alive, resolve_launch, spec_for, start_unseen,
+                   start_unsettled, started)
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
@@ -609,7 +610,8 @@ def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], 
             continue
         groups.setdefault(run.target, (connections, []))[1].append(run)
     for run in runs:  # not due, but its target is looked at anyway: free
-        if run.target in groups and needs_look(run) and run not in groups[run.target][1]:
+        if run.target in groups and run not in groups[run.target][1] and (
+                needs_look(run) or may_start_late(run, within_s=LATE_START_S)):
             groups[run.target][1].append(run)
 
     def one(target: str, connections: Any, group: list[Run]) -> None:

@@ -45,6 +45,8 @@ FOLLOW_DRAIN_S = 1.5  # then how long tail gets to print the last lines (it poll
 LOG_EXISTS_EXIT = 17
 KILL_SETTLE_S = 10.0
 LOST_RECHECK_S = 300.0
+LATE_START_S = 3600.0
+"""How long after a launch was marked failed `dfo runs` still looks for its run coming up late (may_start_late)."""
 """`dfo runs` looks for a run whose start got no answer (`lost` without a PID) at most this often (look_due)."""
 STOP_PROBE_TIMEOUT = 20.0
 STOP_MARGIN_S = 2 * KILL_SETTLE_S + 2 * STOP_PROBE_TIMEOUT
@@ -688,12 +690,31 @@ def start_unsettled(run: Run) -> bool:
     return start_unseen(run) or (run.state == RunState.LAUNCHING and not launcher_alive(run))
 
 
+def may_start_late(run: Run, *, within_s: float | None = None, now: float | None = None) -> bool:
+    """A launch marked `failed` because nothing of it showed (its start got no answer within its grace, or its
+    dfo died): no PID, no exit status. A start slower than its grace brings its run up all the same, so it is
+    looked for again (look: adopted if its process shows) by what looks at it by name (`dfo watch NAME`,
+    `dfo stop NAME`, a fallback finishing) and, `within_s` of being marked failed, by `dfo runs` (--recheck, or a
+    look at its target made anyway)."""
+    if run.state != RunState.FAILED or run.pid is not None or run.exit_code is not None:
+        return False
+    if within_s is None or not run.ended_at:
+        return within_s is None
+    return (now if now is not None else time.time()) - datetime.fromisoformat(run.ended_at).timestamp() < within_s
+
+
+def worth_a_look(run: Run) -> bool:
+    """What a look at its target may change: needs_look, or a failed launch whose run may come up late."""
+    return needs_look(run) or may_start_late(run)
+
+
 def look_due(run: Run, *, recheck: bool = False, now: float | None = None, every_s: float = LOST_RECHECK_S) -> bool:
     """Whether `dfo runs` looks at `run` now: an active row always, but a start never settled (start_unsettled)
     only when it was never tried, or last tried (checked_at) `every_s` or more ago: its target may be gone, and
-    each try can cost a timeout (`recheck`, `dfo runs --recheck`: looks anyway)."""
+    each try can cost a timeout (`recheck`, `dfo runs --recheck`: looks anyway, and for a launch marked failed
+    within LATE_START_S too: may_start_late)."""
     if not needs_look(run):
-        return False
+        return recheck and may_start_late(run, within_s=LATE_START_S, now=now)
     if recheck or not run.checked_at or not start_unsettled(run):
         return True
     return (now if now is not None else time.time()) - datetime.fromisoformat(run.checked_at).timestamp() >= every_s
@@ -720,7 +741,7 @@ def resolve_launch(target: Target, store: Store, run: Run, *, grace_s: float = S
     adopted (`running`, with its PID; or its end, read from its exit file), or with none found the run marked
     `failed` and the secrets file and empty log its start may have made removed. A start never seen answered
     is looked for every LOOK_POLL_S until its grace (start_grace_left) is over before it is marked failed."""
-    if not needs_look(run):
+    if not worth_a_look(run):
         return run
     [settled] = look(target, store, [run], grace_s=grace_s) or [run]
     while (left := start_grace_left(settled, grace_s)) > 0:
@@ -889,10 +910,12 @@ def look_script(runs: Sequence[Run]) -> str:
         if run.pid is not None:
             lines.append(f'echo "@{index} stat=$(cat /proc/{int(run.pid)}/stat 2>/dev/null)"')
             continue
-        # the wrapper itself (`sh -c 'trap "true" TERM; ...'`), not the launch script that started it
+        # the wrapper itself (`sh -c 'trap "true" TERM; ...'`), not the launch script that started it; for a
+        # launch marked failed (its empty log removed), only once a late start has made its log again
         needle = shlex.quote(WRAPPER_HEAD) + "*" + shlex.quote(run.exit_path)
+        late = f"[ -e {shlex.quote(run.log_path)} ] && " if run.state == RunState.FAILED else ""
         lines.append(
-            f"for d in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in *{needle}*) "
+            f"{late}for d in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in *{needle}*) "
             f'read -r st < $d/stat 2>/dev/null || continue; set -- ${{st##*) }}; '
             f'[ "$4" = "${{d#/proc/}}" ] && [ "$4" != "$$" ] && echo "@{index} found=${{d#/proc/}} $st";; esac; done'
         )
@@ -923,14 +946,16 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> 
     if run.pid is None:  # a launch dfo died in: adopt the process it started, or call the launch failed
         if seen.get("found"):
             pid, _, stat = seen["found"].partition(" ")
-            store.add_event(run.name, "launch_resolved", {"pid": int(pid), "how": "found by its exit file path"})
+            how = "found by its exit file path" + (" after it was marked failed: it started after its start grace"
+                                                   if run.state == RunState.FAILED else "")
+            store.add_event(run.name, "launch_resolved", {"pid": int(pid), "how": how})
             run = store.update_run(run.name, state=RunState.RUNNING, pid=int(pid), proc_starttime=proc_starttime(stat),
                                    started_at=run.started_at or utc_now(), ended_at=None, owner=None)
             return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked")
         if exit_text.strip():
             return _record_end(store, run, exit_text, "ended before dfo looked (its launch was not recorded to the end)")
-        if start_grace_left(run, grace_s) > 0:
-            return run  # a slow start may bring it up yet: not judged until its grace is over
+        if run.state == RunState.FAILED or start_grace_left(run, grace_s) > 0:
+            return run  # a slow start may bring it up yet: not judged until its grace is over (or again, failed)
         return mark_failed(store, run.name, "its start got no answer; no process found" if run.state == RunState.LOST
                            else "the dfo launching it went away before the start; no process found")
     stat = seen.get("stat", "")

@@ -43,7 +43,7 @@ from .logfmt import EventRecord, MalformedLine, StepRecord, make_parser, parse_t
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
-from .runs import needs_look, resolve_launch
+from .runs import resolve_launch, worth_a_look
 from .states import RunState
 from .store import Run, Store, utc_now
 
@@ -201,7 +201,7 @@ class Watcher:
                 return self.watched[name]
             run = self.store.get_run(name)
             observer = self._observer_for(run.target)  # first: a target out of reach registers nothing
-            if needs_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a start it
+            if worth_a_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a start it
                 # never saw answered: found first (within its grace a slow start is waited for; followed
                 # without a PID, "no process, no exit file" would read as a crash)
                 run = resolve_launch(self.connections.container(run.target), self.store, run,

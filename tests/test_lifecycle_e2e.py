@@ -593,6 +593,27 @@ def test_dfo_stop_right_after_a_start_that_got_no_answer_waits_for_the_run_and_s
     assert time.monotonic() - started >= 1.5 and lab.runs()["never"]["state"] == "failed"
 
 
+def test_a_start_that_shows_only_after_its_grace_is_adopted_by_the_next_look_and_stopped_by_dfo_stop(lab: Lab) -> None:
+    # the start script waits 8 s before it starts the run; dfo gives up on its answer after 1 s, and its grace is
+    # made over at once (as on a machine slower than watch.start_grace_s): marked failed, then the run comes up.
+    # Before, it ran on untracked: `dfo runs --recheck` did not look, `dfo stop` said it never started
+    launched = lab.dfo("launch", "--host", "ct_a", "--variant", "gated", "--name", "late", "--no-preflight",
+                       DFO_TEST_SLOW_START="late:8")
+    assert launched.returncode == 1, launched.stderr
+    with lab.store() as store:
+        store.update_run("late", ended_at=format_ts(time.time() - START_GRACE_S - 1))
+    assert json.loads(lab.dfo("runs", "late", "--json", inventory=False).stdout)["state"] == "failed"
+    wait_for(lambda: GATE in lab.container.attach("ps", "-eo", "args").stdout, timeout=30, what="the late start")
+    again = lab.dfo("runs", "--recheck", "--json", inventory=False)
+    [row] = [row for row in json.loads(again.stdout) if row["name"] == "late"]
+    assert row["state"] == "running" and row["pid"] is not None, again.stderr
+    assert ("note: late was marked failed (nothing of it showed within watch.start_grace_s) but its run started "
+            f"after all: now running, PID {row['pid']}; `dfo stop late` stops it") in " ".join(again.stderr.split())
+    stopped = lab.dfo("stop", "late", "--grace", "5", "--json", inventory=False)
+    assert (json.loads(stopped.stdout)["state"], json.loads(stopped.stdout)["signal"]) == ("stopped", "TERM")
+    assert GATE not in lab.container.attach("ps", "-eo", "args").stdout  # nothing of it left running
+
+
 def test_a_batch_adopts_a_successor_whose_slow_start_shows_within_its_grace_instead_of_launching_another(
         lab: Lab, tmp_path: Path) -> None:
     experiments = tmp_path / "slow.yaml"

@@ -328,6 +328,12 @@ def _refresh(store: Store, runs: list[Run], given: Optional[Path], recheck: bool
         problems = refresh(store, runs, connections_for, recheck=recheck)
     for target, why in problems.items():
         _warn(f"note: could not look at {target} ({why}); its runs show their last recorded state")
+    for run in filter(runs_lib.may_start_late, runs):  # marked failed, yet its run came up after all: said loudly
+        now = store.get_run(run.name)
+        if now.state != RunState.FAILED:
+            _warn(f"note: {run.name} was marked failed (nothing of it showed within watch.start_grace_s) but its run "
+                  f"started after all: now {now.state}" + (f", PID {now.pid}; `dfo stop {run.name}` stops it"
+                                                            if now.active else f", exit code {_text(now.exit_code)}"))
 
 
 RUN_COLUMNS = ("name", "target", "variant", "state", "started", "PID", "decision")
@@ -457,7 +463,7 @@ def stop_command(
         stopped = None
         with Connections(inv) as connections:
             target = connections.container(run.target)
-            if runs_lib.needs_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a
+            if runs_lib.worth_a_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a
                 run = _look_for_start(target, store, run, inv.watch.start_grace_s)  # start never seen answered
                 stopped = None if run.active else runs_lib.Stopped(run, None)  # it ended, or never started
             stopped = stopped or runs_lib.stop(target, store, name, grace_s=grace)
@@ -492,7 +498,7 @@ def _stop_nodes(store: Store, name: str, grace: float, inventory: Optional[Path]
     inv = _inventory_of(store.get_run(nodes[0]), inventory)
     with Connections(inv) as connections:
         for node in map(store.get_run, nodes):  # a node whose start got no answer may be coming up: waited for
-            if runs_lib.needs_look(node) and node.pid is None:
+            if runs_lib.worth_a_look(node) and node.pid is None:
                 try:
                     _look_for_start(connections.container(node.target), store, node, inv.watch.start_grace_s)
                 except DfoError as exc:  # out of reach: it stays `lost`, the other nodes are stopped all the same
