@@ -45,9 +45,9 @@ FOLLOW_DRAIN_S = 1.5  # then how long tail gets to print the last lines (it poll
 LOG_EXISTS_EXIT = 17
 KILL_SETTLE_S = 10.0
 LOST_RECHECK_S = 300.0
+"""`dfo runs` looks for a run whose start got no answer (`lost` without a PID) at most this often (look_due)."""
 LATE_START_S = 3600.0
 """How long after a launch was marked failed `dfo runs` still looks for its run coming up late (may_start_late)."""
-"""`dfo runs` looks for a run whose start got no answer (`lost` without a PID) at most this often (look_due)."""
 STOP_PROBE_TIMEOUT = 20.0
 STOP_MARGIN_S = 2 * KILL_SETTLE_S + 2 * STOP_PROBE_TIMEOUT
 """A stop's remote calls end within grace + STOP_MARGIN_S (a wedged target gives CommandTimeout, not a hang)."""
@@ -911,7 +911,7 @@ def look_script(runs: Sequence[Run]) -> str:
             lines.append(f'echo "@{index} stat=$(cat /proc/{int(run.pid)}/stat 2>/dev/null)"')
             continue
         # the wrapper itself (`sh -c 'trap "true" TERM; ...'`), not the launch script that started it; for a
-        # launch marked failed (its empty log removed), only once a late start has made its log again
+        # launch marked failed, only while its log exists (an empty one is removed; a late start makes it again)
         needle = shlex.quote(WRAPPER_HEAD) + "*" + shlex.quote(run.exit_path)
         late = f"[ -e {shlex.quote(run.log_path)} ] && " if run.state == RunState.FAILED else ""
         lines.append(

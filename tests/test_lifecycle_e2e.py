@@ -603,10 +603,16 @@ def test_a_start_that_shows_only_after_its_grace_is_adopted_by_the_next_look_and
     with lab.store() as store:
         store.update_run("late", ended_at=format_ts(time.time() - START_GRACE_S - 1))
     assert json.loads(lab.dfo("runs", "late", "--json", inventory=False).stdout)["state"] == "failed"
-    wait_for(lambda: GATE in lab.container.attach("ps", "-eo", "args").stdout, timeout=30, what="the late start")
-    again = lab.dfo("runs", "--recheck", "--json", inventory=False)
+    looks = []
+
+    def adopted() -> bool:  # looked for again until the start script (8 s) has started it
+        looks.append(lab.dfo("runs", "--recheck", "--json", inventory=False))
+        return [row["state"] for row in json.loads(looks[-1].stdout) if row["name"] == "late"] == ["running"]
+
+    wait_for(adopted, timeout=60, what="the late start adopted")
+    again = looks[-1]
     [row] = [row for row in json.loads(again.stdout) if row["name"] == "late"]
-    assert row["state"] == "running" and row["pid"] is not None, again.stderr
+    assert row["pid"] is not None, again.stderr
     assert ("note: late was marked failed (nothing of it showed within watch.start_grace_s) but its run started "
             f"after all: now running, PID {row['pid']}; `dfo stop late` stops it") in " ".join(again.stderr.split())
     stopped = lab.dfo("stop", "late", "--grace", "5", "--json", inventory=False)
