@@ -30,14 +30,15 @@ def test_version_prints_the_installed_version():
 
 
 def test_help_placeholders_are_words_not_python_types():
+    helps = {}
     for command in COMMANDS:
         shown = dfo(*command.split(), "--help", COLUMNS="200")
         assert shown.returncode == 0, (command, shown.stderr)
         assert not re.search(r"<(bool|str|int|float|list\[|path|float range|int range)", shown.stdout), (command, shown.stdout)
-    watch = dfo("watch", "--help", COLUMNS="200").stdout
-    assert re.search(r"--interval\s+SECONDS", watch) and "Usage: dfo watch [OPTIONS] [NAME]..." in watch
-    assert re.search(r"--variant\s+VARIANT", dfo("launch", "--help", COLUMNS="200").stdout)
-    assert re.search(r"--lines\s+-n\s+N\b", dfo("logs", "--help", COLUMNS="200").stdout)
+        helps[command] = shown.stdout
+    assert re.search(r"--interval\s+SECONDS", helps["watch"]) and "Usage: dfo watch [OPTIONS] [NAME]..." in helps["watch"]
+    assert re.search(r"--variant\s+VARIANT", helps["launch"])
+    assert re.search(r"--lines\s+-n\s+N\b", helps["logs"])
 
 
 def complete(words: str, **env: str) -> list[str]:
