@@ -2,10 +2,14 @@
 # dfo's test command (the README's): on a fresh Debian machine with Python 3.11 it installs what the tests
 # need (openssh-server, lxc, busybox-static, iproute2; service starts blocked while installing), makes
 # .venv, installs torch==2.13.0 and dfo with its trainer and dev extras, then runs pytest.
-# Idempotent and quick on a second run: each step checks first. Arguments go to pytest.
+# Idempotent and quick on a second run: each step checks first. Arguments go to pytest, after
+# `-n $DFO_TEST_WORKERS --dist loadgroup` (pytest-xdist; default 2 workers: much of the suite's time is spent
+# waiting on sshd, containers and watch leases, which a second worker overlaps; tests/conftest.py keeps the
+# trainer-running test files on one worker; `-n 0` among the arguments runs it in one process).
 # Exit status: pytest's (or the failing set-up step's).
 # Environment: PYTHON (interpreter for the venv, default python3.11 or python3),
-#              TORCH_PIP_ARGS (extra pip arguments for torch, e.g. an --index-url of CPU wheels).
+#              TORCH_PIP_ARGS (extra pip arguments for torch, e.g. an --index-url of CPU wheels),
+#              DFO_TEST_WORKERS (pytest-xdist workers, default 2).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -80,7 +84,7 @@ main() {
     as_root mkdir -p /run/sshd
     make_venv
     install_python_packages
-    exec "$VENV/bin/python" -m pytest "$@"
+    exec "$VENV/bin/python" -m pytest -n "${DFO_TEST_WORKERS:-2}" --dist loadgroup "$@"
 }
 
 main "$@"
