@@ -251,6 +251,10 @@ def test_the_cleanup_of_leftover_runs_kills_a_live_run_and_spares_a_process_that
     ended = launch(LocalTarget("here"), spec(workspace, "true"), store, name="ended").run
     wait_for(lambda: alive(live.pid), what="run start")
     wait_for(Path(ended.exit_path).exists, what="run end")
+    # a PID really reused is by a process started long after (the kernel cycles through every free PID
+    # first); the identity is the start time in clock ticks (10 ms), so the stand-in starts a few ticks later
+    # than `ended` did: right after the launch it could share its tick and pass for it
+    time.sleep(0.05)
     stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)  # leads its own group, as sshd's connections do
     try:
         # the registry still calls `ended` running and the kernel gave its PID to `stranger`; a row without a
