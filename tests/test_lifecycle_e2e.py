@@ -634,9 +634,14 @@ def test_a_batch_adopts_a_successor_whose_slow_start_shows_within_its_grace_inst
     assert (cell["state"], cell["runs"]) == ("done", [root, successor]), cell
     runs = lab.runs()
     assert list(runs) == [root, successor] and runs[successor]["state"] == "exited"  # adopted, none beside it
+    # adopted within its grace, never marked failed: its process found by its exit file path, or (this run lasts
+    # about a second, so under load it may end between two looks) its end read from its exit file
     with lab.store() as store:
-        assert [event["data"]["how"] for event in store.events(successor, kind="launch_resolved")] == [
-            "found by its exit file path"]
+        [gave_up, resolved, *_] = store.events(successor)
+    assert gave_up["kind"] == "launch_failed" and "no start within" in gave_up["data"]["error"], gave_up
+    assert (resolved["kind"], resolved["data"].get("how") or resolved["data"].get("why")) in {
+        ("launch_resolved", "found by its exit file path"),
+        ("ended", "ended before dfo looked (its launch was not recorded to the end)")}, resolved
     logs = sorted(path.name for path in lab.container.path("/workspace/logs").glob("sl.*.log"))
     assert logs == sorted([f"{root}.log", f"{successor}.log"])
 
