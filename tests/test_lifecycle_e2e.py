@@ -55,7 +55,14 @@ class Lab:
 
     def dfo(self, *args: str, timeout: float = 120, inventory: bool = True, **env: str) -> subprocess.CompletedProcess:
         argv = [DFO, *args, *(["-i", str(self.inventory)] if inventory else [])]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env(**env))
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env(**env))
+        except subprocess.TimeoutExpired as exc:  # say where it was: a flake under load is otherwise mute
+            said = b"".join(part for part in (exc.stdout, exc.stderr) if isinstance(part, bytes)).decode(errors="replace")
+            with self.store() as store:
+                events = [(event["at"], event["run"], event["kind"], event["data"]) for event in store.events()[-15:]]
+            raise AssertionError(f"dfo {' '.join(args)} ran past {timeout:g} s; it said: {said[-2000:]!r}; "
+                                 f"the registry's last events: {events}") from exc
 
     def popen(self, *args: str, **env: str) -> subprocess.Popen:
         return subprocess.Popen([DFO, *args, "-i", str(self.inventory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
