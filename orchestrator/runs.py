@@ -944,16 +944,17 @@ def look(target: Target, store: Store, runs: Sequence[Run], *, timeout: float = 
 def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> Run:
     exit_text = seen.get("exit", "")
     if run.pid is None:  # a launch dfo died in: adopt the process it started, or call the launch failed
+        late = " after it was marked failed: it started after its start grace" if run.state == RunState.FAILED else ""
         if seen.get("found"):
             pid, _, stat = seen["found"].partition(" ")
-            how = "found by its exit file path" + (" after it was marked failed: it started after its start grace"
-                                                   if run.state == RunState.FAILED else "")
-            store.add_event(run.name, "launch_resolved", {"pid": int(pid), "how": how})
+            store.add_event(run.name, "launch_resolved", {"pid": int(pid), "how": "found by its exit file path" + late})
             run = store.update_run(run.name, state=RunState.RUNNING, pid=int(pid), proc_starttime=proc_starttime(stat),
                                    started_at=run.started_at or utc_now(), ended_at=None, owner=None)
             return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked")
-        if exit_text.strip():
-            return _record_end(store, run, exit_text, "ended before dfo looked (its launch was not recorded to the end)")
+        if exit_text.strip():  # it started and ended before anyone looked: resolved as a late start is, then its end
+            store.add_event(run.name, "launch_resolved", {"pid": None, "how": "found ended by its exit file" + late})
+            run = store.update_run(run.name, owner=None)
+            return _record_end(store, run, exit_text, "ended before dfo looked")
         if run.state == RunState.FAILED or start_grace_left(run, grace_s) > 0:
             return run  # a slow start may bring it up yet: not judged until its grace is over (or again, failed)
         return mark_failed(store, run.name, "its start got no answer; no process found" if run.state == RunState.LOST

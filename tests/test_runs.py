@@ -11,6 +11,7 @@ import io
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -575,3 +576,23 @@ def test_the_grace_period_is_time_not_a_count_of_polls(store, workspace):
     result = stop(SlowPolls("here"), store, "slowpoll", grace_s=2)
     assert result.signal == "KILL" and not alive(run.pid)
     assert time.monotonic() - started < 9  # 2 s of grace, not 2 s worth of polls (10 polls of 1.2 s = 12 s)
+
+
+@pytest.mark.parametrize("state", ["lost", "launching"])
+def test_a_start_never_seen_answered_whose_run_ended_before_a_look_is_resolved_then_ended(store, workspace, state):
+    # the start's answer never came back (lost), or the launching dfo died before recording it (launching, its
+    # launcher gone), and the run came and went before anyone looked: a `launch_resolved` event, as for a start
+    # found running, then its end; it used to be one `ended` event, "its launch was not recorded to the end"
+    from orchestrator.runs import look
+
+    run = launch(LocalTarget("here"), spec(workspace, "exit 3"), store, name="brief").run
+    wait_for(lambda: Path(run.exit_path).exists() and Path(run.exit_path).read_text().strip(), what="run end")
+    gone_dfo = subprocess.Popen(["true"])
+    gone_dfo.wait()  # the launching dfo, gone
+    store.update_run("brief", state=state, pid=None, proc_starttime=None, started_at=None,
+                     ended_at=run.started_at, owner=f"{socket.gethostname()}:{gone_dfo.pid}")
+    [looked] = look(LocalTarget("here"), store, [store.get_run("brief")])
+    assert (looked.state, looked.exit_code) == ("crashed", 3)
+    resolved, ended = store.events("brief")[-2:]
+    assert (resolved["kind"], resolved["data"]) == ("launch_resolved", {"pid": None, "how": "found ended by its exit file"})
+    assert (ended["kind"], ended["data"]["why"]) == ("ended", "ended before dfo looked")
