@@ -8,6 +8,18 @@
     python3 bench/gpu_probe.py --out $OUT --part optimizer    # the optimizer step alone: as today, AdamW
         # alone, the clipping folded into the fused AdamW, and autocast's bf16 weight copies (~1 min)
 
+Kernel-structure A/Bs (issue 16), each in ONE process at the real shapes (batch 2), bf16, compiled as the
+trainer compiles, 8 timed steps; all of them on one H200 (~4-6 min, each part cold in its own process):
+    OUT=$OUT bash bench/gpu_probe.sh variants
+    python3 bench/gpu_probe.py --out $OUT --part target-variants   # one target layer, then the whole forward
+        # (34 layers): today | q/k/v and gate/up fused | + rope without the fp32 round trip | SDPA forced to
+        # flash | cuDNN | cuDNN with k/v repeated | mode=max-autotune-no-cudagraphs (its compile seconds)
+    python3 bench/gpu_probe.py --out $OUT --part head-variants     # HeadLoss at loss_chunk 1024..8192
+    python3 bench/gpu_probe.py --out $OUT --part drafter-variants  # one drafter layer fwd+bwd: today | k/v and
+        # gate/up fused (fp32 parameters concatenated inside the compiled region) | q/k/v fused on the block
+--variants NAME,... picks variants; a CPU dry run: --preset tiny-cpu (the same lines, CUDA-only variants
+as error lines). Each variant line carries rel_err against `today` (0.004 is one bf16 rounding).
+
 Each part prints (and appends to OUT/probe.jsonl as it goes) the seconds of its first call (compilation
 included), the steady milliseconds per step (CUDA-synchronised, median of --steps), the compile phases
 from torch._dynamo.utils.compile_times(), and the top CUDA kernels of a short torch.profiler trace.
@@ -17,6 +29,7 @@ Model FLOPs per sample come from trainer/flops.py, so each component's share of 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -24,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from trainer.compile import COMPILE_KWARGS
 from trainer.config import preset, tap_layers
 from trainer.data import build_source
 from trainer.flops import flops_per_sample
@@ -132,39 +146,58 @@ def probe_drafter(args, cfg, out: Path) -> None:
     emit(out, part="drafter", mode=args.mode, strategy=args.strategy, kernels=top_kernels(step, rows=args.rows))
 
 
+def drafter_layer_inputs(cfg, device: str):
+    """A seeded drafter and the inputs of one of its layers at the preset's shapes, as the trainer feeds them:
+    (x, context, rope_q, rope_kv, mask), the block stream and the fused context in bf16, both needing their
+    gradients; the FlexAttention BlockMask on CUDA, the dense SDPA mask on the CPU."""
+    from trainer.model import BlockLayout, Drafter, FlexMaskBuilder, dense_mask
+
+    b, seq, hidden = cfg.data.batch, cfg.data.seq_len, cfg.target.hidden
+    _, anchors = build_source(cfg).batch(0, 0)
+    layout = BlockLayout(anchors.to(device), cfg.drafter.block_size, seq)
+    torch.manual_seed(0)
+    with torch.device(device):
+        drafter = Drafter(cfg.target, cfg.drafter)
+    mask = FlexMaskBuilder()(layout) if device != "cpu" else dense_mask(layout)
+    x = torch.randn(b, cfg.drafter.anchors * cfg.drafter.block_size, hidden, device=device, dtype=torch.bfloat16,
+                    requires_grad=True)  # (b, A*B, H)
+    context = torch.randn(b, seq, hidden, device=device, dtype=torch.bfloat16, requires_grad=True)  # (b, T, H)
+    block_pos = layout.positions()  # (b, A*B)
+    ctx_pos = torch.arange(seq, device=device).expand(b, -1)  # (b, T)
+    rope_q, rope_kv = drafter.rotary(block_pos), drafter.rotary(torch.cat((ctx_pos, block_pos), dim=1))
+    return drafter, (x, context, rope_q, rope_kv, mask)
+
+
+def head_inputs(cfg, device: str):
+    """The frozen bf16 head and the head loss's inputs at the preset's shapes: (head, predicted (N, H) fp32
+    needing its gradient, labels (N,), row weights (N,) summing to 1)."""
+    rows = cfg.data.batch * cfg.drafter.anchors * (cfg.drafter.block_size - 1)
+    torch.manual_seed(0)
+    head = torch.nn.Linear(cfg.target.hidden, cfg.target.vocab_size, bias=False, device=device, dtype=torch.bfloat16)
+    torch.nn.init.normal_(head.weight, std=cfg.target.init_std)
+    predicted = torch.randn(rows, cfg.target.hidden, device=device, requires_grad=True)
+    labels = torch.randint(0, cfg.target.vocab_size, (rows,), device=device)
+    weights = torch.rand(rows, device=device)
+    return head, predicted, labels, weights / weights.sum()
+
+
 def probe_region(args, cfg, out: Path) -> None:
     """Compile one region alone (forward + backward, bf16 autocast): a drafter layer with its FlexAttention
     mask, or the head loss; first call = its compile."""
-    from trainer.model import BlockLayout, Drafter, FlexMaskBuilder, HeadLoss
+    from trainer.model import HeadLoss
 
-    device, b, seq = "cuda:0", cfg.data.batch, cfg.data.seq_len
-    hidden, block, anchors_n = cfg.target.hidden, cfg.drafter.block_size, cfg.drafter.anchors
-    torch.manual_seed(0)
-    _, anchors = build_source(cfg).batch(0, 0)
-    layout = BlockLayout(anchors.to(device), block, seq)
     if args.part == "layer":
-        with torch.device(device):
-            drafter = Drafter(cfg.target, cfg.drafter)
+        drafter, inputs = drafter_layer_inputs(cfg, "cuda:0")
         layer = drafter.layers[0]
-        mask = FlexMaskBuilder()(layout)
-        x = torch.randn(b, anchors_n * block, hidden, device=device, requires_grad=True)
-        context = torch.randn(b, seq, hidden, device=device)
-        block_pos = layout.positions()
-        ctx_pos = torch.arange(seq, device=device).expand(b, -1)
-        rope_q, rope_kv = drafter.rotary(block_pos), drafter.rotary(torch.cat((ctx_pos, block_pos), dim=1))
         layer.compile(dynamic=False, options={"triton.cudagraphs": False})
 
         def call() -> None:
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                out_ = layer(x, context, rope_q, rope_kv, mask)
+                out_ = layer(*inputs)
             out_.float().pow(2).mean().backward()
     else:
-        head = torch.nn.Linear(hidden, cfg.target.vocab_size, bias=False, device=device, dtype=torch.bfloat16)
+        head, predicted, labels, weights = head_inputs(cfg, "cuda:0")
         loss_fn = HeadLoss(head, cfg.drafter.loss_chunk)
-        rows = b * anchors_n * (block - 1)
-        predicted = torch.randn(rows, hidden, device=device, requires_grad=True)
-        labels = torch.randint(0, cfg.target.vocab_size, (rows,), device=device)
-        weights = torch.full((rows,), 1.0 / rows, device=device)
         loss_fn.compile(dynamic=False, options={"triton.cudagraphs": False})
 
         def call() -> None:
@@ -275,24 +308,320 @@ def probe_optimizer(args, cfg, out: Path) -> None:
         emit(out, part="optimizer", variant=name, ms=round(ms, 2))
 
 
+# ------------------------------------------------------------------ kernel-structure A/B variants (issue 16)
+
+
+def probe_device() -> str:
+    """cuda:0, or the CPU for a dry run of the script (--preset tiny-cpu)."""
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def first_and_steady(fn, steps: int) -> tuple[float, float, list[float]]:
+    """Seconds of the first call (its compile included), then the median ms of `steps` timed calls (the first
+    two of them dropped as warm-up) and the spread of the kept ones."""
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    first = time.perf_counter() - start
+    times = timed(fn, steps + 2)[2:]
+    return first, statistics.median(times), [round(min(times), 2), round(max(times), 2)]
+
+
+def rel_err(value: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |value - reference| / max |reference|: 0.4% is one bf16 rounding of the largest element."""
+    value, reference = value.detach().float(), reference.detach().float()
+    return round(float((value - reference).abs().max() / reference.abs().max().clamp_min(1e-30)), 5)
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost error of a compile failure (dynamo wraps the backend's own message in its explanation)."""
+    while (exc.__cause__ or exc.__context__) is not None:
+        exc = exc.__cause__ or exc.__context__
+    text = str(exc).strip()
+    if "got " in text:  # "Dynamo failed to run FX node with fake tensors: call_function ...: got RuntimeError(...)"
+        text = text[text.index("got ") + 4:].split("\n")[0]
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def reset_peak() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gb() -> float:
+    return round(torch.cuda.max_memory_allocated() / 1e9, 1) if torch.cuda.is_available() else 0.0
+
+
+def cuda_kernels(fn, rows: int = 6) -> list[tuple[str, float]]:
+    """The top CUDA kernels of `fn` (names say which SDPA backend ran); none on the CPU."""
+    if not torch.cuda.is_available():
+        return []
+    return [(name, round(ms, 3)) for name, ms in top_kernels(fn, steps=2, rows=rows)]
+
+
+def apply_rope_bf16(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rope without its fp32 round trip: cos/sin rounded to x's dtype, the rotation in that dtype."""
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]  # (b, 1, L, d/2)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)  # (b, h, L, d/2) each
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)  # (b, h, L, d)
+
+
+class FusedTargetLayer(torch.nn.Module):
+    """A TargetLayer's maths with q/k/v as one matmul and gate/up as one: its weights concatenated once (the
+    target is frozen); norms, o and down shared with the layer it is made from. `rope` and `repeat_kv`
+    (k/v repeated to every query head instead of SDPA's enable_gqa) are the other levers probed."""
+
+    def __init__(self, layer, rope=None, repeat_kv: bool = False) -> None:
+        super().__init__()
+        from trainer.model import apply_rope
+
+        proj, mlp = layer.proj, layer.mlp
+        self.attn_norm, self.mlp_norm, self.q_norm, self.k_norm = layer.attn_norm, layer.mlp_norm, proj.q_norm, proj.k_norm
+        self.o, self.down = proj.o, mlp.down
+        self.heads, self.kv_heads, self.head_dim = proj.heads, proj.kv_heads, proj.head_dim
+        self.qkv = torch.nn.Parameter(torch.cat((proj.q.weight, proj.k.weight, proj.v.weight)), requires_grad=False)
+        self.gate_up = torch.nn.Parameter(torch.cat((mlp.gate.weight, mlp.up.weight)), requires_grad=False)
+        self.split = (proj.q.out_features, proj.k.out_features, proj.v.out_features)
+        self.rope = rope or apply_rope
+        self.repeat_kv = repeat_kv
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, length, _ = x.shape
+        q, k, v = torch.nn.functional.linear(self.attn_norm(x), self.qkv).split(self.split, dim=-1)  # (b, T, *)
+        q = self.q_norm(q.view(b, length, self.heads, self.head_dim)).transpose(1, 2)  # (b, h, T, d)
+        k = self.k_norm(k.view(b, length, self.kv_heads, self.head_dim)).transpose(1, 2)  # (b, kv, T, d)
+        v = v.view(b, length, self.kv_heads, self.head_dim).transpose(1, 2)  # (b, kv, T, d)
+        q, k = self.rope(q, cos, sin), self.rope(k, cos, sin)
+        if self.repeat_kv:
+            groups = self.heads // self.kv_heads
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (b, h, T, d)
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                enable_gqa=not self.repeat_kv)  # (b, h, T, d)
+        x = x + self.o(attn.transpose(1, 2).reshape(b, length, -1))  # (b, T, H)
+        gate, up = torch.nn.functional.linear(self.mlp_norm(x), self.gate_up).chunk(2, dim=-1)  # (b, T, I) each
+        return x + self.down(torch.nn.functional.silu(gate) * up)
+
+
+def sdpa_backend(name: str):
+    """A context forcing one SDPA backend (flash | cudnn | efficient), or none for the default choice. It is
+    entered around the first (compiling) call too: the backend is chosen when the graph is traced."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    return sdpa_kernel(backends[name]) if name else contextlib.nullcontext()
+
+
+# name -> (fused q/k/v + gate/up, rope without the fp32 round trip, SDPA backend forced, k/v repeated, compile)
+TARGET_VARIANTS: dict[str, tuple[bool, bool, str, bool, dict]] = {
+    "today": (False, False, "", False, COMPILE_KWARGS["nographs"]),
+    "fused": (True, False, "", False, COMPILE_KWARGS["nographs"]),
+    "rope-bf16": (True, True, "", False, COMPILE_KWARGS["nographs"]),
+    "flash": (False, False, "flash", False, COMPILE_KWARGS["nographs"]),
+    "cudnn": (False, False, "cudnn", False, COMPILE_KWARGS["nographs"]),
+    "cudnn-repeat-kv": (True, False, "cudnn", True, COMPILE_KWARGS["nographs"]),
+    "max-autotune": (False, False, "", False, {"mode": "max-autotune-no-cudagraphs", "dynamic": False}),
+    "fused-max-autotune": (True, False, "", False, {"mode": "max-autotune-no-cudagraphs", "dynamic": False}),
+}
+
+
+def probe_target_variants(args, cfg, out: Path) -> None:
+    """One target layer, then the whole forward up to the last tap, per variant: bf16 weights, no grad, each
+    compiled as compile_target compiles (or as the variant says), in this one process. rope-bf16 is applied
+    on top of `fused` (compare it with `fused`); cudnn-repeat-kv too, in case cuDNN refuses enable_gqa.
+    rel_err is against `today`'s output (layer) or features (forward)."""
+    device, b, seq = probe_device(), cfg.data.batch, cfg.data.seq_len
+    target = build_target(cfg, device).to(torch.bfloat16)
+    tokens, _ = build_source(cfg).batch(0, 0)
+    tokens = tokens.to(device)
+    layers = list(target.layers)
+    layer_flops = flops_per_sample(cfg)["target"] / len(layers) * b
+    torch.manual_seed(0)
+    x = torch.randn(b, seq, cfg.target.hidden, device=device, dtype=torch.bfloat16)
+    cos, sin = target.rotary(torch.arange(seq, device=device))  # (T, d/2) each
+    reference: dict[str, torch.Tensor] = {}
+    for name in args.variants or TARGET_VARIANTS:
+        fused, rope16, backend, repeat_kv, kwargs = TARGET_VARIANTS[name]
+        torch._dynamo.reset()
+        variant = [FusedTargetLayer(layer, apply_rope_bf16 if rope16 else None, repeat_kv) if fused
+                   else copy.copy(layer) for layer in layers]  # shallow copies: each its own compiled wrapper
+        variant[0].compile(**kwargs)
+        try:
+            with torch.no_grad(), sdpa_backend(backend):
+                first, ms, spread = first_and_steady(lambda: variant[0](x, cos, sin), args.steps)
+                out_ = variant[0](x, cos, sin)
+                kernels = cuda_kernels(lambda: variant[0](x, cos, sin))
+        except Exception as exc:  # noqa: BLE001 - a backend that refuses these shapes is a result
+            emit(out, part="target-variants", variant=name, scope="layer", error=root_cause(exc))
+            continue
+        reference.setdefault("layer", out_)
+        emit(out, part="target-variants", variant=name, scope="layer", first_s=round(first, 1), ms=round(ms, 3),
+             spread_ms=spread, tflops=round(layer_flops / ms / 1e9, 1), mfu=round(layer_flops / (ms / 1e3) / PEAK, 3),
+             rel_err=rel_err(out_, reference["layer"]), kernels=kernels)
+        if not args.whole:
+            continue
+        for layer in variant[1:]:
+            layer.compile(**kwargs)  # the same code: the first layer's graph serves them all
+        target.layers = torch.nn.ModuleList(variant)
+        with torch.no_grad(), sdpa_backend(backend):
+            first, ms, spread = first_and_steady(lambda: target.features(tokens), args.steps)
+            features = target.features(tokens)
+        target.layers = torch.nn.ModuleList(layers)
+        reference.setdefault("forward", features)
+        emit(out, part="target-variants", variant=name, scope=f"forward-{len(layers)}", first_s=round(first, 1),
+             ms=round(ms, 2), spread_ms=spread, mfu=round(layer_flops * len(layers) / (ms / 1e3) / PEAK, 3),
+             rel_err=rel_err(features, reference["forward"]), peak_gb=peak_gb())
+        del variant, features
+
+
+def probe_head_variants(args, cfg, out: Path) -> None:
+    """The head loss (HeadLoss, compiled as compile scope `layers` compiles it under nographs) at each
+    drafter.loss_chunk of --chunks, forward + backward, in one process; rel_err of the loss and of the input
+    gradient against the first chunk size."""
+    from trainer.model import HeadLoss
+
+    device = probe_device()
+    flops = flops_per_sample(cfg)["head"] * cfg.data.batch
+    head, predicted, labels, weights = head_inputs(cfg, device)
+    reference = None
+    for chunk in args.chunks:
+        torch._dynamo.reset()
+        loss_fn = HeadLoss(head, chunk)
+        loss_fn.compile(**COMPILE_KWARGS["nographs"])
+
+        def call(fn=loss_fn) -> torch.Tensor:
+            predicted.grad = None
+            loss, _ = fn(predicted, labels, weights)
+            loss.backward()
+            return loss
+
+        reset_peak()
+        try:
+            first, ms, spread = first_and_steady(call, args.steps)
+        except torch.OutOfMemoryError as exc:
+            emit(out, part="head-variants", loss_chunk=chunk, error=root_cause(exc))
+            continue
+        loss = call()
+        reference = reference or (loss.detach(), predicted.grad.detach().clone())
+        emit(out, part="head-variants", loss_chunk=chunk, rows=len(labels), first_s=round(first, 1), ms=round(ms, 2),
+             spread_ms=spread, tflops=round(flops / ms / 1e9, 1), mfu=round(flops / (ms / 1e3) / PEAK, 3),
+             peak_gb=peak_gb(), loss_rel_err=rel_err(loss, reference[0]),
+             grad_rel_err=rel_err(predicted.grad, reference[1]))
+
+
+class FusedDrafterLayer(torch.nn.Module):
+    """A DrafterLayer's maths with k/v as one matmul and gate/up as one, its own fp32 parameters concatenated
+    inside the compiled forward (the parameters, their names and the checkpoints stay as they are).
+    `qkv_block`: q/k/v of the block tokens as one matmul and k/v of the context as another, instead of k/v
+    over [context; block]."""
+
+    def __init__(self, layer, qkv_block: bool = False) -> None:
+        super().__init__()
+        self.layer, self.qkv_block = layer, qkv_block
+
+    def forward(self, x, context, rope_q, rope_kv, mask) -> torch.Tensor:
+        from trainer.model import apply_rope, flex_attention
+
+        linear, layer = torch.nn.functional.linear, self.layer
+        proj, mlp = layer.proj, layer.mlp
+        b, queries, _ = x.shape
+        kv_weight = torch.cat((proj.k.weight, proj.v.weight))  # (2*kv*d, H)
+        h = layer.attn_norm(x)  # (b, A*B, H)
+        if self.qkv_block:
+            q, k_block, v_block = linear(h, torch.cat((proj.q.weight, kv_weight))).split(
+                (proj.q.out_features, proj.k.out_features, proj.v.out_features), dim=-1)
+            k_ctx, v_ctx = linear(context, kv_weight).chunk(2, dim=-1)  # (b, T, kv*d) each
+            k, v = torch.cat((k_ctx, k_block), dim=1), torch.cat((v_ctx, v_block), dim=1)  # (b, T+A*B, kv*d)
+            q = q.view(b, queries, proj.heads, proj.head_dim)
+        else:
+            q = proj.q(h).view(b, queries, proj.heads, proj.head_dim)
+            k, v = linear(torch.cat((context, h), dim=1), kv_weight).chunk(2, dim=-1)  # (b, T+A*B, kv*d) each
+        keys = k.shape[1]
+        q = apply_rope(proj.q_norm(q).transpose(1, 2), *rope_q)  # (b, h, A*B, d)
+        k = apply_rope(proj.k_norm(k.view(b, keys, proj.kv_heads, proj.head_dim)).transpose(1, 2), *rope_kv)
+        v = v.view(b, keys, proj.kv_heads, proj.head_dim).transpose(1, 2)  # (b, kv, T+A*B, d)
+        if isinstance(mask, torch.Tensor):
+            attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        else:
+            attn = flex_attention(q, k, v, mask)  # (b, h, A*B, d)
+        x = x + proj.output(attn)
+        gate, up = linear(layer.mlp_norm(x), torch.cat((mlp.gate.weight, mlp.up.weight))).chunk(2, dim=-1)
+        return x + mlp.down(torch.nn.functional.silu(gate) * up)
+
+
+def probe_drafter_variants(args, cfg, out: Path) -> None:
+    """One drafter layer forward + backward under bf16 autocast (fp32 parameters, its FlexAttention BlockMask
+    on CUDA, the dense SDPA mask on the CPU), compiled as compile scope `layers` compiles it under nographs:
+    today vs k/v + gate/up fused (concatenated inside the compiled region) vs q/k/v fused on the block. The
+    variants share one layer's parameters; rel_err (against today's) of the output, the gradients of the block
+    stream and of the context, and those of the k and up weights."""
+    device, b = probe_device(), cfg.data.batch
+    with_layers = [copy.deepcopy(cfg) for _ in range(2)]
+    with_layers[0].drafter.layers, with_layers[1].drafter.layers = 1, 0
+    one, none = (flops_per_sample(c)["drafter"] for c in with_layers)
+    flops = (one - none) * b  # forward + backward of one drafter layer, counted by trainer/flops.py
+    drafter, inputs = drafter_layer_inputs(cfg, device)
+    layer, (x, context) = drafter.layers[0], inputs[:2]
+    variants = {"today": lambda: copy.copy(layer), "fused-kv-gateup": lambda: FusedDrafterLayer(layer),
+                "fused-qkv-block": lambda: FusedDrafterLayer(layer, qkv_block=True)}
+    reference = None
+    for name in args.variants or variants:
+        torch._dynamo.reset()
+        module = variants[name]()
+        module.compile(**COMPILE_KWARGS["nographs"])
+
+        def call(fn=module) -> torch.Tensor:
+            x.grad = context.grad = None
+            layer.zero_grad(set_to_none=True)
+            with torch.autocast(device.split(":")[0], dtype=torch.bfloat16):
+                out_ = fn(*inputs)  # (b, A*B, H)
+            out_.float().pow(2).mean().backward()
+            return out_
+
+        reset_peak()
+        first, ms, spread = first_and_steady(call, args.steps)
+        out_ = call()
+        grads = (out_.detach(), x.grad.detach().clone(), context.grad.detach().clone(),
+                 layer.proj.k.weight.grad.detach().clone(), layer.mlp.up.weight.grad.detach().clone())
+        reference = reference or grads
+        emit(out, part="drafter-variants", variant=name, first_s=round(first, 1), ms=round(ms, 3), spread_ms=spread,
+             tflops=round(flops / ms / 1e9, 1), mfu=round(flops / (ms / 1e3) / PEAK, 3), peak_gb=peak_gb(),
+             rel_err=[rel_err(g, r) for g, r in zip(grads, reference)], kernels=cuda_kernels(call))
+
+
+PARTS = {"target": probe_target, "drafter": probe_drafter, "layer": probe_region, "head": probe_region,
+         "attention": probe_attention, "optimizer": probe_optimizer}
+VARIANT_PARTS = {"target-variants": probe_target_variants, "head-variants": probe_head_variants,
+                 "drafter-variants": probe_drafter_variants}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--part", choices=("target", "drafter", "layer", "head", "attention", "optimizer"),
-                        required=True)
+    parser.add_argument("--part", choices=(*PARTS, *VARIANT_PARTS), required=True)
     parser.add_argument("--mode", default="whole", help="drafter: whole | layers (drafter.compile_scope)")
     parser.add_argument("--strategy", default="nographs")
     parser.add_argument("--preset", default="qwen3-8b-shape")
-    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--steps", type=int, help="timed steps (default 15; 8 for the *-variants parts)")
     parser.add_argument("--rows", type=int, default=18, help="kernels listed in the drafter profile")
+    parser.add_argument("--variants", type=lambda text: text.split(","), default=None,
+                        help="target-/drafter-variants: the variants to run, comma-separated (default all)")
+    parser.add_argument("--chunks", type=lambda text: [int(c) for c in text.split(",")], default=[1024, 2048, 4096, 8192],
+                        help="head-variants: the drafter.loss_chunk values, comma-separated")
+    parser.add_argument("--no-whole", dest="whole", action="store_false",
+                        help="target-variants: the one layer only, not the whole forward")
     args = parser.parse_args()
+    args.steps = args.steps or (8 if args.part in VARIANT_PARTS else 15)
     args.out.mkdir(parents=True, exist_ok=True)
     cfg = preset(args.preset)
     emit(args.out, part=args.part, preset=args.preset, taps=tap_layers(cfg.target.layers, cfg.drafter.taps),
          torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
-    parts = {"target": probe_target, "drafter": probe_drafter, "layer": probe_region, "head": probe_region,
-             "attention": probe_attention, "optimizer": probe_optimizer}
-    parts[args.part](args, cfg, args.out)
+    {**PARTS, **VARIANT_PARTS}[args.part](args, cfg, args.out)
 
 
 if __name__ == "__main__":

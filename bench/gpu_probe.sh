@@ -19,6 +19,11 @@
 #                                   then the summary. $SETS (e.g. "data.batch=2") adds --set KEY=VALUE
 #                                   to every run, and $TAG (e.g. "b2") is added to the runs' names;
 #                                   $GPU (default 0) is the GPU the runs take.
+#   bash bench/gpu_probe.sh variants one GPU (nvidia-h200), ~4-6 min: issue 16's kernel-structure A/Bs into
+#                                   $OUT/probe.jsonl, each part cold in a process of its own: target layer and
+#                                   forward variants, the head's loss_chunk, drafter layer variants, then
+#                                   max-autotune of the target layer (its cold compile seconds); at most
+#                                   150+90+90+200 s ($TARGET_S $HEAD_S $DRAFTER_S $AUTOTUNE_S).
 # SIG=KILL ends each run at its time without the trainer's checkpointed stop (~25 s for qwen3-8b-shape).
 # Probe processes get their own inductor cache (cold figures); the scale runs share one, named in rc.txt.
 set -uo pipefail
@@ -84,5 +89,15 @@ cold)
         python3 bench/qwen_summary.py "$OUT"/cold-*.log >"$OUT/summary.md" 2>&1
     done
     cat "$OUT/summary.md" ;;
-*) echo "usage: bash bench/gpu_probe.sh probe|scale|mfu|cold" >&2; exit 2 ;;
+variants)
+    rm -rf /tmp/ind-v-*
+    PROBE=(python3 bench/gpu_probe.py --out "$OUT")
+    run v-target 0 "${TARGET_S:-150}" /tmp/ind-v-target "${PROBE[@]}" --part target-variants \
+        --variants today,fused,rope-bf16,flash,cudnn,cudnn-repeat-kv
+    run v-head 0 "${HEAD_S:-90}" /tmp/ind-v-head "${PROBE[@]}" --part head-variants
+    run v-drafter 0 "${DRAFTER_S:-90}" /tmp/ind-v-drafter "${PROBE[@]}" --part drafter-variants
+    # max-autotune first in its process: its first_s is the cold compile (the 60 s first-step budget)
+    run v-autotune 0 "${AUTOTUNE_S:-200}" /tmp/ind-v-autotune "${PROBE[@]}" --part target-variants \
+        --variants max-autotune,fused-max-autotune ;;
+*) echo "usage: bash bench/gpu_probe.sh probe|scale|mfu|cold|variants" >&2; exit 2 ;;
 esac
