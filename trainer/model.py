@@ -359,12 +359,17 @@ class FusedHeadCrossEntropy(torch.autograd.Function):
             logits = (hidden[rows] @ weight.t()).float()  # (c, V)
             lse = torch.logsumexp(logits, dim=-1)  # (c,)
             label_logit = logits.gather(1, labels[rows, None]).squeeze(1)  # (c,)
-            loss = loss + ((lse - label_logit) * row_weights[rows]).sum()
+            w = row_weights[rows]  # (c,)
+            loss = loss + ((lse - label_logit) * w).sum()
             predictions[rows] = logits.argmax(dim=-1)
-            probs = torch.exp(logits - lse[:, None])  # (c, V)
-            probs.scatter_add_(1, labels[rows, None], -torch.ones_like(probs[:, :1]))
-            probs = probs * row_weights[rows, None]
-            grad_hidden[rows] = probs.to(weight.dtype) @ weight  # (c, H)
+            # d loss / d logits = w * (softmax - onehot(label)). The softmax part is written once, already
+            # in the matmul's dtype, by the pass that reads the logits; the one-hot part is w * W[label],
+            # subtracted after the matmul. An in-place scatter of -1 into the (c, V) probabilities instead
+            # kept them in fp32 and cost two more passes over them: ~6 of the head's ~34 ms a sample on an
+            # H200 (bench/gpu_profile_run.py).
+            probs = (torch.exp(logits - lse[:, None]) * w[:, None]).to(weight.dtype)  # (c, V)
+            onehot_part = w[:, None] * weight[labels[rows]].float()  # (c, H)
+            grad_hidden[rows] = ((probs @ weight).float() - onehot_part).to(hidden.dtype)  # (c, H)
         ctx.save_for_backward(grad_hidden)
         ctx.mark_non_differentiable(predictions)
         return loss, predictions
