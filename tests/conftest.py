@@ -30,7 +30,7 @@ def pytest_configure(config) -> None:
 # Under pytest-xdist's `--dist loadgroup` (scripts/test.sh) they all go to one worker, one test at a time, so
 # two of them never share the 2 cores, while the other worker takes the rest (mostly waiting on sshd,
 # containers, watch leases). They are ~45% of the suite's time: the two workers end close together.
-TRAINER_FILES = frozenset({"test_trainer_learning.py", "test_trainer_cli.py", "test_trainer_replicas.py",
+TRAINER_FILES = frozenset({"test_trainer_learning.py", "test_trainer_cli.py", "test_trainer_replicas.py", "test_trainer_step.py",
                            "test_compile_scope.py", "test_procsplit.py", "test_multinode_trainer.py",
                            "test_multinode_ssh.py", "test_trainer.py"})
 

@@ -58,8 +58,10 @@ class Replica:
 
 
 def build_optimizer(cfg: Config, drafter: nn.Module, device: str):
+    """Fused AdamW on every device (CUDA, and CPU since torch 2.4): one kernel per step, which also takes the
+    gradient clipping's scale (`optimizer_step`)."""
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
-                                  fused=is_cuda(device))
+                                  fused=True)
     warmup = max(cfg.optim.warmup_steps, 1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     return optimizer, scheduler
@@ -133,13 +135,40 @@ def replica_fields(digests: list[str]) -> dict[str, str]:
 
 
 def optimizer_step(cfg: Config, replica: Replica) -> None:
-    if cfg.optim.grad_clip:
-        torch.nn.utils.clip_grad_norm_(replica.drafter.parameters(), cfg.optim.grad_clip)
-    replica.optimizer.step()
+    clipped_step(replica.optimizer, list(replica.drafter.parameters()), cfg.optim.grad_clip)
     replica.scheduler.step()
     # None, not zeros: under CUDA graphs a gradient is a graph output that the next replay overwrites
     replica.optimizer.zero_grad(set_to_none=True)
 
+
+
+CLIP_EPS = 1e-6  # clip_grad_norm_'s own: its coefficient is max_norm / (norm + 1e-6)
+
+
+def clipped_step(optimizer: torch.optim.Optimizer, params: list[nn.Parameter], max_norm: float) -> torch.Tensor | None:
+    """clip_grad_norm_(params, max_norm) then optimizer.step(), with the clipping folded into the fused AdamW
+    kernel: the total norm from clip_grad_norm_'s own helper, then the kernel divides each gradient by
+    max((norm + 1e-6) / max_norm, 1) as it reads it (its `grad_scale`, meant for GradScaler; it writes the
+    scaled gradient back, as the separate scaling did), so no separate pass multiplies the ~4 GB of fp32
+    gradients first. The same update up to the rounding of x * c against x / (1 / c), the gradients scaled
+    the same. Returns the total norm before clipping (None without clipping). A param group that is not fused
+    (whose step refuses a grad_scale: e.g. restored from a CPU checkpoint written before CPU AdamW was fused)
+    gets clip_grad_norm_'s own scaling pass."""
+    if not max_norm:
+        optimizer.step()
+        return None
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    if not all(group.get("fused") for group in optimizer.param_groups):
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        optimizer.step()
+        return norm
+    optimizer.grad_scale = torch.clamp((norm.float() + CLIP_EPS) / max_norm, min=1.0)  # read by Adam.step
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale
+    return norm
 
 
 class Reporter:
