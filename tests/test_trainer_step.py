@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
+import torch.nn.attention.flex_attention as flex_attention_module
+from torch.nn.attention.flex_attention import create_block_mask, create_mask
 
 from trainer.config import build_config
+from trainer.model import BlockLayout, FlexMaskBuilder, _block_mask_mod, dense_mask
 from trainer.replica import build_optimizer, clipped_step, seeded_drafter
 
 
@@ -47,7 +51,6 @@ def test_clipping_folded_into_fused_adamw_gives_the_update_of_clip_grad_norm_the
     assert not hasattr(folded_opt, "grad_scale")  # left for no later step (a checkpoint, GradScaler)
 
 
-
 def test_an_optimizer_restored_unfused_still_clips_by_the_same_norm():
     cfg, drafter = tiny_drafter()
     other = copy.deepcopy(drafter)
@@ -62,3 +65,45 @@ def test_an_optimizer_restored_unfused_still_clips_by_the_same_norm():
     assert torch.equal(norm, torch.nn.utils.clip_grad_norm_(theirs, cfg.optim.grad_clip))
     old.step()
     assert all(torch.equal(a, b) for a, b in zip(mine, theirs))
+
+
+def sorted_anchors(b: int, num_anchors: int, block: int, context_len: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    picks = [torch.randperm(context_len - block + 1, generator=generator)[:num_anchors] for _ in range(b)]
+    return torch.sort(torch.stack(picks), dim=1).values  # (b, A), the last anchor may be T - B
+
+
+def reference_block_mask(layout: BlockLayout):
+    query_anchor = layout.query_anchor()
+    b, num_queries = query_anchor.shape
+    return create_block_mask(_block_mask_mod(query_anchor, layout.context_len, layout.block_size), b, None,
+                             num_queries, layout.context_len + num_queries, device="cpu")
+
+
+def assert_same_block_mask(mine, reference) -> None:
+    for ours, theirs in zip(mine.as_tuple(), reference.as_tuple(), strict=True):
+        if isinstance(theirs, torch.Tensor):
+            assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+        elif not callable(theirs):
+            assert ours == theirs
+
+
+@pytest.mark.parametrize("b,num_anchors,block,context_len", [
+    (2, 512, 16, 8192),  # qwen3-8b-shape: 2 x 8192 queries x 10240 keys
+    (1, 32, 16, 128),  # tiny-cpu: more queries than context
+    (3, 40, 16, 1000),  # T and A*B not multiples of the 128 tile: padded rows and keys
+    (2, 7, 12, 300),  # a block size that does not divide the tile
+    (1, 3, 200, 700),  # blocks wider than a tile
+])
+def test_mask_builder_gives_create_block_mask_tables_without_evaluating_the_mask(monkeypatch, b, num_anchors,
+                                                                                  block, context_len):
+    builder = FlexMaskBuilder()
+    for seed in range(2):  # a second step overwrites the anchors in place
+        layout = BlockLayout(sorted_anchors(b, num_anchors, block, context_len, seed), block, context_len)
+        reference = reference_block_mask(layout)
+        with monkeypatch.context() as patched:  # the b x Q x KV mask is what the step no longer builds
+            patched.setattr(flex_attention_module, "create_mask", lambda *a, **k: pytest.fail("dense mask built"))
+            mine = builder(layout)
+        assert_same_block_mask(mine, reference)
+        queries, keys = mine.seq_lengths  # inside partial tiles its mask_mod reads this step's anchors
+        assert torch.equal(create_mask(mine.mask_mod, b, 1, queries, keys, "cpu"), dense_mask(layout))

@@ -243,16 +243,65 @@ def flex_block_mask(layout: BlockLayout):
                              device=query_anchor.device)
 
 
+MASK_TILE = 128  # FlexAttention's default sparse block size (create_block_mask's BLOCK_SIZE)
+
+
+def visible_pairs_per_tile(query_anchor: torch.Tensor, context_len: int, block_size: int,
+                           tile: int = MASK_TILE) -> torch.Tensor:
+    """How many (query, key) pairs of each tile x tile square the block/context mask lets through, (b, Qt, KVt),
+    counted per query row from its anchor: a query sees the context keys [0, anchor) and its own block's keys
+    [T + (q // B) * B, + B), so each row's count in a key tile is an interval length. b*Q*KVt work, 1/tile of
+    the b*Q*KV mask that create_block_mask evaluates. Rows and keys past the ends count as masked, as
+    create_block_mask pads them. Assumes anchor <= T (an anchor is a context position)."""
+    b, num_queries = query_anchor.shape
+    kv_len = context_len + num_queries
+    q_tiles, kv_tiles = -(-num_queries // tile), -(-kv_len // tile)
+    device = query_anchor.device
+    starts = torch.arange(kv_tiles, device=device) * tile  # (KVt,)
+    ends = (starts + tile).clamp(max=kv_len)  # (KVt,)
+    context_ends = ends.clamp(max=context_len)  # (KVt,)
+    seen_context = (torch.minimum(query_anchor[..., None], context_ends) - starts).clamp(min=0)  # (b, Q, KVt)
+    own_block = context_len + torch.arange(num_queries, device=device) // block_size * block_size  # (Q,)
+    seen_block = (torch.minimum(ends, own_block[:, None] + block_size)
+                  - torch.maximum(starts, own_block[:, None])).clamp(min=0)  # (Q, KVt)
+    per_row = F.pad(seen_context + seen_block, (0, 0, 0, q_tiles * tile - num_queries))  # (b, Qt*tile, KVt)
+    return per_row.view(b, q_tiles, tile, kv_tiles).sum(dim=2)  # (b, Qt, KVt)
+
+
+def _ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (b, 1, Qt, KVt) tile table as BlockMask rows: how many tiles each row has, and their indices first
+    (ascending), then the others (create_block_mask's own ordering)."""
+    dense = dense.to(torch.int32)
+    count = dense.sum(dim=-1).to(torch.int32)  # (b, 1, Qt)
+    indices = torch.argsort(dense, dim=-1, descending=True, stable=True).to(torch.int32)  # (b, 1, Qt, KVt)
+    return count, indices
+
+
+def block_mask_from_anchors(query_anchor: torch.Tensor, context_len: int, block_size: int, mask_mod):
+    """The BlockMask create_block_mask(mask_mod, b, None, Q, T+Q) gives for the block/context mask (the same
+    tables, tile for tile), from per-row interval counts instead of the mask itself: a tile is full when
+    every pair is visible, partial when some are; `mask_mod` (reading `query_anchor`) masks inside the
+    partial tiles."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    visible = visible_pairs_per_tile(query_anchor, context_len, block_size)[:, None]  # (b, 1, Qt, KVt)
+    full = visible == MASK_TILE * MASK_TILE
+    partial = (visible > 0) & ~full
+    num_queries = query_anchor.shape[1]
+    return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=(MASK_TILE, MASK_TILE),
+                                    mask_mod=mask_mod, seq_lengths=(num_queries, context_len + num_queries))
+
+
 class FlexMaskBuilder:
     """Builds the BlockMask outside the compiled regions (compile scope `layers`), one builder per replica.
 
     Its mask_mod is created once and reads a persistent per-query anchor buffer that each step overwrites in
     place: the compiled layers see the same function every step (no guard failure, no recompilation) and
-    CUDA graphs read the anchors at a fixed address. The block tables are computed eagerly (a few
-    elementwise passes over the T+A*B by A*B mask, about a millisecond on an H200): compiling
-    create_block_mask (its `_compile=True`, or tracing it inside a compiled forward as scope `whole` does)
-    took ~165 s of Triton compilation for qwen3-8b-shape on the H200 (bench/gpu_probe.py --part layer), most
-    of that preset's first-step time."""
+    CUDA graphs read the anchors at a fixed address. The block tables are counted from the anchors
+    (block_mask_from_anchors: a few small passes over b x Q x KV/128, not the b x Q x KV mask that
+    create_block_mask evaluates eagerly every step); compiling create_block_mask (its `_compile=True`, or
+    tracing it inside a compiled forward as scope `whole` does) took ~165 s of Triton compilation for
+    qwen3-8b-shape on the H200 (bench/gpu_probe.py --part layer), most of that preset's first-step time."""
 
     def __init__(self) -> None:
         self.query_anchor: torch.Tensor | None = None  # (b, A*B)
@@ -260,8 +309,6 @@ class FlexMaskBuilder:
         self.layout_key: tuple[int, ...] = ()  # (b, A*B, T, B) the buffer and mask_mod were made for
 
     def __call__(self, layout: BlockLayout):
-        from torch.nn.attention.flex_attention import create_block_mask
-
         query_anchor = layout.query_anchor()  # (b, A*B)
         layout_key = (*query_anchor.shape, layout.context_len, layout.block_size)
         if layout_key != self.layout_key:
@@ -269,9 +316,7 @@ class FlexMaskBuilder:
             self.layout_key = layout_key
             self.mask_mod = _block_mask_mod(self.query_anchor, layout.context_len, layout.block_size)
         self.query_anchor.copy_(query_anchor)
-        b, num_queries = query_anchor.shape
-        return create_block_mask(self.mask_mod, b, None, num_queries, layout.context_len + num_queries,
-                                 device=query_anchor.device)
+        return block_mask_from_anchors(self.query_anchor, layout.context_len, layout.block_size, self.mask_mod)
 
 
 def flex_attention(q, k, v, block_mask):
