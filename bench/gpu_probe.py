@@ -5,8 +5,17 @@
     python3 bench/gpu_probe.py --out $OUT --part drafter --mode layers
     python3 bench/gpu_probe.py --out $OUT --part attention    # one drafter layer's FlexAttention alone,
         # forward + backward: the default kernel configs, a few backward tiles, then inductor's autotuning
-    python3 bench/gpu_probe.py --out $OUT --part optimizer    # the optimizer step alone: as today, AdamW
-        # alone, the clipping folded into the fused AdamW, and autocast's bf16 weight copies (~1 min)
+    python3 bench/gpu_probe.py --out $OUT --part optimizer    # the optimizer step alone: as the trainer did it
+        # before (clip_grad_norm_, then fused AdamW), AdamW alone, the trainer's (the clipping folded into the fused
+        # AdamW), and autocast's bf16 weight copies (~1 min)
+    python3 bench/gpu_probe.py --out $OUT --part mask         # the BlockMask of one step at the preset's
+        # shapes: create_block_mask (the trainer before) against the trainer's FlexMaskBuilder, same tables
+    python3 bench/gpu_probe.py --out $OUT --part drafter --mode layers --before   # the drafter step as the
+        # trainer takes it, and with the BlockMask and the clipping as they were before (issue 16's step
+        # overheads), alternated in one process after one compile
+
+Every part runs on CPU too (a dry run of the script: `--preset tiny-cpu`, same lines; CPU times are not
+GPU figures).
 
 Kernel-structure A/Bs (issue 16), each in ONE process at the real shapes (batch 2), bf16, compiled as the
 trainer compiles, 8 timed steps; all of them on one H200 (~4-6 min, each part cold in its own process):
@@ -41,7 +50,7 @@ from trainer.compile import COMPILE_KWARGS
 from trainer.config import preset, tap_layers
 from trainer.data import build_source
 from trainer.flops import flops_per_sample
-from trainer.model import build_target
+from trainer.model import build_target, model_dtype
 from trainer.replica import build_replica, forward_backward, optimizer_step, seeded_drafter
 
 PEAK = 989e12
@@ -118,10 +127,10 @@ def probe_target(args, cfg, out: Path) -> None:
 
 
 def probe_drafter(args, cfg, out: Path) -> None:
-    device = "cuda:0"
+    device = probe_device()
     cfg.run.compile = args.strategy
     cfg.drafter.compile_scope = args.mode
-    target = build_target(cfg, device).to(torch.bfloat16)
+    target = build_target(cfg, device).to(model_dtype(cfg))
     tokens, anchors = build_source(cfg).batch(0, 0)
     tokens, anchors = tokens.to(device), anchors.to(device)
     features = target.features(tokens)
@@ -133,17 +142,59 @@ def probe_drafter(args, cfg, out: Path) -> None:
 
     start = time.perf_counter()
     step()
-    torch.cuda.synchronize()
+    sync()
     first = time.perf_counter() - start
     emit(out, part="drafter", mode=args.mode, strategy=args.strategy, first_s=round(first, 1),
          phases=compile_phases())
-    times = timed(step, args.steps)
-    ms = statistics.median(times[3:])
     flops = (flops_per_sample(cfg)["drafter"] + flops_per_sample(cfg)["head"]) * cfg.data.batch
-    emit(out, part="drafter", mode=args.mode, strategy=args.strategy, ms=round(ms, 2),
-         mfu=round(flops / (ms / 1e3) / PEAK, 3), spread_ms=[round(min(times[3:]), 1), round(max(times[3:]), 1)],
-         peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 1))
-    emit(out, part="drafter", mode=args.mode, strategy=args.strategy, kernels=top_kernels(step, rows=args.rows))
+    variants = {"trainer": step}
+    if args.before:
+        variants["before"] = before_step(cfg, replica, (tokens, features, anchors))
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(3 if args.before else 1):  # alternated, so a drift of the machine hits both alike
+        for name, fn in variants.items():
+            times[name] += timed(fn, args.steps)[3:]
+    for name, runs in times.items():
+        ms = statistics.median(runs)
+        emit(out, part="drafter", mode=args.mode, strategy=args.strategy, variant=name, ms=round(ms, 2),
+             mfu=round(flops / (ms / 1e3) / PEAK, 3), spread_ms=[round(min(runs), 1), round(max(runs), 1)],
+             peak_gb=round(torch.cuda.max_memory_allocated() / 1e9, 1) if device != "cpu" else None)
+    if device != "cpu":
+        emit(out, part="drafter", mode=args.mode, strategy=args.strategy, kernels=top_kernels(step, rows=args.rows))
+
+
+def before_step(cfg, replica, inputs: tuple[torch.Tensor, ...]):
+    """The same step with the two overheads issue 16 took out put back: the BlockMask from create_block_mask
+    over the b x Q x KV mask (the builder's own mask_mod and anchor buffer, so the compiled layers see the
+    same function and nothing recompiles) and the clipping as a separate clip_grad_norm_ pass."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    objective = replica.compiled.module
+    builder = objective.build_mask
+
+    def build_with_create_block_mask(layout):
+        query_anchor = layout.query_anchor()  # (b, A*B)
+        builder.query_anchor.copy_(query_anchor)
+        b, num_queries = query_anchor.shape
+        return create_block_mask(builder.mask_mod, b, None, num_queries, layout.context_len + num_queries,
+                                 device=query_anchor.device)
+
+    def clip_then_step() -> None:
+        torch.nn.utils.clip_grad_norm_(replica.drafter.parameters(), cfg.optim.grad_clip)
+        replica.optimizer.step()
+        replica.scheduler.step()
+        replica.optimizer.zero_grad(set_to_none=True)
+
+    def before() -> None:
+        if cfg.drafter.compile_scope == "layers" and objective.use_flex:
+            objective.build_mask = build_with_create_block_mask
+        try:
+            forward_backward(cfg, replica, *inputs)
+            clip_then_step()
+        finally:
+            objective.build_mask = builder
+
+    return before
 
 
 def drafter_layer_inputs(cfg, device: str):
@@ -274,13 +325,14 @@ def probe_attention(args, cfg, out: Path) -> None:
 
 
 def probe_optimizer(args, cfg, out: Path) -> None:
-    """The drafter's optimizer step alone on its 1.05 B fp32 parameters with random gradients: as the trainer
-    does it (clip_grad_norm_, then fused AdamW), AdamW alone, the clipping folded into the fused kernel (the
-    norm, then AdamW dividing the gradients by max(norm / clip, 1) through `grad_scale`), and the bf16 copy
-    of every weight that autocast makes each forward. Milliseconds per step, median of --steps."""
-    from trainer.replica import build_optimizer
+    """The drafter's optimizer step alone on its fp32 parameters (1.05 B for qwen3-8b-shape) with random
+    gradients: as the trainer did it before (clip_grad_norm_, then fused AdamW), AdamW alone, clip_grad_norm_
+    alone, the trainer's (replica.clipped_step: the norm, then the fused AdamW dividing the gradients by
+    max(norm / clip, 1) as it reads them, through `grad_scale`), and the bf16 copy of every weight that
+    autocast makes each forward. Milliseconds per step, median of --steps."""
+    from trainer.replica import build_optimizer, clipped_step
 
-    device = "cuda:0" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of the script (tiny-cpu)
+    device = probe_device()
     drafter = seeded_drafter(cfg, device)
     params = [p for p in drafter.parameters() if p.requires_grad]
     for param in params:
@@ -289,23 +341,48 @@ def probe_optimizer(args, cfg, out: Path) -> None:
     clip = cfg.optim.grad_clip or 1.0
     emit(out, part="optimizer", params=sum(p.numel() for p in params), clip=clip)
 
-    def today() -> None:
+    def before() -> None:
         torch.nn.utils.clip_grad_norm_(params, clip)
         optimizer.step()
 
-    def folded() -> None:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        optimizer.grad_scale = torch.clamp(norm / clip, min=1.0).float()
-        optimizer.step()
-        del optimizer.grad_scale
-
-    variants = {"clip + fused AdamW (today)": today, "fused AdamW alone": optimizer.step,
+    variants = {"clip + fused AdamW (before)": before, "fused AdamW alone": optimizer.step,
                 "clip_grad_norm_ alone": lambda: torch.nn.utils.clip_grad_norm_(params, clip),
-                **({"norm folded into fused AdamW (grad_scale)": folded} if device != "cpu" else {}),
+                "norm folded into fused AdamW (trainer: clipped_step)": lambda: clipped_step(optimizer, params, clip),
                 "bf16 copy of every weight": lambda: [p.detach().to(torch.bfloat16) for p in params]}
     for name, fn in variants.items():
         ms = statistics.median(timed(fn, args.steps)[3:])
         emit(out, part="optimizer", variant=name, ms=round(ms, 2))
+
+
+def probe_mask(args, cfg, out: Path) -> None:
+    """The BlockMask of one step at the preset's shapes (b x A*B queries x T+A*B keys), eager as scope
+    `layers` builds it: create_block_mask over the whole mask (the trainer before) against the trainer's
+    FlexMaskBuilder (tile tables counted from the anchors). Both tables are compared; ms = median of --steps."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from trainer.model import BlockLayout, FlexMaskBuilder
+
+    device = probe_device()
+    _, anchors = build_source(cfg).batch(0, 0)
+    layout = BlockLayout(anchors.to(device), cfg.drafter.block_size, cfg.data.seq_len)
+    builder = FlexMaskBuilder()
+    mine = builder(layout)
+    query_anchor = layout.query_anchor()  # (b, A*B)
+    b, num_queries = query_anchor.shape
+
+    def before():
+        builder.query_anchor.copy_(query_anchor)
+        return create_block_mask(builder.mask_mod, b, None, num_queries, layout.context_len + num_queries,
+                                 device=query_anchor.device)
+
+    same = all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y
+               for x, y in zip(mine.as_tuple(), before().as_tuple()) if not callable(x))
+    emit(out, part="mask", queries=num_queries, keys=layout.context_len + num_queries, batch=b, same_tables=same,
+         sparsity=round(mine.sparsity(), 1))
+    variants = {"create_block_mask (before)": before, "FlexMaskBuilder (trainer)": lambda: builder(layout)}
+    for name, fn in variants.items():
+        ms = statistics.median(timed(fn, args.steps)[3:])
+        emit(out, part="mask", variant=name, ms=round(ms, 3))
 
 
 # ------------------------------------------------------------------ kernel-structure A/B variants (issue 16)
@@ -595,7 +672,7 @@ def probe_drafter_variants(args, cfg, out: Path) -> None:
 
 
 PARTS = {"target": probe_target, "drafter": probe_drafter, "layer": probe_region, "head": probe_region,
-         "attention": probe_attention, "optimizer": probe_optimizer}
+         "attention": probe_attention, "optimizer": probe_optimizer, "mask": probe_mask}
 VARIANT_PARTS = {"target-variants": probe_target_variants, "head-variants": probe_head_variants,
                  "drafter-variants": probe_drafter_variants}
 
@@ -615,6 +692,8 @@ def main() -> None:
                         help="head-variants: the drafter.loss_chunk values, comma-separated")
     parser.add_argument("--no-whole", dest="whole", action="store_false",
                         help="target-variants: the one layer only, not the whole forward")
+    parser.add_argument("--before", action="store_true",
+                        help="drafter: also time the step with the BlockMask and clipping as before, alternated")
     args = parser.parse_args()
     args.steps = args.steps or (8 if args.part in VARIANT_PARTS else 15)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,12 @@
 #                                   forward variants, the head's loss_chunk, drafter layer variants, then
 #                                   max-autotune of the target layer (its cold compile seconds); at most
 #                                   150+90+90+200 s ($TARGET_S $HEAD_S $DRAFTER_S $AUTOTUNE_S).
+#   bash bench/gpu_probe.sh overheads  one GPU (nvidia-h200), ~4 min: the step's overheads before and after
+#                                   issue 16's cuts, in one process each: --part optimizer (the clipping as
+#                                   a pass of its own vs folded into the fused AdamW), --part mask
+#                                   (create_block_mask vs the builder's tables, checked equal), then --part
+#                                   drafter --mode layers --before (the whole drafter step both ways,
+#                                   alternated, after one compile; 60 kernels listed). $GPU as for cold.
 # SIG=KILL ends each run at its time without the trainer's checkpointed stop (~25 s for qwen3-8b-shape).
 # Probe processes get their own inductor cache (cold figures); the scale runs share one, named in rc.txt.
 set -uo pipefail
@@ -99,5 +105,11 @@ variants)
     # max-autotune first in its process: its first_s is the cold compile (the 60 s first-step budget)
     run v-autotune 0 "${AUTOTUNE_S:-200}" /tmp/ind-v-autotune "${PROBE[@]}" --part target-variants \
         --variants max-autotune,fused-max-autotune ;;
-*) echo "usage: bash bench/gpu_probe.sh probe|scale|mfu|cold|variants" >&2; exit 2 ;;
+overheads)
+    run p-optimizer "${GPU:-0}" 120 /tmp/ind-po python3 bench/gpu_probe.py --out "$OUT/p-overheads" --part optimizer
+    run p-mask "${GPU:-0}" 60 /tmp/ind-pm python3 bench/gpu_probe.py --out "$OUT/p-overheads" --part mask
+    run p-step "${GPU:-0}" "${PROBE_S:-240}" /tmp/ind-ps python3 bench/gpu_probe.py --out "$OUT/p-overheads" \
+        --part drafter --mode layers --before --rows 60
+    grep -h '"ms"' "$OUT/p-overheads/probe.jsonl" ;;
+*) echo "usage: bash bench/gpu_probe.sh probe|scale|mfu|cold|variants|overheads" >&2; exit 2 ;;
 esac
