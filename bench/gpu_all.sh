@@ -12,6 +12,10 @@
 #     bash bench/gpu_all.sh current  # the rows of "Trainer figures on today's code": qwen3-8b-shape threads,
 #                                    # every strategy cold, two at a time (GPU 0: nographs, notrees; GPU 1:
 #                                    # trees, eager), then procsplit 1 GPU on each GPU vs 2 GPUs (~9 min)
+#     bash bench/gpu_all.sh current1 # one GPU (nvidia-h200), when no 2-GPU kind is lent: the same strategies
+#                                    # cold one after another (nographs, trees, notrees ~95 s, eager ~60 s; ~9 min)
+#     bash bench/gpu_all.sh single1  # one GPU: qwen3-8b-shape procsplit 1 GPU, h200-small procsplit eager 1 GPU,
+#                                    # then a profile of the threads trees run (bench/gpu_profile_run.py) (~5 min)
 #     bash bench/gpu_all.sh scaling  # qwen3-8b-shape procsplit on 2 GPUs to its SIGTERM (the done line's
 #                                    # replica hashes), h200-small 1 vs 2 nodes (bench/gpu_multinode.sh), then
 #                                    # h200-small procsplit eager 1 vs 2 GPUs; logs also in logs.tgz (~9 min)
@@ -38,6 +42,24 @@ case "${1:-}" in
         wait
         python3 bench/qwen_summary.py "$OUT"/cold-*.log | tee "$OUT/summary-cold.md"
         PIECES=0 P1_S=${P1_S:-150} P2_S=${P2_S:-160} bash bench/gpu_probe.sh scale ;;
+    current1)
+        export SIG=${SIG:-KILL} NOGRAPHS_S=${NOGRAPHS_S:-95} GRAPHS_S=${GRAPHS_S:-95} EAGER_S=${EAGER_S:-60}
+        STRATEGIES=${STRATEGIES:-nographs trees notrees eager} bash bench/gpu_probe.sh cold >"$OUT/cold.txt" 2>&1
+        python3 bench/qwen_summary.py "$OUT"/cold-*.log | tee "$OUT/summary-cold.md" ;;
+    single1)
+        Q=(python3 -m trainer --preset qwen3-8b-shape --variant nographs --topology procsplit --steps 1000000
+           --wandb off --out /tmp/qruns --targets cuda:0 --drafters cuda:0 --run-name ps-1g)
+        TORCHINDUCTOR_CACHE_DIR=/tmp/ind-ps1 timeout -s TERM "${P1_S:-130}" "${Q[@]}" >"$OUT/ps-1g.log" 2>&1
+        echo "ps-1g rc=$?" >>"$OUT/rc.txt"
+        S=(python3 -m trainer --preset h200-small --variant eager --topology procsplit --steps 1000000 --wandb off
+           --out /tmp/sruns --run-name small-1g --targets cuda:0 --drafters cuda:0)
+        timeout -s TERM "${S1_S:-55}" "${S[@]}" >"$OUT/small-1g.log" 2>&1
+        echo "small-1g rc=$?" >>"$OUT/rc.txt"
+        { python3 bench/qwen_summary.py "$OUT"/ps-1g.log; python3 bench/qwen_summary.py --preset h200-small "$OUT"/small-1g.log; } \
+            | tee "$OUT/summary.md"
+        TORCHINDUCTOR_CACHE_DIR=/tmp/ind-prof timeout "${PROF_S:-150}" python3 bench/gpu_profile_run.py --out "$OUT/prof-trees" \
+            --variant trees >"$OUT/prof-trees.log" 2>&1
+        echo "prof-trees rc=$?" >>"$OUT/rc.txt"; rm -rf "$OUT/prof-trees/runs" "$OUT/prof-trees/trace.json.gz" ;;
     scaling)
         Q=(python3 -m trainer --preset qwen3-8b-shape --variant nographs --topology procsplit --steps 1000000
            --wandb off --out /tmp/qruns --targets cuda:0,cuda:1 --drafters cuda:0,cuda:1 --run-name ps-2g-term)
@@ -62,5 +84,5 @@ case "${1:-}" in
             bash bench/gpu_dfo_e2e.sh --procsplit 2>&1 | tee "$OUT/e2e.txt"
         wait
         mkdir -p "$OUT/mn" && OUT=$OUT/mn ONE_S=${ONE_S:-80} TWO_S=${TWO_S:-100} timeout 230 bash bench/gpu_multinode.sh ;;
-    *) echo "usage: bash bench/gpu_all.sh current|scaling|qwen|small|regional|e2e" >&2; exit 2 ;;
+    *) echo "usage: bash bench/gpu_all.sh current|current1|single1|scaling|qwen|small|regional|e2e" >&2; exit 2 ;;
 esac
