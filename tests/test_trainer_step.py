@@ -90,7 +90,8 @@ def assert_same_block_mask(mine, reference) -> None:
 
 
 @pytest.mark.parametrize("b,num_anchors,block,context_len", [
-    (2, 512, 16, 8192),  # qwen3-8b-shape: 2 x 8192 queries x 10240 keys
+    (2, 512, 16, 2048),  # qwen3-8b-shape: 2 x 8192 queries x 10240 keys
+    (1, 64, 16, 8192),  # a long context, sparse anchors
     (1, 32, 16, 128),  # tiny-cpu: more queries than context
     (3, 40, 16, 1000),  # T and A*B not multiples of the 128 tile: padded rows and keys
     (2, 7, 12, 300),  # a block size that does not divide the tile
