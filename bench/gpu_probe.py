@@ -337,7 +337,7 @@ def probe_optimizer(args, cfg, out: Path) -> None:
     params = [p for p in drafter.parameters() if p.requires_grad]
     for param in params:
         param.grad = torch.randn_like(param) * 1e-3
-    optimizer, _ = build_optimizer(cfg, drafter, device)
+    optimizer, _ = build_optimizer(cfg, drafter)
     clip = cfg.optim.grad_clip or 1.0
     emit(out, part="optimizer", params=sum(p.numel() for p in params), clip=clip)
 

@@ -27,8 +27,8 @@ def gradients(params, step: int, scale: float) -> list[torch.Tensor]:
 def test_clipping_folded_into_fused_adamw_gives_the_update_of_clip_grad_norm_then_step(monkeypatch):
     cfg, drafter = tiny_drafter()
     other = copy.deepcopy(drafter)
-    folded_opt, _ = build_optimizer(cfg, drafter, "cpu")
-    today_opt, _ = build_optimizer(cfg, other, "cpu")
+    folded_opt, _ = build_optimizer(cfg, drafter)
+    today_opt, _ = build_optimizer(cfg, other)
     assert folded_opt.defaults["fused"]
     folded, today = list(drafter.parameters()), list(other.parameters())
     scales = []
@@ -54,7 +54,7 @@ def test_clipping_folded_into_fused_adamw_gives_the_update_of_clip_grad_norm_the
 def test_an_optimizer_restored_unfused_still_clips_by_the_same_norm():
     cfg, drafter = tiny_drafter()
     other = copy.deepcopy(drafter)
-    optimizer, _ = build_optimizer(cfg, drafter, "cpu")
+    optimizer, _ = build_optimizer(cfg, drafter)
     old = torch.optim.AdamW(other.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     optimizer.load_state_dict(old.state_dict())  # a checkpoint of a CPU run from before: fused=False
     mine, theirs = list(drafter.parameters()), list(other.parameters())

@@ -57,9 +57,9 @@ class Replica:
     stats: tuple[torch.Tensor, ...] = ()
 
 
-def build_optimizer(cfg: Config, drafter: nn.Module, device: str):
+def build_optimizer(cfg: Config, drafter: nn.Module):
     """Fused AdamW on every device (CUDA, and CPU since torch 2.4): one kernel per step, which also takes the
-    gradient clipping's scale (`optimizer_step`)."""
+    gradient clipping's scale (`clipped_step`)."""
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                                   fused=True)
     warmup = max(cfg.optim.warmup_steps, 1)
@@ -81,7 +81,7 @@ def build_replica(cfg: Config, index: int, device: str, prototype: Drafter, embe
     objective = DraftObjective(drafter, embed, lm_head, cfg, uses_flex(cfg, device)).to(device)
     regions = objective.regions() if cfg.drafter.compile_scope == "layers" else None
     compiled = apply_strategy(cfg.run.compile, objective, cfg.run.localtls_mode, regions)
-    optimizer, scheduler = build_optimizer(cfg, drafter, device)
+    optimizer, scheduler = build_optimizer(cfg, drafter)
     return Replica(index, device, drafter, compiled, optimizer, scheduler, autocast=cfg.run.dtype == "bf16")
 
 
@@ -139,7 +139,6 @@ def optimizer_step(cfg: Config, replica: Replica) -> None:
     replica.scheduler.step()
     # None, not zeros: under CUDA graphs a gradient is a graph output that the next replay overwrites
     replica.optimizer.zero_grad(set_to_none=True)
-
 
 
 CLIP_EPS = 1e-6  # clip_grad_norm_'s own: its coefficient is max_norm / (norm + 1e-6)
