@@ -21,9 +21,9 @@
 #                                   $GPU (default 0) is the GPU the runs take.
 #   bash bench/gpu_probe.sh variants one GPU (nvidia-h200), ~4-6 min: issue 16's kernel-structure A/Bs into
 #                                   $OUT/probe.jsonl, each part cold in a process of its own: target layer and
-#                                   forward variants, the head's loss_chunk, drafter layer variants, then
+#                                   forward variants, the head's loss_chunk and gradient form, drafter layer variants, then
 #                                   max-autotune of the target layer (its cold compile seconds); at most
-#                                   150+90+90+200 s ($TARGET_S $HEAD_S $DRAFTER_S $AUTOTUNE_S).
+#                                   150+120+90+180 s ($TARGET_S $HEAD_S $DRAFTER_S $AUTOTUNE_S).
 #   bash bench/gpu_probe.sh overheads  one GPU (nvidia-h200), ~4 min: the step's overheads before and after
 #                                   issue 16's cuts, in one process each: --part optimizer (the clipping as
 #                                   a pass of its own vs folded into the fused AdamW), --part mask
@@ -100,10 +100,10 @@ variants)
     PROBE=(python3 bench/gpu_probe.py --out "$OUT")
     run v-target 0 "${TARGET_S:-150}" /tmp/ind-v-target "${PROBE[@]}" --part target-variants \
         --variants today,fused,rope-bf16,flash,cudnn,cudnn-repeat-kv
-    run v-head 0 "${HEAD_S:-90}" /tmp/ind-v-head "${PROBE[@]}" --part head-variants
+    run v-head 0 "${HEAD_S:-120}" /tmp/ind-v-head "${PROBE[@]}" --part head-variants
     run v-drafter 0 "${DRAFTER_S:-90}" /tmp/ind-v-drafter "${PROBE[@]}" --part drafter-variants
     # max-autotune first in its process: its first_s is the cold compile (the 60 s first-step budget)
-    run v-autotune 0 "${AUTOTUNE_S:-200}" /tmp/ind-v-autotune "${PROBE[@]}" --part target-variants \
+    run v-autotune 0 "${AUTOTUNE_S:-180}" /tmp/ind-v-autotune "${PROBE[@]}" --part target-variants \
         --variants max-autotune,fused-max-autotune ;;
 overheads)
     run p-optimizer "${GPU:-0}" 120 /tmp/ind-po python3 bench/gpu_probe.py --out "$OUT/p-overheads" --part optimizer
