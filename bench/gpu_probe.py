@@ -23,8 +23,7 @@ trainer compiles, 8 timed steps; all of them on one H200 (~4-6 min, each part co
     python3 bench/gpu_probe.py --out $OUT --part target-variants   # one target layer, then the whole forward
         # (34 layers): today | q/k/v and gate/up fused | + rope without the fp32 round trip | SDPA forced to
         # flash | cuDNN | cuDNN with k/v repeated | mode=max-autotune-no-cudagraphs (its compile seconds)
-    python3 bench/gpu_probe.py --out $OUT --part head-variants     # HeadLoss at loss_chunk 1024..8192, today's
-        # loss and one whose logits' gradient is one pointwise expression (no fp32 (c, V) written)
+    python3 bench/gpu_probe.py --out $OUT --part head-variants     # HeadLoss at loss_chunk 1024..8192
     python3 bench/gpu_probe.py --out $OUT --part drafter-variants  # one drafter layer fwd+bwd: today | k/v and
         # gate/up fused (fp32 parameters concatenated inside the compiled region) | q/k/v fused on the block
 --variants NAME,... picks variants; a CPU dry run: --preset tiny-cpu (the same lines, CUDA-only variants
@@ -45,11 +44,9 @@ import json
 import statistics
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 
-import trainer.model
 from trainer.compile import COMPILE_KWARGS
 from trainer.config import preset, tap_layers
 from trainer.data import build_source
@@ -558,51 +555,17 @@ def probe_target_variants(args, cfg, out: Path) -> None:
         del variant, features
 
 
-class WhereHeadCrossEntropy(torch.autograd.Function):
-    """FusedHeadCrossEntropy with the logits' gradient formed as one pointwise expression, softmax minus a
-    one-hot built from an iota comparison, instead of softmax in fp32, then scatter_add_ of -1 at the labels,
-    then a scale: compiled, the (c, V) fp32 probabilities are never written (one kernel reads the bf16 logits
-    and writes the bf16 gradient), where today's form writes and reads them once more."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, row_weights, chunk: int):
-        loss = hidden.new_zeros((), dtype=torch.float32)
-        grad_hidden = torch.empty_like(hidden)  # (N, H)
-        predictions = torch.empty_like(labels)  # (N,)
-        vocab = torch.arange(weight.shape[0], device=hidden.device)  # (V,)
-        for start in range(0, hidden.shape[0], chunk):
-            rows = slice(start, start + chunk)
-            logits = (hidden[rows] @ weight.t()).float()  # (c, V)
-            lse = torch.logsumexp(logits, dim=-1)  # (c,)
-            label_logit = logits.gather(1, labels[rows, None]).squeeze(1)  # (c,)
-            loss = loss + ((lse - label_logit) * row_weights[rows]).sum()
-            predictions[rows] = logits.argmax(dim=-1)
-            one_hot = (vocab == labels[rows, None]).float()  # (c, V)
-            grad_logits = (torch.exp(logits - lse[:, None]) - one_hot) * row_weights[rows, None]  # (c, V)
-            grad_hidden[rows] = grad_logits.to(weight.dtype) @ weight  # (c, H)
-        ctx.save_for_backward(grad_hidden)
-        ctx.mark_non_differentiable(predictions)
-        return loss, predictions
-
-    @staticmethod
-    def backward(ctx, grad_loss, _grad_predictions):
-        (grad_hidden,) = ctx.saved_tensors
-        return grad_hidden * grad_loss.to(grad_hidden.dtype), None, None, None, None
-
-
 def probe_head_variants(args, cfg, out: Path) -> None:
     """The head loss (HeadLoss, compiled as compile scope `layers` compiles it under nographs) at each
-    drafter.loss_chunk of --chunks, forward + backward, in one process: today's FusedHeadCrossEntropy, then
-    WhereHeadCrossEntropy (form `where`); rel_err of the loss and of the input gradient against the first."""
+    drafter.loss_chunk of --chunks, forward + backward, in one process; rel_err of the loss and of the input
+    gradient against the first chunk size."""
     from trainer.model import HeadLoss
 
     device = probe_device()
     flops = flops_per_sample(cfg)["head"] * cfg.data.batch
     head, predicted, labels, weights = head_inputs(cfg, device)
     reference = None
-    forms = {"today": contextlib.nullcontext, "where": lambda: mock.patch.object(
-        trainer.model, "FusedHeadCrossEntropy", WhereHeadCrossEntropy)}
-    for form, chunk in ((form, chunk) for form in args.head_forms for chunk in args.chunks):
+    for chunk in args.chunks:
         torch._dynamo.reset()
         loss_fn = HeadLoss(head, chunk)
         loss_fn.compile(**COMPILE_KWARGS["nographs"])
@@ -614,17 +577,16 @@ def probe_head_variants(args, cfg, out: Path) -> None:
             return loss
 
         reset_peak()
-        with forms[form]():
-            try:
-                first, ms, spread = first_and_steady(call, args.steps)
-            except torch.OutOfMemoryError as exc:
-                emit(out, part="head-variants", form=form, loss_chunk=chunk, error=root_cause(exc))
-                continue
-            loss = call()
+        try:
+            first, ms, spread = first_and_steady(call, args.steps)
+        except torch.OutOfMemoryError as exc:
+            emit(out, part="head-variants", loss_chunk=chunk, error=root_cause(exc))
+            continue
+        loss = call()
         reference = reference or (loss.detach(), predicted.grad.detach().clone())
-        emit(out, part="head-variants", form=form, loss_chunk=chunk, rows=len(labels), first_s=round(first, 1),
-             ms=round(ms, 2), spread_ms=spread, tflops=round(flops / ms / 1e9, 1),
-             mfu=round(flops / (ms / 1e3) / PEAK, 3), peak_gb=peak_gb(), loss_rel_err=rel_err(loss, reference[0]),
+        emit(out, part="head-variants", loss_chunk=chunk, rows=len(labels), first_s=round(first, 1), ms=round(ms, 2),
+             spread_ms=spread, tflops=round(flops / ms / 1e9, 1), mfu=round(flops / (ms / 1e3) / PEAK, 3),
+             peak_gb=peak_gb(), loss_rel_err=rel_err(loss, reference[0]),
              grad_rel_err=rel_err(predicted.grad, reference[1]))
 
 
@@ -727,8 +689,6 @@ def main() -> None:
                         help="target-/drafter-variants: the variants to run, comma-separated (default all)")
     parser.add_argument("--chunks", type=lambda text: [int(c) for c in text.split(",")], default=[1024, 2048, 4096, 8192],
                         help="head-variants: the drafter.loss_chunk values, comma-separated")
-    parser.add_argument("--head-forms", type=lambda text: text.split(","), default=["today", "where"],
-                        help="head-variants: today (FusedHeadCrossEntropy) | where (WhereHeadCrossEntropy)")
     parser.add_argument("--no-whole", dest="whole", action="store_false",
                         help="target-variants: the one layer only, not the whole forward")
     parser.add_argument("--before", action="store_true",

@@ -21,7 +21,7 @@
 #                                   $GPU (default 0) is the GPU the runs take.
 #   bash bench/gpu_probe.sh variants one GPU (nvidia-h200), ~4-6 min: issue 16's kernel-structure A/Bs into
 #                                   $OUT/probe.jsonl, each part cold in a process of its own: target layer and
-#                                   forward variants, the head's loss_chunk and gradient form, drafter layer variants, then
+#                                   forward variants, the head's loss_chunk, drafter layer variants, then
 #                                   max-autotune of the target layer (its cold compile seconds); at most
 #                                   150+120+90+180 s ($TARGET_S $HEAD_S $DRAFTER_S $AUTOTUNE_S).
 #   bash bench/gpu_probe.sh overheads  one GPU (nvidia-h200), ~4 min: the step's overheads before and after

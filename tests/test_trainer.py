@@ -27,6 +27,7 @@ def test_presets_have_the_documented_shapes():
     assert (qwen.target.layers, qwen.target.hidden, qwen.target.intermediate) == (36, 4096, 12288)
     assert (qwen.target.heads, qwen.target.kv_heads, qwen.target.vocab_size) == (32, 8, 151936)
     assert qwen.drafter.layers == 5 and qwen.run.dtype == "bf16"
+    assert qwen.drafter.loss_chunk == 4096  # the head's 2 x 7,680 rows in 4 chunks (issue 16, ~2% of the head)
     # counted like ../shared/perf-notes.md: ~100 TFLOP a 2048-token sample (34 of 36 target layers run)
     assert 95e12 < flops_per_sample(qwen)["total"] < 101e12
 
@@ -58,6 +59,11 @@ def test_config_hash_ignores_run_length_but_not_the_model():
     base = build_config("tiny-cpu", []).hash()
     assert build_config("tiny-cpu", ["run.steps=999"]).hash() == base
     assert build_config("tiny-cpu", ["drafter.layers=3"]).hash() != base
+    # the head's row chunking is not the model: a qwen3-8b-shape checkpoint from before its loss_chunk 4096
+    # (written at 1024, config 1a4c23fee716) resumes under the preset
+    assert build_config("tiny-cpu", ["drafter.loss_chunk=4096"]).hash() == base
+    qwen = build_config("qwen3-8b-shape", [])
+    assert qwen.hash() == build_config("qwen3-8b-shape", ["drafter.loss_chunk=1024"]).hash() == "1a4c23fee716"
 
 
 def test_block_sees_context_before_its_anchor_and_its_own_block_only():
