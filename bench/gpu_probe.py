@@ -26,6 +26,9 @@ trainer compiles, 8 timed steps; all of them on one H200 (~4-6 min, each part co
     python3 bench/gpu_probe.py --out $OUT --part head-variants     # HeadLoss at loss_chunk 1024..8192
     python3 bench/gpu_probe.py --out $OUT --part drafter-variants  # one drafter layer fwd+bwd: today | k/v and
         # gate/up fused (fp32 parameters concatenated inside the compiled region) | q/k/v fused on the block
+    python3 bench/gpu_probe.py --out $OUT --part attention-layout  # q/k rotated before their heads move
+        # forward (FlexAttention's q/k/v, output and output gradient all (b, L, h, d) views, no transposing
+        # copies) vs today: one drafter layer fwd+bwd, then one target layer forward (~1 min)
 --variants NAME,... picks variants; a CPU dry run: --preset tiny-cpu (the same lines, CUDA-only variants
 as error lines). Each variant line carries rel_err against `today` (0.004 is one bf16 rounding).
 
@@ -51,7 +54,7 @@ from trainer.compile import COMPILE_KWARGS
 from trainer.config import preset, tap_layers
 from trainer.data import build_source
 from trainer.flops import flops_per_sample
-from trainer.model import build_target, model_dtype
+from trainer.model import Rotary, build_target, model_dtype
 from trainer.replica import build_replica, forward_backward, optimizer_step, seeded_drafter
 
 PEAK = 989e12
@@ -631,11 +634,19 @@ class FusedDrafterLayer(torch.nn.Module):
 
 
 def probe_drafter_variants(args, cfg, out: Path) -> None:
+    """One drafter layer forward + backward (drafter_layer_ab): today vs k/v + gate/up fused (concatenated
+    inside the compiled region) vs q/k/v fused on the block."""
+    drafter_layer_ab(args, cfg, out, "drafter-variants", {
+        "today": lambda layer: copy.copy(layer), "fused-kv-gateup": FusedDrafterLayer,
+        "fused-qkv-block": lambda layer: FusedDrafterLayer(layer, qkv_block=True)})
+
+
+def drafter_layer_ab(args, cfg, out: Path, part: str, variants: dict) -> None:
     """One drafter layer forward + backward under bf16 autocast (fp32 parameters, its FlexAttention BlockMask
-    on CUDA, the dense SDPA mask on the CPU), compiled as compile scope `layers` compiles it under nographs:
-    today vs k/v + gate/up fused (concatenated inside the compiled region) vs q/k/v fused on the block. The
-    variants share one layer's parameters; rel_err (against today's) of the output, the gradients of the block
-    stream and of the context, and those of the k and up weights."""
+    on CUDA, the dense SDPA mask on the CPU), compiled as compile scope `layers` compiles it under nographs,
+    as each of `variants` (name -> a module made from the layer) makes it, in this one process. The variants
+    share one layer's parameters; rel_err (against the first) of the output, the gradients of the block stream
+    and of the context, and those of the k and up weights."""
     device, b = probe_device(), cfg.data.batch
     with_layers = [copy.deepcopy(cfg) for _ in range(2)]
     with_layers[0].drafter.layers, with_layers[1].drafter.layers = 1, 0
@@ -643,12 +654,10 @@ def probe_drafter_variants(args, cfg, out: Path) -> None:
     flops = (one - none) * b  # forward + backward of one drafter layer, counted by trainer/flops.py
     drafter, inputs = drafter_layer_inputs(cfg, device)
     layer, (x, context) = drafter.layers[0], inputs[:2]
-    variants = {"today": lambda: copy.copy(layer), "fused-kv-gateup": lambda: FusedDrafterLayer(layer),
-                "fused-qkv-block": lambda: FusedDrafterLayer(layer, qkv_block=True)}
     reference = None
     for name in args.variants or variants:
         torch._dynamo.reset()
-        module = variants[name]()
+        module = variants[name](layer)
         module.compile(**COMPILE_KWARGS["nographs"])
 
         def call(fn=module) -> torch.Tensor:
@@ -665,15 +674,110 @@ def probe_drafter_variants(args, cfg, out: Path) -> None:
         grads = (out_.detach(), x.grad.detach().clone(), context.grad.detach().clone(),
                  layer.proj.k.weight.grad.detach().clone(), layer.mlp.up.weight.grad.detach().clone())
         reference = reference or grads
-        emit(out, part="drafter-variants", variant=name, first_s=round(first, 1), ms=round(ms, 3), spread_ms=spread,
+        emit(out, part=part, variant=name, first_s=round(first, 1), ms=round(ms, 3), spread_ms=spread,
              tflops=round(flops / ms / 1e9, 1), mfu=round(flops / (ms / 1e3) / PEAK, 3), peak_gb=peak_gb(),
-             rel_err=[rel_err(g, r) for g, r in zip(grads, reference)], kernels=cuda_kernels(call))
+             rel_err=[rel_err(g, r) for g, r in zip(grads, reference)], kernels=cuda_kernels(call, rows=args.rows))
+
+
+def apply_rope_heads_last(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """trainer.model.apply_rope for x laid out (b, L, h, d), as the projections give it: cos/sin (L, d/2) or
+    (b, L, d/2) broadcast over the heads."""
+    cos, sin = cos[..., None, :], sin[..., None, :]  # (L, 1, d/2) or (b, L, 1, d/2)
+    x1, x2 = x.float().chunk(2, dim=-1)  # (b, L, h, d/2) each
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)  # (b, L, h, d)
+
+
+def rope_first_qkv(proj, q_in, kv_in, rope_q, rope_kv):
+    """Queries, keys and values as Projections.queries/keys_values and apply_rope make them, the rotation done
+    on the (b, L, heads, d) projection before the heads are moved forward: each a (b, heads, L, d) view of a
+    (b, L, heads, d) buffer, as v already is, instead of a new (b, heads, L, d) buffer."""
+    b, queries, kv_len = q_in.shape[0], q_in.shape[1], kv_in.shape[1]
+    q = proj.q_norm(proj.q(q_in).view(b, queries, proj.heads, proj.head_dim))  # (b, L, h, d)
+    k = proj.k_norm(proj.k(kv_in).view(b, kv_len, proj.kv_heads, proj.head_dim))  # (b, L', kv, d)
+    v = proj.v(kv_in).view(b, kv_len, proj.kv_heads, proj.head_dim)  # (b, L', kv, d)
+    q, k = apply_rope_heads_last(q, *rope_q), apply_rope_heads_last(k, *rope_kv)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (b, h|kv, L|L', d)
+
+
+class RopeFirstDrafterLayer(torch.nn.Module):
+    """A DrafterLayer (its own parameters) with q/k rotated before their heads are moved forward
+    (rope_first_qkv): FlexAttention then gets q/k/v, and gives its output and takes its output's gradient,
+    in the (b, L, h, d) order the projections use, where today q/k are new (b, h, L, d) buffers, so the output
+    is one too while its gradient (from the o projection) is (b, L, h, d): the backward's delta = rowsum(dO * O)
+    reads two layouts, and transposing copies are made around the kernels."""
+
+    def __init__(self, layer) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, context, rope_q, rope_kv, mask) -> torch.Tensor:
+        from trainer.model import flex_attention
+
+        layer = self.layer
+        h = layer.attn_norm(x)  # (b, A*B, H)
+        q, k, v = rope_first_qkv(layer.proj, h, torch.cat((context, h), dim=1), rope_q, rope_kv)
+        if isinstance(mask, torch.Tensor):
+            attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        else:
+            attn = flex_attention(q, k, v, mask)  # (b, h, A*B, d)
+        x = x + layer.proj.output(attn)
+        return x + layer.mlp(layer.mlp_norm(x))
+
+
+class RopeFirstTargetLayer(torch.nn.Module):
+    """A TargetLayer (its own parameters) with q/k rotated before their heads are moved forward, so SDPA gets
+    and (cuDNN: an output laid out like its query) gives (b, L, h, d) buffers and the o projection's input is a
+    view, not a copy."""
+
+    def __init__(self, layer) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        layer = self.layer
+        h = layer.attn_norm(x)  # (b, T, H)
+        q, k, v = rope_first_qkv(layer.proj, h, h, (cos, sin), (cos, sin))  # (b, h|kv, T, d)
+        attn = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + layer.proj.output(attn)
+        return x + layer.mlp(layer.mlp_norm(x))
+
+
+def probe_attention_layout(args, cfg, out: Path) -> None:
+    """Where the attention's q/k are rotated, today (after moving the heads forward: new (b, h, L, d) buffers)
+    vs first (rope_first_qkv: views of the projections' (b, L, h, d) order): one drafter layer forward +
+    backward (drafter_layer_ab), then one target layer forward (bf16, no grad, compiled as compile_target
+    compiles it), each A/B in this one process; the kernels listed show which copies go."""
+    drafter_layer_ab(args, cfg, out, "attention-layout", {"today": lambda layer: copy.copy(layer),
+                                                           "rope-first": RopeFirstDrafterLayer})
+    from trainer.model import TargetLayer
+
+    device, b, seq = probe_device(), cfg.data.batch, cfg.data.seq_len
+    flops = flops_per_sample(cfg)["target"] / (max(tap_layers(cfg.target.layers, cfg.drafter.taps)) + 1) * b
+    torch.manual_seed(0)
+    with torch.device(device):
+        layer = TargetLayer(cfg.target).to(torch.bfloat16).requires_grad_(False)
+        x = torch.randn(b, seq, cfg.target.hidden, dtype=torch.bfloat16)
+    cos, sin = Rotary(cfg.target.hidden // cfg.target.heads, cfg.target.rope_theta).to(device)(
+        torch.arange(seq, device=device))  # (T, d/2) each
+    reference = None
+    for name, make in (("target-today", copy.copy), ("target-rope-first", RopeFirstTargetLayer)):
+        torch._dynamo.reset()
+        module = make(layer)
+        module.compile(**COMPILE_KWARGS["nographs"])
+        with torch.no_grad():
+            first, ms, spread = first_and_steady(lambda: module(x, cos, sin), args.steps)
+            out_ = module(x, cos, sin)
+            kernels = cuda_kernels(lambda: module(x, cos, sin), rows=args.rows)
+        reference = out_ if reference is None else reference
+        emit(out, part="attention-layout", variant=name, first_s=round(first, 1), ms=round(ms, 3), spread_ms=spread,
+             tflops=round(flops / ms / 1e9, 1), mfu=round(flops / (ms / 1e3) / PEAK, 3),
+             rel_err=rel_err(out_, reference), kernels=kernels)
 
 
 PARTS = {"target": probe_target, "drafter": probe_drafter, "layer": probe_region, "head": probe_region,
          "attention": probe_attention, "optimizer": probe_optimizer, "mask": probe_mask}
 VARIANT_PARTS = {"target-variants": probe_target_variants, "head-variants": probe_head_variants,
-                 "drafter-variants": probe_drafter_variants}
+                 "drafter-variants": probe_drafter_variants, "attention-layout": probe_attention_layout}
 
 
 def main() -> None:
@@ -684,7 +788,7 @@ def main() -> None:
     parser.add_argument("--strategy", default="nographs")
     parser.add_argument("--preset", default="qwen3-8b-shape")
     parser.add_argument("--steps", type=int, help="timed steps (default 15; 8 for the *-variants parts)")
-    parser.add_argument("--rows", type=int, default=18, help="kernels listed in the drafter profile")
+    parser.add_argument("--rows", type=int, default=18, help="kernels listed in the profiles")
     parser.add_argument("--variants", type=lambda text: text.split(","), default=None,
                         help="target-/drafter-variants: the variants to run, comma-separated (default all)")
     parser.add_argument("--chunks", type=lambda text: [int(c) for c in text.split(",")], default=[1024, 2048, 4096, 8192],

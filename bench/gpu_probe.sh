@@ -30,6 +30,8 @@
 #                                   (create_block_mask vs the builder's tables, checked equal), then --part
 #                                   drafter --mode layers --before (the whole drafter step both ways,
 #                                   alternated, after one compile; 60 kernels listed). $GPU as for cold.
+#   bash bench/gpu_probe.sh layout   one GPU, ~1-2 min: --part attention-layout (q/k rotated before their heads
+#                                   move forward vs today: one drafter layer fwd+bwd, one target layer forward).
 # SIG=KILL ends each run at its time without the trainer's checkpointed stop (~25 s for qwen3-8b-shape).
 # Probe processes get their own inductor cache (cold figures); the scale runs share one, named in rc.txt.
 set -uo pipefail
@@ -105,11 +107,14 @@ variants)
     # max-autotune first in its process: its first_s is the cold compile (the 60 s first-step budget)
     run v-autotune 0 "${AUTOTUNE_S:-180}" /tmp/ind-v-autotune "${PROBE[@]}" --part target-variants \
         --variants max-autotune,fused-max-autotune ;;
+layout)
+    run v-layout "${GPU:-0}" "${LAYOUT_S:-150}" /tmp/ind-v-layout python3 bench/gpu_probe.py --out "$OUT" --part attention-layout
+    grep -h '"ms"' "$OUT/probe.jsonl" | cut -c1-220 ;;
 overheads)
     run p-optimizer "${GPU:-0}" 120 /tmp/ind-po python3 bench/gpu_probe.py --out "$OUT/p-overheads" --part optimizer
     run p-mask "${GPU:-0}" 60 /tmp/ind-pm python3 bench/gpu_probe.py --out "$OUT/p-overheads" --part mask
     run p-step "${GPU:-0}" "${PROBE_S:-240}" /tmp/ind-ps python3 bench/gpu_probe.py --out "$OUT/p-overheads" \
         --part drafter --mode layers --before --rows 60
     grep -h '"ms"' "$OUT/p-overheads/probe.jsonl" ;;
-*) echo "usage: bash bench/gpu_probe.sh probe|scale|mfu|cold|variants|overheads" >&2; exit 2 ;;
+*) echo "usage: bash bench/gpu_probe.sh probe|scale|mfu|cold|variants|layout|overheads" >&2; exit 2 ;;
 esac
