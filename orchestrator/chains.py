@@ -385,7 +385,8 @@ class Supervisor:
         if not run.active:
             return Outcome(name, reason=reason, note=f"it had already ended ({run.state})")
         try:
-            result = stop_run(self.connections.container(run.target), self.store, name, grace_s=self.stop_grace_s)
+            result = stop_run(self.connections.container(run.target), self.store, name, grace_s=self.stop_grace_s,
+                              python=self.inventory.target(run.target).python)
         except RefusedError as exc:  # it had ended meanwhile, or its PID is someone else's now
             return Outcome(name, reason=reason, note=str(exc))
         except DfoError as exc:

@@ -22,6 +22,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
@@ -754,56 +755,18 @@ def resolve_launch(target: Target, store: Store, run: Run, *, grace_s: float = S
 
 # ---------------------------------------------------------------------------------------------- stop
 
-def identity_script(run: Run) -> str:
-    """Print the PID's stat, its cmdline (on one line), its stat again, then the exit file. The run may end
-    while this runs: the second stat tells a process that went away between the looks (cmdline then reads
-    empty) from another one holding the PID; the exit file, read last, is then already written."""
-    pid, exit_file = int(run.pid), shlex.quote(run.exit_path)
-    return (
-        f'echo "stat=$(cat /proc/{pid}/stat 2>/dev/null)"\n'
-        f"printf cmdline=; tr '\\0\\n' '  ' < /proc/{pid}/cmdline 2>/dev/null; echo\n"
-        f'echo "again=$(cat /proc/{pid}/stat 2>/dev/null)"\n'
-        f'echo "exit=$(cat {exit_file} 2>/dev/null)"'
-    )
+STOPPER = Path(__file__).parent / "agent" / "stopper.py"
 
 
-def kill_script(pid: int, grace_s: float, exit_file: str) -> str:
-    """SIGTERM the process group, wait up to grace_s for every non-zombie member to go, then SIGKILL it.
-
-    `signal=none` when the run had ended by then: nothing is signalled. The wrapper (the group's leader) alone
-    is writing the run's exit status, or, on a stop right after the launch, about to start the run: it gets
-    KILL_SETTLE_S to do either, and a run that ended is never signalled nor recorded as stopped. (A run that
-    ends between the last look and the kill, two shell builtins apart, is still taken as stopped.)
-
-    The waits are measured on /proc/uptime, not counted in polls: a scan of /proc takes a good part of a
-    second on a busy machine with many processes, and a counted wait would stretch the grace by that much."""
-    grace_cs, settle_cs = max(1, round(grace_s * 100)), round(KILL_SETTLE_S * 100)
-    return f"""
-now() {{ read -r u _ < /proc/uptime; cs=$(( ${{u%.*}} * 100 + 1${{u#*.}} - 100 )); }}
-alive() {{  # a non-zombie member of the group other than PID $1 ('': any)
-  skip=$1
-  kill -0 -{pid} 2>/dev/null || return 1
-  for f in /proc/[0-9]*/stat; do
-    p=${{f#/proc/}}; [ "${{p%/stat}}" = "$skip" ] && continue
-    {{ read -r l < "$f"; }} 2>/dev/null || continue
-    set -- ${{l##*) }}
-    if [ "$3" = {pid} ] && [ "$1" != Z ]; then return 0; fi
-  done
-  return 1
-}}
-wait_gone() {{ now; end=$((cs + $1)); while alive ''; do now; [ $cs -lt $end ] || return 1; sleep {POLL_S}; done; }}
-now; end=$((cs + {settle_cs}))
-while alive '' && ! alive {pid}; do now; [ $cs -lt $end ] || break; sleep {POLL_S}; done
-if ! alive '' || ! kill -TERM -{pid} 2>/dev/null; then
-  echo signal=none
-elif wait_gone {grace_cs}; then
-  echo signal=TERM
-else
-  echo signal=KILL; kill -KILL -{pid} 2>/dev/null
-  wait_gone {settle_cs}
-fi
-echo "exit=$(cat {shlex.quote(exit_file)} 2>/dev/null)"
-"""
+def stopper_script(run: Run, grace_s: float, python: str) -> str:
+    """The stop program (orchestrator/agent/stopper.py) for `run` as one sh script: the target's python (`python`,
+    else python3 or python on its PATH) runs its source, every argument quoted; `identity=nopython` without one."""
+    argv = ["-c", STOPPER.read_text(), "--pid", str(int(run.pid)),
+            "--starttime", "none" if run.proc_starttime is None else str(int(run.proc_starttime)),
+            "--exit-file", run.exit_path, "--grace", f"{grace_s:g}", "--settle", f"{KILL_SETTLE_S:g}"]
+    return (f"for py in {shlex.quote(python)} python3 python; do\n"
+            f'  if command -v "$py" >/dev/null 2>&1; then exec "$py" {shlex.join(argv)}; fi\n'
+            "done\necho identity=nopython\n")
 
 
 @dataclass(frozen=True)
@@ -814,43 +777,128 @@ class Stopped:
     signal: str | None
 
 
-def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GRACE_S) -> Stopped:
+def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GRACE_S, python: str = "python3") -> Stopped:
     """SIGTERM the run's process group, SIGKILL after `grace_s`, record how it ended.
 
-    Refuses (RefusedError) a run that is not active, and a PID that now belongs to another process."""
+    One remote program (orchestrator/agent/stopper.py, on `python`) checks that the recorded PID is still the run
+    and signals it, holding a pidfd on the process it checked: a PID the kernel gave to another process meanwhile
+    is never signalled. The stop request is recorded after that check and before any signal; a KeyboardInterrupt
+    before the signal withdraws it (the program ends with its stream, signalling nothing). Refuses (RefusedError) a
+    run that is not active, and a PID that now belongs to another process."""
     run = store.get_run(name)
     if not run.active or run.pid is None:
         raise RefusedError(f"run {name} is not running (state {run.state}); nothing to stop")
-    info = parse_probe(_stop_call(target, run, identity_script(run), STOP_PROBE_TIMEOUT))
-    stat, cmdline = info.get("stat", ""), info.get("cmdline", "")
-    started = proc_starttime(stat)
-    if gone(stat) or (run.exit_path not in cmdline and run.proc_starttime in (None, started)
-                      and gone(info.get("again", ""), started)):
-        # ended before the look, or while it looked (its cmdline then reads empty): nothing to signal
-        return Stopped(_ended_before_stop(store, run, info.get("exit", "")), None)
-    if (run.proc_starttime is not None and started != run.proc_starttime) or run.exit_path not in cmdline:
-        _record_end(store, run, info.get("exit", ""), "its PID was reused")
-        raise RefusedError(
-            f"PID {run.pid} on {run.target} is no longer run {name}: that process started at tick {started}, "
-            f"the run at tick {run.proc_starttime} (command {cmdline.strip()[:60]!r}); not signalling it",
-            hint="the run had already ended; it is now recorded as such",
-        )
-    pause_at_hook("identified")
-    asked_before = store.get_run(name).stop_requested_at  # another stop's (or a multi-node run's), now
-    ours = store.request_stop(name).stop_requested_at  # before the signal: a watch reads its exit as stopped
-    output = _stop_call(target, run, kill_script(run.pid, grace_s, run.exit_path),
-                        # the kill script's own waits: the grace, a settle before the signal and one after KILL
-                        grace_s + 2 * KILL_SETTLE_S + STOP_PROBE_TIMEOUT)
-    info = parse_probe(output)
-    if info.get("signal", "none") == "none":  # it ended after the look, before the signal
+    asked_before = ours = None  # the stop request asked before ours (another stop's, or a multi-node run's), ours
+    with _StopTalk(target, run, stopper_script(run, grace_s, python)) as talk:
+        try:
+            info = _identified(store, run, talk, python)
+            if info.get("identity") == "gone":  # ended before the look, or while it looked: nothing to signal
+                return Stopped(_ended_before_stop(store, run, talk.until("exit", STOP_PROBE_TIMEOUT)["exit"]), None)
+            pause_at_hook("identified")
+            asked_before = store.get_run(name).stop_requested_at
+            ours = store.request_stop(name).stop_requested_at  # before the signal: a watch reads its exit as stopped
+            info = talk.signal(grace_s)
+        except KeyboardInterrupt:
+            if ours is not None and talk.term_sent_at is None:
+                _withdraw(store, name, asked_before, ours)
+            raise
+    if "signal" not in info:  # the program ended early (it died, or its target went away)
+        raise RemoteError(f"stopping {name}: the stop program ended early; "
+                          + ("its SIGTERM went out" if talk.term_sent_at is not None else "nothing was signalled"),
+                          where=run.target, hint=f"`dfo runs {name}` shows how it ends; `dfo stop {name}` again")
+    if info["signal"] in ("none", "withheld"):  # it ended after the look, before the signal
         now = store.get_run(name)
         if not now.active:  # its end is recorded already: by another stop, whose signal ended it, or a watch
             return Stopped(now, None)
-        if now.stop_requested_at == ours:  # no stop of ours reached it: ours is withdrawn, one asked before holds
-            now = store.update_run(name, stop_requested_at=asked_before)
+        now = _withdraw(store, name, asked_before, ours)
+        if info.get("signal") == "withheld":
+            raise RemoteError(f"stopping {name}: the stop program got no word to signal; nothing was signalled",
+                              where=run.target, hint=f"run `dfo stop {name}` again")
         return Stopped(_ended_before_stop(store, now, info.get("exit", "")), None)
     ended = _record_end(store, run, info.get("exit", ""), f"stopped by dfo (SIG{info['signal']})", state="stopped")
     return Stopped(ended, info["signal"])
+
+
+def _identified(store: Store, run: Run, talk: "_StopTalk", python: str) -> dict[str, str]:
+    """The stop program's identity check of `run`: what it said (`identity` ok or gone); a PID now another
+    process's is recorded as the run's end and refused (RefusedError), no answer or no python is a RemoteError."""
+    info = talk.until("cmdline", STOP_PROBE_TIMEOUT)
+    if info.get("identity") == "nopython":
+        raise RemoteError(f"stopping {run.name} needs python on {run.target}; found none of {python}, python3, python",
+                          where=run.target, hint="set the container's `python:` in the inventory")
+    if info.get("identity") not in ("ok", "gone", "reused"):
+        raise RemoteError(f"stopping {run.name}: the stop program gave no answer ({info or 'no output'}); nothing "
+                          "was signalled", where=run.target, hint=f"run `dfo stop {run.name}` again")
+    if info["identity"] == "reused":
+        _record_end(store, run, talk.until("exit", STOP_PROBE_TIMEOUT)["exit"], "its PID was reused")
+        raise RefusedError(
+            f"PID {run.pid} on {run.target} is no longer run {run.name}: that process started at tick "
+            f"{info.get('started')}, the run at tick {run.proc_starttime} (command {info['cmdline'][:60]!r}); "
+            "not signalling it", hint="the run had already ended; it is now recorded as such")
+    return info
+
+
+def _withdraw(store: Store, name: str, asked_before: str | None, ours: str | None) -> Run:
+    """A stop request of ours that no signal followed is withdrawn; one asked before (another stop's) holds."""
+    now = store.get_run(name)
+    return store.update_run(name, stop_requested_at=asked_before) if now.stop_requested_at == ours else now
+
+
+class _StopTalk:
+    """dfo's end of the stop program's stream: its `key=value` lines as they come, dfo's word, and a bound on each
+    wait (a target that stops answering is a CommandTimeout naming the run, never a hang). Closing it ends the
+    program: whatever it has not signalled yet is never signalled."""
+
+    def __init__(self, target: Target, run: Run, script: str) -> None:
+        self.run, self.stream = run, target.stream(script)
+        self.buffer, self.info = b"", {}
+        self.term_sent_at: float | None = None
+
+    def __enter__(self) -> "_StopTalk":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stream.close()
+
+    def until(self, key: str, timeout: float) -> dict[str, str]:
+        """Read lines until one gives `key` (or the program ends) within `timeout`; what all lines said so far."""
+        deadline = time.monotonic() + timeout
+        while key not in self.info and self._line(deadline, timeout):
+            pass
+        return self.info
+
+    def signal(self, grace_s: float) -> dict[str, str]:
+        """Say `stop`, then follow the program to its end: the settle, SIGTERM, the grace (`waiting=` lines),
+        SIGKILL. Bound: the grace, a settle before the signal and one after KILL, and a probe."""
+        self.stream.write(b"stop\n")
+        bound = grace_s + 2 * KILL_SETTLE_S + STOP_PROBE_TIMEOUT
+        deadline = time.monotonic() + bound
+        while "exit" not in self.info:
+            key = self._line(deadline, bound)
+            if key is None:
+                break
+            if key == "term":
+                self.term_sent_at = time.monotonic()
+        return self.info
+
+    def _line(self, deadline: float, bound: float) -> str | None:
+        """Read one `key=value` line into info; its key, or None at the end of the program's output."""
+        while b"\n" not in self.buffer:
+            try:
+                chunk = self.stream.read(timeout=max(0.0, deadline - time.monotonic()))
+            except CommandTimeout:
+                raise CommandTimeout(
+                    f"stopping {self.run.name}: no answer within {bound:g}s; the run may still be going",
+                    where=self.run.target,
+                    hint=f"check it with `dfo logs {self.run.name}`, then run `dfo stop {self.run.name}` again",
+                ) from None
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        key, _, value = line.decode(errors="replace").partition("=")
+        self.info[key] = value
+        return key
 
 
 def _ended_before_stop(store: Store, run: Run, exit_text: str) -> Run:
@@ -859,18 +907,6 @@ def _ended_before_stop(store: Store, run: Run, exit_text: str) -> Run:
     whose node 0's SIGTERM ended this node; or a second `dfo stop` of the run): that holds, `stopped`."""
     state = RunState.STOPPED if run.stop_requested_at and exit_text.strip() else None
     return _record_end(store, run, exit_text, "exited on its own before stop signalled it", state=state)
-
-
-def _stop_call(target: Target, run: Run, script: str, timeout: float) -> str:
-    """Run one of stop's scripts; a target that does not answer in time is a CommandTimeout naming the run."""
-    try:
-        return target.run(script, timeout=timeout, check=True).stdout
-    except CommandTimeout:
-        raise CommandTimeout(
-            f"stopping {run.name}: no answer within {timeout:g}s; the run may still be going",
-            where=run.target,
-            hint=f"check it with `dfo logs {run.name}`, then run `dfo stop {run.name}` again",
-        ) from None
 
 
 def _record_end(store: Store, run: Run, exit_text: str, why: str, *, state: str | None = None) -> Run:

@@ -24,7 +24,7 @@ import pytest
 from orchestrator.errors import InvalidName, RefusedError, RemoteError, UsageError
 from orchestrator.package import build_package, package_files
 from orchestrator.remote.local import LocalTarget
-from orchestrator.runs import RunSpec, follow_log, gone, kill_script, launch, log_tail, stop
+from orchestrator.runs import RunSpec, follow_log, gone, launch, log_tail, stop
 from orchestrator.store import Run, Store
 
 FAKE_TRAINER_MAIN = """
@@ -271,36 +271,31 @@ def test_the_cleanup_of_leftover_runs_kills_a_live_run_and_spares_a_process_that
         stranger.wait()
 
 
-class ExitsDuringTheCheck(LocalTarget):
-    """Runs stop's identity script (one remote call) in two: its first line, the PID's stat (the run still
-    alive), then `meanwhile()` (the run exits on its own), then the rest; as when a run ends while stop is
-    checking who has its PID."""
+def stopper_with(monkeypatch, tmp_path: Path, at: str, insert: str) -> None:
+    """Make the stop program (orchestrator/agent/stopper.py, run inside the target) run `insert` (lines at the
+    indentation of `at`) just before the line `at`: something happens exactly there, inside its one process."""
+    import orchestrator.runs as runs_module
 
-    def __init__(self, name: str, meanwhile) -> None:
-        super().__init__(name)
-        self.meanwhile = meanwhile
-
-    def run(self, cmd, **kwargs):
-        if not (isinstance(cmd, str) and cmd.startswith('echo "stat=') and self.meanwhile):
-            return super().run(cmd, **kwargs)
-        first, _, rest = cmd.partition("\n")
-        head = super().run(first, **kwargs)
-        self.meanwhile(), setattr(self, "meanwhile", None)
-        tail = super().run(rest, **kwargs)
-        return dataclasses.replace(tail, stdout=head.stdout + tail.stdout)
+    source = runs_module.STOPPER.read_text()
+    [line] = [line for line in source.splitlines() if line.strip() == at]
+    indent = line[:len(line) - len(line.lstrip())]
+    patched = tmp_path / "stopper.py"
+    patched.write_text(source.replace(line, "".join(indent + part + "\n" for part in insert.splitlines()) + line, 1))
+    monkeypatch.setattr(runs_module, "STOPPER", patched)
 
 
-def test_a_run_that_exits_while_stop_checks_it_is_reported_as_exited_not_as_a_reused_pid(store, workspace, tmp_path):
+def test_a_run_that_exits_while_stop_checks_it_is_reported_as_exited_not_as_a_reused_pid(store, workspace, tmp_path,
+                                                                                          monkeypatch):
     go = tmp_path / "go"
     run = launch(LocalTarget("here"), spec(workspace, f"while [ ! -e {go} ]; do sleep 0.02; done; exit 4"), store,
                  name="quits").run
     wait_for(lambda: alive(run.pid), what="run start")
 
-    def exit_now() -> None:
-        go.touch()
-        wait_for(lambda: Path(run.exit_path).exists() and not alive(run.pid), what="the run to exit")
-
-    result = stop(ExitsDuringTheCheck("here", exit_now), store, "quits", grace_s=1)
+    # between its first look at the PID (the run alive) and its command line, the run exits on its own
+    stopper_with(monkeypatch, tmp_path, 'cmdline = read_text("/proc/%d/cmdline" % pid).replace("\\0", " ").replace("\\n", " ")',
+                 f"open({str(go)!r}, 'w').close()\n"
+                 f"while not (os.path.exists({run.exit_path!r}) and not live(read_text('/proc/%d/stat' % pid))): time.sleep(0.02)")
+    result = stop(LocalTarget("here"), store, "quits", grace_s=1)
     assert result.signal is None  # nothing signalled: it had ended on its own
     assert (result.run.state, result.run.exit_code) == ("crashed", 4)  # its real end, from its exit file
     assert store.get_run("quits").stop_requested_at is None
@@ -390,24 +385,23 @@ def test_inventory_topology_reaches_the_trainer_in_its_own_words(store, workspac
     assert {trainer_topology(word) for word in inventory_words} == set(TOPOLOGIES)  # the trainer accepts each one
 
 
-def test_a_stop_whose_target_never_answers_times_out_and_leaves_the_run_recorded(store, workspace, monkeypatch):
+def test_a_stop_whose_target_never_answers_times_out_and_leaves_the_run_recorded(store, workspace, monkeypatch,
+                                                                                 tmp_path):
     import orchestrator.runs as runs_module
     from orchestrator.errors import CommandTimeout
 
-    class KillHangs(LocalTarget):
-        def run(self, cmd, **kw):
-            return super().run("sleep 600" if isinstance(cmd, str) and "kill -TERM" in cmd else cmd, **kw)
-
     monkeypatch.setattr(runs_module, "STOP_PROBE_TIMEOUT", 1.0)
     monkeypatch.setattr(runs_module, "KILL_SETTLE_S", 0.5)
+    stopper_with(monkeypatch, tmp_path, "settle_end = time.monotonic() + args.settle", "time.sleep(600)")  # it hangs
     run = launch(LocalTarget("here"), spec(workspace, "sleep 30"), store, name="wedged").run
     wait_for(lambda: alive(run.pid), what="run start")
     started = time.monotonic()
-    # the kill call's bound: grace 0.5 + a settle before the signal and one after KILL (2 x 0.5) + the probe's 1
+    # the bound after its identity check: grace 0.5 + a settle before the signal and one after KILL (2 x 0.5) + 1
     with pytest.raises(CommandTimeout, match=r"stopping wedged: no answer within 2\.5s.*dfo stop wedged"):
-        stop(KillHangs("here"), store, "wedged", grace_s=0.5)
+        stop(LocalTarget("here"), store, "wedged", grace_s=0.5)
     assert time.monotonic() - started < 8
     assert store.get_run("wedged").state == "running" and alive(run.pid)  # nothing recorded that did not happen
+    monkeypatch.undo()
     assert stop(LocalTarget("here"), store, "wedged", grace_s=5).run.state == "stopped"
 
 
@@ -543,37 +537,33 @@ def _read(path: Path) -> bytes:
 BUSY = "i=0; while [ $i -lt 300000 ]; do i=$((i + 1)); done"  # builtins only: the group's leader alone, for a while
 
 
-@pytest.mark.parametrize("then, signal", [("echo 7 > {exit}", "none"), ("sleep 30", "TERM")])
-def test_stops_signal_waits_out_a_wrapper_alone_in_its_group_and_goes_only_to_a_run(tmp_path, then, signal):
+@pytest.mark.parametrize("then, signal", [("echo 7 > {exit}", None), ("sleep 30; : {exit}", "TERM")])
+def test_stops_signal_waits_out_a_wrapper_alone_in_its_group_and_goes_only_to_a_run(store, tmp_path, then, signal):
     # the wrapper alone is writing its run's exit status (the run ended: no signal, its status read), or is
     # about to start the run (a stop right after the launch: the run is signalled once it is there)
     exit_file = tmp_path / "run.exit"
     wrapper = subprocess.Popen(["sh", "-c", f"{BUSY}; {then.format(exit=exit_file)}"], start_new_session=True)
     try:
-        out = LocalTarget("here").run(kill_script(wrapper.pid, 5, str(exit_file)), timeout=40).stdout
+        wait_for(lambda: str(exit_file).encode() in Path(f"/proc/{wrapper.pid}/cmdline").read_bytes(), what="start")
+        started = int(Path(f"/proc/{wrapper.pid}/stat").read_text().rpartition(")")[2].split()[19])
+        store.add_run(Run(name="w", target="here", pid=wrapper.pid, proc_starttime=started, exit_path=str(exit_file),
+                          state="running"))
+        result = stop(LocalTarget("here"), store, "w", grace_s=5)
     finally:
         wrapper.kill()
         wrapper.wait()
-    assert f"signal={signal}\n" in out
-    assert ("exit=7" in out) == (signal == "none")
+    assert result.signal == signal
+    assert result.run.exit_code == (7 if signal is None else None)
 
 
-def test_the_grace_period_is_time_not_a_count_of_polls(store, workspace):
-    from orchestrator.runs import POLL_S
-
-    class SlowPolls(LocalTarget):
-        """Every poll of the stop's wait takes 1 s more, as a /proc scan does on a busy machine with many processes."""
-
-        def run(self, cmd, **kw):
-            if isinstance(cmd, str) and "kill -TERM" in cmd:
-                cmd = cmd.replace(f"sleep {POLL_S}", f"sleep {POLL_S + 1}")
-            return super().run(cmd, **kw)
-
+def test_the_grace_period_is_time_not_a_count_of_polls(store, workspace, monkeypatch, tmp_path):
+    # every look at the run's group takes 1 s more, as a /proc scan does on a busy machine with many processes
+    stopper_with(monkeypatch, tmp_path, "found = []", "time.sleep(1)")
     run = launch(LocalTarget("here"), spec(workspace, "trap '' TERM; while :; do sleep 0.2; done"), store, name="slowpoll").run
     wait_for(lambda: alive(run.pid), what="run start")
     time.sleep(0.3)
     started = time.monotonic()
-    result = stop(SlowPolls("here"), store, "slowpoll", grace_s=2)
+    result = stop(LocalTarget("here"), store, "slowpoll", grace_s=2)
     assert result.signal == "KILL" and not alive(run.pid)
     assert time.monotonic() - started < 9  # 2 s of grace, not 2 s worth of polls (10 polls of 1.2 s = 12 s)
 
@@ -596,3 +586,32 @@ def test_a_start_never_seen_answered_whose_run_ended_before_a_look_is_resolved_t
     resolved, ended = store.events("brief")[-2:]
     assert (resolved["kind"], resolved["data"]) == ("launch_resolved", {"pid": None, "how": "found ended by its exit file"})
     assert (ended["kind"], ended["data"]["why"]) == ("ended", "ended before dfo looked")
+
+
+@pytest.mark.parametrize("kernel", ["pidfd group signal", "pidfd without group signal (Linux < 6.9)", "no pidfd"])
+def test_the_stop_program_signals_the_checked_group_and_never_a_group_whose_number_is_anothers(monkeypatch, tmp_path,
+                                                                                              kernel):
+    from orchestrator.agent import stopper
+
+    if kernel.startswith("pidfd without"):
+        monkeypatch.setattr(stopper, "PIDFD_SIGNAL_PROCESS_GROUP", 1 << 30)  # the kernel answers EINVAL: by number
+    elif kernel == "no pidfd":
+        monkeypatch.delattr(stopper.os, "pidfd_open", raising=False)
+    exit_file = str(tmp_path / "run.exit")
+    group = subprocess.Popen(["sh", "-c", f"sleep 30 & sleep 31; wait; : {exit_file}"], start_new_session=True)
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        wait_for(lambda: len(live_group_members(group.pid)) == 3, what="the group")
+        identity, stat, _, run = stopper.identify(group.pid, None, exit_file)
+        assert identity == "ok" and (run.fd is None) == (kernel == "no pidfd")
+        started = stopper.starttime(Path(f"/proc/{stranger.pid}/stat").read_text())
+        other = stopper.Run(stranger.pid, started - 1, None)  # its number, another start time: another process's now
+        assert other.members() == [] and not other.signal(signal.SIGTERM)
+        assert run.signal(signal.SIGTERM)
+        wait_for(lambda: live_group_members(group.pid) == [], what="the group's end")
+        assert stranger.poll() is None
+        assert run.group_flag == (kernel == "pidfd group signal")
+    finally:
+        for proc in (group, stranger):
+            proc.kill()
+            proc.wait()

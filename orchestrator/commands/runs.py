@@ -466,7 +466,7 @@ def stop_command(
             if runs_lib.worth_a_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a
                 run = _look_for_start(target, store, run, inv.watch.start_grace_s)  # start never seen answered
                 stopped = None if run.active else runs_lib.Stopped(run, None)  # it ended, or never started
-            stopped = stopped or runs_lib.stop(target, store, name, grace_s=grace)
+            stopped = stopped or runs_lib.stop(target, store, name, grace_s=grace, python=inv.target(run.target).python)
         not_started = why_not_started(store, stopped.run)
     run = stopped.run
     if as_json:
