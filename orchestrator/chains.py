@@ -375,7 +375,7 @@ class Supervisor:
     inventory: Inventory
     connections: Any
     store: Store
-    stop_grace_s: float = 30.0
+    stop_grace_s: float | None = None  # None: the run's variant's (Inventory.stop_grace)
     gpu_release_s: float = GPU_RELEASE_S
     on_step: Callable[[str, dict], None] = field(default=lambda kind, data: None)  # intent progress, for tests/events
 
@@ -385,7 +385,8 @@ class Supervisor:
         if not run.active:
             return Outcome(name, reason=reason, note=f"it had already ended ({run.state})")
         try:
-            result = stop_run(self.connections.container(run.target), self.store, name, grace_s=self.stop_grace_s,
+            grace = self.stop_grace_s if self.stop_grace_s is not None else self.inventory.stop_grace(run.variant)
+            result = stop_run(self.connections.container(run.target), self.store, name, grace_s=grace,
                               python=self.inventory.target(run.target).python)
         except RefusedError as exc:  # it had ended meanwhile, or its PID is someone else's now
             return Outcome(name, reason=reason, note=str(exc))

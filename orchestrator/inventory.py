@@ -148,6 +148,7 @@ class Variant(_Strict):
     notify: Optional[Notify] = None  # replaces the inventory's notify: for this variant's runs
     tags: list[WandbTag] = []  # W&B tags of its built-in trainer runs (with the batch as group, the variant as job type)
     nodes: int = Field(1, ge=1)  # > 1: a multi-node run, launched with that many --host (docs/multinode.md)
+    stop_grace_s: Optional[float] = Field(None, gt=0)  # a stop's SIGTERM -> SIGKILL wait for its runs (STOP_GRACE_S)
     master_port: int = Field(29500, ge=1, le=65535)  # its rendezvous port on the first target
 
     @model_validator(mode="after")
@@ -168,6 +169,13 @@ _DECIDE = DecideConfig()
 START_GRACE_S = 30.0
 """`watch.start_grace_s`'s default: after a start that got no answer, how long (from when dfo gave up on the
 answer) its run gets to show before the launch counts as failed (runs.start_grace_left)."""
+
+
+STOP_GRACE_S = 90.0
+"""A stop's default wait between SIGTERM and SIGKILL (a variant's `stop_grace_s` replaces it). Above the built-in
+trainer's own bound on a stop: procsplit's supervisor gives its drafters 60 s (trainer/procsplit.py STOP_GRACE_S)
+and its targets 5 s more, and a stop lands at the next logging step and its checkpoint; a SIGKILL before that
+loses the checkpoint the SIGTERM asked for (docs/trainer.md, exit 75)."""
 
 
 class Watch(_Strict):  # the decide/ keys take their defaults from DecideConfig (docs/decisions.md)
@@ -237,6 +245,13 @@ class Inventory(_Strict):
             known = ", ".join(self.variants) or "none"
             raise UnknownVariant(f"unknown variant {name!r} in {self.source}; known variants: {known}")
         return self.variants[name]
+
+
+    def stop_grace(self, variant: str | None) -> float:
+        """How long a stop of a run of `variant` waits between SIGTERM and SIGKILL: the variant's `stop_grace_s`,
+        else STOP_GRACE_S (also for a variant this inventory does not have)."""
+        found = self.variants.get(variant or "")
+        return found.stop_grace_s if found is not None and found.stop_grace_s is not None else STOP_GRACE_S
 
 
 VariantSpec = Variant

@@ -26,7 +26,7 @@ import re
 import shlex
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from . import runs as runs_lib
 from .chains import (
@@ -259,16 +259,17 @@ def _stop_quietly(node_run: str, target: Target, store: Store) -> None:
         pass  # it ended meanwhile, or its target went away: the registry says which
 
 
-def stop_nodes(store: Store, run: str, target_of: Callable[[str], Target], *, grace_s: float) -> list[runs_lib.Stopped]:
-    """Stop every node of `run` that is still active (identity-checked, as runs.stop does), node 0 first: its
-    SIGTERM alone already makes every rank stop at the next logging step."""
+def stop_nodes(store: Store, run: str, target_of: Callable[[str], Target], *, grace_s: float,
+               **options: Any) -> list[runs_lib.Stopped]:
+    """Stop every node of `run` that is still active (identity-checked, as runs.stop does, with its `options`:
+    python, on_wait), node 0 first: its SIGTERM alone already makes every rank stop at the next logging step."""
     active = [node for node in (store.get_run(name) for name in store.nodes_of(run)) if node.active]
     for node in active:  # asked of all first: a node that ends because node 0 stopped it ended on request
         store.request_stop(node.name)
     stopped, errors = [], []
     for node in active:  # one node out of reach does not keep the others running
         try:
-            stopped.append(runs_lib.stop(target_of(node.target), store, node.name, grace_s=grace_s))
+            stopped.append(runs_lib.stop(target_of(node.target), store, node.name, grace_s=grace_s, **options))
         except DfoError as exc:
             errors.append(exc)
     if errors:

@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
-from .inventory import START_GRACE_S
+from .inventory import START_GRACE_S, STOP_GRACE_S
 from .launchplan import SECRETS_FROM_STDIN, Gate, Opened, open_plan
 from .names import check_name
 from .package import Package, PushResult, build_package, parse_probe, pkg_dir, probe_script, push
@@ -35,7 +35,6 @@ from .remote.base import Target
 from .states import RunState
 from .store import Run, Store, utc_now
 
-DEFAULT_GRACE_S = 30.0
 START_TIMEOUT = 30.0
 LOG_TIMEOUT = 30.0
 SETTINGS_CHECK_S = 10.0  # after a launch with --set, how long the trainer gets to accept or refuse them
@@ -777,14 +776,42 @@ class Stopped:
     signal: str | None
 
 
-def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GRACE_S, python: str = "python3") -> Stopped:
+class StopWait:
+    """What a stop says while it waits for the run to end after its SIGTERM (given to stop's `on_wait`)."""
+
+    def __init__(self, name: str, grace_s: float, waited_s: float) -> None:
+        self.name, self.grace_s, self.waited_s = name, grace_s, waited_s
+
+    def __str__(self) -> str:
+        return (f"waiting for run {self.name} to checkpoint and exit (SIGTERM sent {self.waited_s:.0f} s ago; "
+                f"SIGKILL at {self.grace_s:g} s; Ctrl-C leaves it running)")
+
+
+class StopInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a stop: nothing more is signalled. `term_sent_s`: how long ago its SIGTERM went out (None:
+    none did, and the stop request was withdrawn)."""
+
+    def __init__(self, run: str, term_sent_s: float | None) -> None:
+        super().__init__(run)
+        self.run, self.term_sent_s = run, term_sent_s
+
+    def __str__(self) -> str:
+        if self.term_sent_s is None:
+            return f"interrupted before any signal: {self.run} goes on, and its stop request is withdrawn"
+        return (f"interrupted: {self.run} goes on (its SIGTERM went out {self.term_sent_s:.0f} s ago, so it may "
+                f"still be checkpointing; no SIGKILL follows); `dfo runs {self.run}` shows how it ends")
+
+
+def stop(target: Target, store: Store, name: str, *, grace_s: float = STOP_GRACE_S, python: str = "python3",
+         on_wait: Callable[[StopWait], None] | None = None) -> Stopped:
     """SIGTERM the run's process group, SIGKILL after `grace_s`, record how it ended.
 
     One remote program (orchestrator/agent/stopper.py, on `python`) checks that the recorded PID is still the run
     and signals it, holding a pidfd on the process it checked: a PID the kernel gave to another process meanwhile
-    is never signalled. The stop request is recorded after that check and before any signal; a KeyboardInterrupt
-    before the signal withdraws it (the program ends with its stream, signalling nothing). Refuses (RefusedError) a
-    run that is not active, and a PID that now belongs to another process."""
+    is never signalled. The stop request is recorded after that check and before any signal. `on_wait` hears about
+    every second while the run has its SIGTERM. Ctrl-C (KeyboardInterrupt) ends the program, so nothing more is
+    signalled: StopInterrupted. Refuses (RefusedError) a run that is not active, and a PID that now belongs to
+    another process."""
     run = store.get_run(name)
     if not run.active or run.pid is None:
         raise RefusedError(f"run {name} is not running (state {run.state}); nothing to stop")
@@ -797,11 +824,13 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = DEFAULT_GR
             pause_at_hook("identified")
             asked_before = store.get_run(name).stop_requested_at
             ours = store.request_stop(name).stop_requested_at  # before the signal: a watch reads its exit as stopped
-            info = talk.signal(grace_s)
+            info = talk.signal(grace_s, on_wait)
         except KeyboardInterrupt:
-            if ours is not None and talk.term_sent_at is None:
+            if talk.term_sent_at is not None:
+                raise StopInterrupted(name, time.monotonic() - talk.term_sent_at) from None
+            if ours is not None:
                 _withdraw(store, name, asked_before, ours)
-            raise
+            raise StopInterrupted(name, None) from None
     if "signal" not in info:  # the program ended early (it died, or its target went away)
         raise RemoteError(f"stopping {name}: the stop program ended early; "
                           + ("its SIGTERM went out" if talk.term_sent_at is not None else "nothing was signalled"),
@@ -867,9 +896,9 @@ class _StopTalk:
             pass
         return self.info
 
-    def signal(self, grace_s: float) -> dict[str, str]:
-        """Say `stop`, then follow the program to its end: the settle, SIGTERM, the grace (`waiting=` lines),
-        SIGKILL. Bound: the grace, a settle before the signal and one after KILL, and a probe."""
+    def signal(self, grace_s: float, on_wait: Callable[[StopWait], None] | None) -> dict[str, str]:
+        """Say `stop`, then follow the program to its end: the settle, SIGTERM, the grace (`waiting=` lines, each
+        given to `on_wait`), SIGKILL. Bound: the grace, a settle before the signal and one after KILL, and a probe."""
         self.stream.write(b"stop\n")
         bound = grace_s + 2 * KILL_SETTLE_S + STOP_PROBE_TIMEOUT
         deadline = time.monotonic() + bound
@@ -879,6 +908,8 @@ class _StopTalk:
                 break
             if key == "term":
                 self.term_sent_at = time.monotonic()
+            elif key == "waiting" and on_wait is not None:
+                on_wait(StopWait(self.run.name, grace_s, float(self.info["waiting"])))
         return self.info
 
     def _line(self, deadline: float, bound: float) -> str | None:

@@ -151,7 +151,7 @@ class Watcher:
         chain_override: Sequence[str] | None = None,
         on_event: Callable[[ev.Event], None] | None = None,
         heartbeat_timeout: float = 5.0,
-        stop_grace_s: float = 30.0,
+        stop_grace_s: float | None = None,
         peer_baseline: bool = True,
         unreachable_s: float | None = None,
         gpu_release_s: float = GPU_RELEASE_S,

@@ -1,5 +1,7 @@
 """`dfo stop` as a user runs it (the console script) against a real sshd: its identity check and its signals are
-one remote process, so a PID the kernel gives to another process between them is never signalled. Targets run on the host (ctid: null): no container needed, and
+one remote process, so a PID the kernel gives to another process between them is never signalled; its grace
+comes from the run's variant (default above the built-in trainer's own bound on a stop), it says while it waits,
+and Ctrl-C while it waits leaves the run running. Targets run on the host (ctid: null): no container needed, and
 the test sees the run's processes and their PIDs as the target does."""
 
 from __future__ import annotations
@@ -39,10 +41,15 @@ class Lab:
         self.gate = tmp_path / "go"
         (tmp_path / "ws").mkdir()
         gated = f"while [ ! -e {self.gate} ]; do sleep 0.05; done; exit 3"
+        # a trainer that checkpoints on SIGTERM for `CKPT_S` seconds, then exits 75 (trainer/pipeline.py)
+        slow_ckpt = "trap 'sleep {s}; exit 75' TERM; while :; do sleep 0.1; done"
         self.inventory = write_inventory(tmp_path, {
             "defaults": {"min_free_disk_gb": 0, "workspace": str(tmp_path / "ws"), "python": sys.executable},
             "hosts": {"pve1": {"address": "testhost", "containers": {"box": {"ctid": None}}}},
-            "variants": {"gated": {"command": gated}}})
+            "variants": {"gated": {"command": gated},
+                         "ckpt3": {"command": slow_ckpt.format(s=3)},
+                         "ckpt60": {"command": slow_ckpt.format(s=60)},
+                         "stubborn": {"command": "trap '' TERM; while :; do sleep 0.1; done", "stop_grace_s": 2}}})
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k != "DFO_INVENTORY"}  # HOME is the test's ssh_home
@@ -124,3 +131,52 @@ def test_a_pid_reused_between_stops_identity_check_and_its_signal_is_never_signa
         stopper.kill()
         if stranger is not None and proc_stat(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_stop_says_while_it_waits_for_a_checkpoint_and_records_the_trainers_own_exit(lab: Lab) -> None:
+    lab.launch("ckpt3", "c1")
+    stopped = lab.dfo("stop", "c1", "--json")  # no --grace: 90 s by default, well past its 3 s checkpoint
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout) == {"run": "c1", "state": "stopped", "exit_code": 75, "signal": "TERM"}
+    assert ("waiting for run c1 to checkpoint and exit (SIGTERM sent 1 s ago; SIGKILL at 90 s; Ctrl-C leaves it "
+            "running)") in stopped.stderr
+
+
+def test_a_variants_stop_grace_is_stops_default(lab: Lab) -> None:
+    lab.launch("stubborn", "s1")  # ignores SIGTERM; its variant says stop_grace_s: 2
+    started = time.monotonic()
+    stopped = lab.dfo("stop", "s1", "--json")
+    assert stopped.returncode == 0, stopped.stderr
+    assert json.loads(stopped.stdout)["signal"] == "KILL" and time.monotonic() - started < 20
+    assert "SIGKILL at 2 s" in stopped.stderr
+    helped = " ".join(lab.dfo("stop", "--help", COLUMNS="200").stdout.split())
+    assert "--grace S" in helped and "Default: the run's variant's `stop_grace_s`, else 90 s" in helped
+
+
+def test_the_default_grace_outlasts_the_trainers_own_bound_on_a_stop() -> None:
+    from orchestrator.inventory import STOP_GRACE_S, Inventory
+    from trainer import procsplit
+
+    assert Inventory(hosts={}).stop_grace("nographs") == STOP_GRACE_S
+    assert STOP_GRACE_S > procsplit.STOP_GRACE_S + procsplit.REAP_GRACE_S + 10  # its drafters, its targets, a checkpoint
+
+
+def test_ctrl_c_while_stop_waits_leaves_the_run_running_and_no_sigkill_follows(lab: Lab) -> None:
+    pid = lab.launch("ckpt60", "c2")  # checkpoints for 60 s after SIGTERM
+    stopper = lab.popen("stop", "c2", "--grace", "4")
+    try:
+        said = ""
+        deadline = time.monotonic() + 60
+        while "waiting for run c2" not in said:
+            assert time.monotonic() < deadline and stopper.poll() is None, said
+            said += os.read(stopper.stderr.fileno(), 4096).decode()
+        stopper.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = stopper.communicate(timeout=20)
+        assert stopper.returncode == 130, said + err
+        assert "interrupted: c2 goes on" in " ".join((said + err).split()) and "no SIGKILL follows" in said + err
+        time.sleep(6)  # past its 4 s grace
+        assert alive(pid), "the run was killed after dfo stop was interrupted"
+        run = lab.run("c2")
+        assert run.state == "running" and run.stop_requested_at is not None  # its end will read as stopped
+    finally:
+        stopper.kill()

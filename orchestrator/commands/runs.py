@@ -450,7 +450,11 @@ def _follow(target, store: Store, run: Run, lines: int) -> Run | None:
 
 def stop_command(
     name: str = typer.Argument(..., help="Run name (see `dfo runs`).", metavar="NAME", autocompletion=complete_runs),
-    grace: float = typer.Option(runs_lib.DEFAULT_GRACE_S, "--grace", help="Seconds between SIGTERM and SIGKILL.", min=0),
+    grace: Optional[float] = typer.Option(
+        None, "--grace", min=0, metavar="S",
+        help="Seconds between SIGTERM and SIGKILL. Default: the run's variant's `stop_grace_s`, else 90 s, above the "
+             "built-in trainer's own bound on writing its checkpoint after a SIGTERM (docs/inventory.md). While it "
+             "waits, stop says so every 10 s; Ctrl-C then leaves the run running (no SIGKILL follows)."),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -466,7 +470,12 @@ def stop_command(
             if runs_lib.worth_a_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a
                 run = _look_for_start(target, store, run, inv.watch.start_grace_s)  # start never seen answered
                 stopped = None if run.active else runs_lib.Stopped(run, None)  # it ended, or never started
-            stopped = stopped or runs_lib.stop(target, store, name, grace_s=grace, python=inv.target(run.target).python)
+            try:
+                stopped = stopped or runs_lib.stop(target, store, name, grace_s=_grace(inv, run, grace),
+                                                   python=inv.target(run.target).python, on_wait=_say_waiting())
+            except runs_lib.StopInterrupted as interrupted:
+                _warn(str(interrupted))
+                raise typer.Exit(130) from None
         not_started = why_not_started(store, stopped.run)
     run = stopped.run
     if as_json:
@@ -480,6 +489,25 @@ def stop_command(
         console.print(f"stopped {run.name} (SIG{stopped.signal}): exit code {_text(run.exit_code) or 'none (killed)'}")
 
 
+SAY_WAITING_EVERY_S = 10.0
+
+
+def _grace(inv, run: Run, grace: Optional[float]) -> float:
+    """`--grace`, else the run's variant's stop grace (inventory.stop_grace)."""
+    return grace if grace is not None else inv.stop_grace(run.variant)
+
+
+def _say_waiting():
+    """stop's `on_wait`: a line on stderr once the run has had its SIGTERM for a second, then every 10 s."""
+    said: list[float] = []
+
+    def say(wait: runs_lib.StopWait) -> None:
+        if wait.waited_s >= 1 and (not said or wait.waited_s - said[-1] >= SAY_WAITING_EVERY_S):
+            said.append(wait.waited_s)
+            _warn(str(wait))
+    return say
+
+
 def _look_for_start(target, store: Store, run: Run, grace_s: float) -> Run:
     """A run whose start got no answer (or whose launch a dfo did not finish recording), as its target shows it:
     one just launched may still be coming up, so it is waited for (runs.resolve_launch) until it shows or its
@@ -491,7 +519,7 @@ def _look_for_start(target, store: Store, run: Run, grace_s: float) -> Run:
     return runs_lib.resolve_launch(target, store, run, grace_s=grace_s)
 
 
-def _stop_nodes(store: Store, name: str, grace: float, inventory: Optional[Path], as_json: bool) -> None:
+def _stop_nodes(store: Store, name: str, grace: Optional[float], inventory: Optional[Path], as_json: bool) -> None:
     from ..multinode import stop_nodes
 
     nodes = store.nodes_of(name)
@@ -503,7 +531,12 @@ def _stop_nodes(store: Store, name: str, grace: float, inventory: Optional[Path]
                     _look_for_start(connections.container(node.target), store, node, inv.watch.start_grace_s)
                 except DfoError as exc:  # out of reach: it stays `lost`, the other nodes are stopped all the same
                     _warn(f"{node.name}: not looked for ({exc}); `dfo runs {name}` looks again later")
-        stopped = stop_nodes(store, name, connections.container, grace_s=grace)
+        try:
+            stopped = stop_nodes(store, name, connections.container, grace_s=_grace(inv, store.get_run(nodes[0]), grace),
+                                 on_wait=_say_waiting())
+        except runs_lib.StopInterrupted as interrupted:
+            _warn(str(interrupted))
+            raise typer.Exit(130) from None
     runs = [store.get_run(node) for node in nodes]
     if as_json:
         print_json({"run": name, "nodes": [{"run": r.name, "state": r.state, "exit_code": r.exit_code} for r in runs],
