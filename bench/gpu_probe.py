@@ -486,14 +486,24 @@ class FusedTargetLayer(torch.nn.Module):
         return x + self.down(torch.nn.functional.silu(gate) * up)
 
 
+@contextlib.contextmanager
 def sdpa_backend(name: str):
     """A context forcing one SDPA backend (flash | cudnn | efficient), or none for the default choice. It is
-    entered around the first (compiling) call too: the backend is chosen when the graph is traced."""
+    entered around the first (compiling) call too: the backend is chosen when the graph is traced, and the
+    caches that would hand back a graph compiled under another backend are off meanwhile (their keys do not
+    hold the backend: in the first H200 call, at a84b243, forced flash got the default's graph, cuDNN)."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if not name:
+        yield
+        return
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
-    return sdpa_kernel(backends[name]) if name else contextlib.nullcontext()
+    with sdpa_kernel(backends[name]), inductor_config.patch(fx_graph_cache=False), \
+            functorch_config.patch(enable_autograd_cache=False):
+        yield
 
 
 # name -> (fused q/k/v + gate/up, rope without the fp32 round trip, SDPA backend forced, k/v repeated, compile)
