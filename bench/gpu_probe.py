@@ -409,6 +409,15 @@ def first_and_steady(fn, steps: int) -> tuple[float, float, list[float]]:
     return first, statistics.median(times), [round(min(times), 2), round(max(times), 2)]
 
 
+def chosen(args, variants: dict) -> list[str]:
+    """The variants --variants names (all by default), or exit naming the ones this part has."""
+    unknown = [name for name in args.variants or () if name not in variants]
+    if unknown:
+        raise SystemExit(f"--variants: {','.join(unknown)} unknown to --part {args.part}; expected some of "
+                         f"{','.join(variants)}")
+    return args.variants or list(variants)
+
+
 def rel_err(value: torch.Tensor, reference: torch.Tensor) -> float:
     """max |value - reference| / max |reference|: 0.4% is one bf16 rounding of the largest element."""
     value, reference = value.detach().float(), reference.detach().float()
@@ -534,7 +543,7 @@ def probe_target_variants(args, cfg, out: Path) -> None:
     x = torch.randn(b, seq, cfg.target.hidden, device=device, dtype=torch.bfloat16)
     cos, sin = target.rotary(torch.arange(seq, device=device))  # (T, d/2) each
     reference: dict[str, torch.Tensor] = {}
-    for name in args.variants or TARGET_VARIANTS:
+    for name in chosen(args, TARGET_VARIANTS):
         fused, rope16, backend, repeat_kv, kwargs = TARGET_VARIANTS[name]
         torch._dynamo.reset()
         variant = [FusedTargetLayer(layer, apply_rope_bf16 if rope16 else None, repeat_kv) if fused
@@ -665,7 +674,7 @@ def drafter_layer_ab(args, cfg, out: Path, part: str, variants: dict) -> None:
     drafter, inputs = drafter_layer_inputs(cfg, device)
     layer, (x, context) = drafter.layers[0], inputs[:2]
     reference = None
-    for name in args.variants or variants:
+    for name in chosen(args, variants):
         torch._dynamo.reset()
         module = variants[name](layer)
         module.compile(**COMPILE_KWARGS["nographs"])
