@@ -820,7 +820,7 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = STOP_GRACE
         try:
             info = _identified(store, run, talk, python)
             if info.get("identity") == "gone":  # ended before the look, or while it looked: nothing to signal
-                return Stopped(_ended_before_stop(store, run, talk.until("exit", STOP_PROBE_TIMEOUT)["exit"]), None)
+                return Stopped(_ended_before_stop(store, run, talk.until("exit", STOP_PROBE_TIMEOUT).get("exit", "")), None)
             pause_at_hook("identified")
             asked_before = store.get_run(name).stop_requested_at
             ours = store.request_stop(name).stop_requested_at  # before the signal: a watch reads its exit as stopped
@@ -859,7 +859,7 @@ def _identified(store: Store, run: Run, talk: "_StopTalk", python: str) -> dict[
         raise RemoteError(f"stopping {run.name}: the stop program gave no answer ({info or 'no output'}); nothing "
                           "was signalled", where=run.target, hint=f"run `dfo stop {run.name}` again")
     if info["identity"] == "reused":
-        _record_end(store, run, talk.until("exit", STOP_PROBE_TIMEOUT)["exit"], "its PID was reused")
+        _record_end(store, run, talk.until("exit", STOP_PROBE_TIMEOUT).get("exit", ""), "its PID was reused")
         raise RefusedError(
             f"PID {run.pid} on {run.target} is no longer run {run.name}: that process started at tick "
             f"{info.get('started')}, the run at tick {run.proc_starttime} (command {info['cmdline'][:60]!r}); "

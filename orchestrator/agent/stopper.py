@@ -42,6 +42,7 @@ import time
 
 SETTLE_S = 10.0  # how long a wrapper alone in its group gets (runs.KILL_SETTLE_S)
 POLL_S = 0.2
+FIRST_POLL_S = 0.01
 SAY_EVERY_S = 1.0
 WORD_TIMEOUT_S = 150.0  # how long it waits for dfo's word (longer than runs.PAUSE_MAX_S, a test's pause)
 PIDFD_SIGNAL_PROCESS_GROUP = 4  # linux/pidfd.h, Linux 6.9
@@ -188,7 +189,7 @@ class Dfo:
 def wait_gone(run: Run, dfo: Dfo, seconds: float, *, say_waiting: bool = False):
     """Until the group is gone (True), `seconds` are over (False) or dfo went away (None)."""
     start = time.monotonic()
-    said = start
+    said, poll = start, FIRST_POLL_S  # most runs end within milliseconds of their signal: look soon, then less often
     while run.members():
         now = time.monotonic()
         if now - start >= seconds:
@@ -196,8 +197,9 @@ def wait_gone(run: Run, dfo: Dfo, seconds: float, *, say_waiting: bool = False):
         if say_waiting and now - said >= SAY_EVERY_S:
             say("waiting=%.1f" % (now - start))
             said = now
-        if not dfo.sleep(min(POLL_S, start + seconds - now)):
+        if not dfo.sleep(min(poll, start + seconds - now)):
             return None
+        poll = min(POLL_S, 2 * poll)
     return True
 
 
