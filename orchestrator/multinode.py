@@ -240,7 +240,7 @@ def _stop_if_started(ready: runs_lib.Prepared, store: Store, grace_s: float) -> 
         except DfoError:
             return  # its target went away: the row stays lost, and `dfo runs` looks again later
     if row.active:
-        _stop_quietly(row.name, ready.target, store)
+        _stop_quietly(row.name, ready.target, store, ready.spec.python)
 
 
 def refused_nodes(refusals: list[tuple[str, DfoError]], nnodes: int) -> DfoError:
@@ -252,24 +252,27 @@ def refused_nodes(refusals: list[tuple[str, DfoError]], nnodes: int) -> DfoError
                     [exc for _, exc in refusals], hint=refusals[0][1].hint)
 
 
-def _stop_quietly(node_run: str, target: Target, store: Store) -> None:
+def _stop_quietly(node_run: str, target: Target, store: Store, python: str) -> None:
     try:
-        runs_lib.stop(target, store, node_run, grace_s=STOP_GRACE_S)
+        runs_lib.stop(target, store, node_run, grace_s=STOP_GRACE_S, python=python)
     except DfoError:
         pass  # it ended meanwhile, or its target went away: the registry says which
 
 
 def stop_nodes(store: Store, run: str, target_of: Callable[[str], Target], *, grace_s: float,
-               **options: Any) -> list[runs_lib.Stopped]:
-    """Stop every node of `run` that is still active (identity-checked, as runs.stop does, with its `options`:
-    python, on_wait), node 0 first: its SIGTERM alone already makes every rank stop at the next logging step."""
+               python_of: Callable[[str], str] | None = None, **options: Any) -> list[runs_lib.Stopped]:
+    """Stop every node of `run` that is still active (identity-checked, as runs.stop does, on the python
+    `python_of(target)` gives, with its other `options`: on_wait), node 0 first: its SIGTERM alone already makes
+    every rank stop at the next logging step."""
     active = [node for node in (store.get_run(name) for name in store.nodes_of(run)) if node.active]
     for node in active:  # asked of all first: a node that ends because node 0 stopped it ended on request
         store.request_stop(node.name)
     stopped, errors = [], []
     for node in active:  # one node out of reach does not keep the others running
         try:
-            stopped.append(runs_lib.stop(target_of(node.target), store, node.name, grace_s=grace_s, **options))
+            python = python_of(node.target) if python_of is not None else "python3"
+            stopped.append(runs_lib.stop(target_of(node.target), store, node.name, grace_s=grace_s, python=python,
+                                         **options))
         except DfoError as exc:
             errors.append(exc)
     if errors:
@@ -330,8 +333,11 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
     Returns the intent's data: `next_run` and `nodes`, or `error` when the launch failed (closed: not tried
     again). A stop that fails, or a node's start that got no answer (chains.StartUnseen: the next finish adopts
     the successor if every node runs, else launches `-2`), leaves the intent open for the next watch (DfoError)."""
+    def python_of(target: str) -> str:
+        return inventory.target(target).python
+
     def stop(data: dict) -> dict:
-        stop_nodes(store, data["run"], connections.container, grace_s=STOP_GRACE_S)
+        stop_nodes(store, data["run"], connections.container, grace_s=STOP_GRACE_S, python_of=python_of)
         return {}
 
     def left(name: str) -> Left:  # what a dfo that died launching the successor left under `name`
@@ -339,7 +345,7 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
             refresh_nodes(connections, store, name)
             if all(runs_lib.started(store.get_run(node)) for node in store.nodes_of(name)):
                 return Left.STARTED
-            stop_nodes(store, name, connections.container, grace_s=STOP_GRACE_S)  # partly started
+            stop_nodes(store, name, connections.container, grace_s=STOP_GRACE_S, python_of=python_of)  # partly started
             return Left.PASSED
         prepared = [row for row in (store.find_run(node_name(name, rank))
                                     for rank in range(len(store.nodes_of(intent.data["run"])))) if row is not None]

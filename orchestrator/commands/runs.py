@@ -533,7 +533,7 @@ def _stop_nodes(store: Store, name: str, grace: Optional[float], inventory: Opti
                     _warn(f"{node.name}: not looked for ({exc}); `dfo runs {name}` looks again later")
         try:
             stopped = stop_nodes(store, name, connections.container, grace_s=_grace(inv, store.get_run(nodes[0]), grace),
-                                 on_wait=_say_waiting())
+                                 python_of=lambda target: inv.target(target).python, on_wait=_say_waiting())
         except runs_lib.StopInterrupted as interrupted:
             _warn(str(interrupted))
             raise typer.Exit(130) from None
