@@ -61,12 +61,11 @@ def state_text(watched: WatchedRun) -> Text:
     if watched.lost:
         return Text("given up: its container is out of reach (undecided)", style="bold red")
     shift = decision.level_shifts[-1] if decision.level_shifts else None
+    reopened = reopened_text(shift) if shift is not None and shift["declared_tok_s"] is None else None
     if decision.decision == "undecided":
-        label = "waiting for the first step" if watched.latest is None else "warming up"
-        if shift is not None and shift["declared_tok_s"] is None:
-            what = ("decline from step" if shift.get("shape") == "decline" else "level shift at step")
-            label = (f"re-opened: {what} {shift['at_step']}, {shift['from_tok_s']:,.0f} -> "
-                     f"~{shift['to_tok_s']:,.0f} tok/s")
+        label = reopened or ("waiting for the first step" if watched.latest is None else "warming up")
+    elif decision.decision in ("exited", "stopped") and reopened:  # it ended before a new level held
+        label = f"{decision.decision}; {reopened}"
     elif decision.decision == "steady" and decision.steady_tok_s is not None:
         label = f"steady {decision.steady_tok_s:,.0f} tok/s"
         if decision.interval:
@@ -87,6 +86,13 @@ def state_text(watched: WatchedRun) -> Text:
     elif watched.acting:
         action += " (in progress)"
     return text(label + action, style=f"bold {colour}")
+
+
+def reopened_text(shift: dict) -> str:
+    """`re-opened: decline from step 71, 4,988 -> ~4,442 tok/s`: a steady verdict re-opened by a level shift (or a
+    decline) whose new level has not held yet."""
+    what = "decline from step" if shift.get("shape") == "decline" else "level shift at step"
+    return f"re-opened: {what} {shift['at_step']}, {shift['from_tok_s']:,.0f} -> ~{shift['to_tok_s']:,.0f} tok/s"
 
 
 def gpu_rows(watched: WatchedRun) -> Iterable[str]:

@@ -5,6 +5,11 @@ the nvidia-smi stand-in's memory moved by the test while the agent samples it (`
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,7 +22,11 @@ from orchestrator.decide import memory
 from orchestrator.inventory import load_inventory
 from orchestrator.runs import stop
 from orchestrator.store import Store
-from test_watch import FAST_WATCH, PY, Lab, run_until
+from test_watch import FAST_WATCH, PY, Lab, cli, run_until
+from test_watch_shift import PLAYER
+
+sys.path.insert(0, str(Path(__file__).parent / "decide"))  # the real logs and the leak put on them
+from test_decide_degrading import LOGS, leaking  # noqa: E402
 
 QUIET_TRAINER = """\
 import sys, time
@@ -87,3 +96,66 @@ def test_gpu_memory_climbing_while_the_log_is_quiet_is_said_without_a_new_line(l
     assert lab.store.get_run("m1").decision["degrading"]["what"] == "gpu_memory"
     assert any(e.kind == "decision" and e.decision["degrading"] for e in events)
 
+
+
+# ---------------------------------------------------------------- a decline after steady, through `dfo watch`
+
+def test_a_decline_after_steady_is_labelled_live_and_kept_in_the_final_json_of_dfo_watch(tmp_path, pct_env) -> None:
+    """tiny-nographs (~5,000 tok/s, declared steady at ~30 s of its log) slowed 0.1% a second from 60 s on
+    (tests/decide/test_decide_degrading.py), played back on the local target with its timestamps moved to now
+    (test_watch_shift.PLAYER; the judge reads the log's clock), pausing after step 7,000 (the decline is recorded
+    at step 6,560). `dfo watch`'s live view says the verdict was re-opened by a decline and its scroll-back says
+    the decline; Ctrl-C, then the rest of the log: `dfo watch --json`'s final line keeps the decline in
+    `level_shifts` and says the steady verdict was re-opened (it read 'exited 0 before a steady state was
+    reached'), and the view of the ended run keeps the label (it read 'exited')."""
+    lines = [line for line in leaking(LOGS["tiny-nographs"].lines(), 60.0, 0.001) if line.startswith("ts=")]
+    (tmp_path / "leak.log").write_text("\n".join(lines) + "\n")
+    (tmp_path / "player.py").write_text(PLAYER)
+    go = tmp_path / "go"
+    path = write_inventory(tmp_path, {
+        "defaults": {"workspace": str(tmp_path / "ws")},
+        "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
+        "variants": {"leaking": {"command": f"{PY} {tmp_path}/player.py {tmp_path}/leak.log 7000 {go}"}},
+        "fallback": ["leaking"],
+    })
+    dfo, env = cli(tmp_path)
+    env["COLUMNS"] = "200"
+
+    def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([dfo, *args, "-i", str(path)], capture_output=True, text=True, timeout=timeout, env=env)
+
+    assert run("launch", "--host", "here", "--variant", "leaking", "--name", "d1", "--no-preflight").returncode == 0
+    watching = subprocess.Popen([dfo, "watch", "d1", "-i", str(path)], env=env, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL)
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(watching.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 45
+        while not any(" d1: decline (-" in line for line in printed):  # the scroll-back; the panel is refreshed with it
+            assert time.monotonic() < deadline and watching.poll() is None, "dfo watch said no decline: " + "".join(printed)
+            time.sleep(0.1)
+        watching.send_signal(signal.SIGINT)  # the watch ends, printing its last frame; the run goes on (paused)
+        assert watching.wait(timeout=20) == 130
+        reader.join(5)
+    finally:
+        watching.kill()
+        go.write_text("")
+    live = "".join(printed)
+    assert "d1: decline (-" in live and "per minute) over the steps from 71: steady at " in live, live[-3000:]
+    assert "d1: undecided (action none): degrading: the level fell -" in live
+    assert "re-opened: decline from step 71, 4,988 -> ~4," in live  # the panel's state line
+
+    ended = run("watch", "d1", "--json")
+    objects = [json.loads(line) for line in ended.stdout.splitlines()]
+    [final] = [o for o in objects if o["kind"] == "final"]
+    assert final["decision"] == "exited" and final["ended"] == {"state": "exited", "exit_code": 0}, final["reason"]
+    [decline] = final["level_shifts"]
+    assert (decline["shape"], decline["at_step"], decline["declared_tok_s"]) == ("decline", 71, None)
+    assert decline["rel_per_min"] < -0.03 and decline["change_rel_95"][1] < -0.05
+    assert final["reason"].startswith(f"exited 0 with the steady verdict of step {final['evidence']['first_steady_declared_step']} "
+                                      "re-opened (degrading: the level fell -"), final["reason"]
+    assert [o for o in objects if o["kind"] == "level_shift"] == []  # said once, by the first watch
+
+    view = run("watch", "d1").stdout
+    assert "exited; re-opened: decline from step 71, 4,988 -> ~4," in view, view[-2000:]

@@ -493,7 +493,12 @@ class RunJudge:
         if self._ended is not None:
             how, code, ts = self._ended
             verdict = Verdict.STOPPED if how == "stopped" else Verdict.EXITED
-            before = f" before a steady state was reached ({estimate.reason})" if self.last_step is not None else " before its first step"
+            if self.last_step is None:
+                before = " before its first step"
+            elif self.first_steady is not None:  # declared steady, then re-opened by a level shift or a decline
+                before = f" with the steady verdict of step {self.first_steady[0]} re-opened ({estimate.reason})"
+            else:
+                before = f" before a steady state was reached ({estimate.reason})"
             return self._verdict(verdict, self.last_step, ts, None, self._ending_text() + before, {"exit_code": code})
         reason = self._with_degrading(estimate.reason) if self.last_step is not None else "waiting for the first step"
         return self._verdict(Verdict.UNDECIDED, self.last_step, self.last_step_ts or self.now, None, reason, {})
