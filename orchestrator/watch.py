@@ -846,10 +846,11 @@ def config_from_inventory(inventory: Inventory) -> DecideConfig:
 
 def decision_key(decision: Decision) -> tuple:
     """What makes a decision news: the verdict, the action, the next run, a level shift suspected (where it
-    began) or no longer suspected, and memory climbing since steady (`degrading`: which memory) or no longer."""
+    began) or no longer suspected, and memory climbing since steady (`degrading`: which memory) or no longer, or
+    still climbing when the run ended (`degrading_at_end`: the run may end in the step() where the climb is seen)."""
     suspected = (decision.shift_suspected or {}).get("since_step")
-    degrading = (decision.degrading or {}).get("what"), (decision.degrading or {}).get("gpu")
-    return decision.decision, decision.action, decision.next_run, decision.signature, suspected, degrading
+    climbs = [(d or {}).get(key) for d in (decision.degrading, decision.degrading_at_end) for key in ("what", "gpu")]
+    return decision.decision, decision.action, decision.next_run, decision.signature, suspected, *climbs
 
 
 def sample_of(record: StepRecord) -> dict[str, Any]:

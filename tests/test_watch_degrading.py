@@ -29,22 +29,24 @@ sys.path.insert(0, str(Path(__file__).parent / "decide"))  # the real logs and t
 from test_decide_degrading import LOGS, leaking  # noqa: E402
 
 QUIET_TRAINER = """\
-import sys, time
+import os, sys, time
 from datetime import datetime, timezone
-steps = int(sys.argv[1])
+steps, end = int(sys.argv[1]), sys.argv[2]
 print("ts=%s event=start" % datetime.now(timezone.utc).isoformat(), flush=True)
 for step in range(1, steps + 1):
     ts = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     print(f"ts={ts} event=step step={step} tok_s={1000 + (step % 7) - 3:.1f} loss=1.0 active=1/1", flush=True)
     time.sleep(0.02)
-time.sleep(600)  # the log goes quiet; the process (and its GPU memory) goes on
+deadline = time.time() + 600
+while not os.path.exists(end) and time.time() < deadline:  # the log goes quiet; the process (and its GPU memory) goes on
+    time.sleep(0.05)
 """
 
 
 @pytest.fixture
 def lab(tmp_path, monkeypatch, pct_env):
-    """A local target whose one variant is QUIET_TRAINER (300 steps), the nvidia-smi stand-in showing one busy
-    H200 (`lab.gpu`), and a fresh registry."""
+    """A local target whose one variant is QUIET_TRAINER (300 steps, then quiet until `lab.end` exists: exit 0),
+    the nvidia-smi stand-in showing one busy H200 (`lab.gpu`), and a fresh registry."""
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "quiet_trainer.py").write_text(QUIET_TRAINER)
     gpu = NvidiaSmiState(tmp_path / "nvidia-smi.json", [Gpu(0, memory_used_mib=40_960, utilization_pct=90)])
@@ -52,7 +54,7 @@ def lab(tmp_path, monkeypatch, pct_env):
     path = write_inventory(tmp_path, {
         "defaults": {"workspace": str(tmp_path / "ws")},
         "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
-        "variants": {"quiet": {"command": f"{PY} {tmp_path}/scripts/quiet_trainer.py 300"}},
+        "variants": {"quiet": {"command": f"{PY} {tmp_path}/scripts/quiet_trainer.py 300 {tmp_path}/end"}},
         "fallback": ["quiet"],
         "watch": FAST_WATCH,
     })
@@ -60,7 +62,7 @@ def lab(tmp_path, monkeypatch, pct_env):
     inventory = load_inventory(path)
     with Connections(inventory) as connections, Store(tmp_path / "state" / "dfo.db") as store:
         lab = Lab(inventory, connections, store, tmp_path / "ws")
-        lab.path, lab.gpu = path, gpu
+        lab.path, lab.gpu, lab.end = path, gpu, tmp_path / "end"
         yield lab
         for watcher in lab.watchers:
             watcher.close()
@@ -68,10 +70,13 @@ def lab(tmp_path, monkeypatch, pct_env):
             stop(connections.container(run.target), store, run.name, grace_s=2)
 
 
-def test_gpu_memory_climbing_while_the_log_is_quiet_is_said_without_a_new_line(lab, monkeypatch) -> None:
-    """A run declared steady whose log then goes quiet (no line for the rest of the test, within the stall
-    limit: 30 s) while its GPU memory climbs by 300 MiB a second: the watch says `degrading` from the GPU
-    samples alone, in the stored decision and a `decision` event, with no log line after the declaration's.
+def test_gpu_memory_climbing_while_the_log_is_quiet_is_said_and_kept_in_the_final_decision(lab, monkeypatch) -> None:
+    """A run declared steady whose log then goes quiet (no line, within the stall limit: 30 s) while its GPU
+    memory climbs by 300 MiB a second: the watch says `degrading` from the GPU samples alone, in the stored
+    decision and a `decision` event, with no log line after the declaration's. Then the run exits 0 with its
+    memory still climbing: the decision the watch ends on (`dfo watch --json`'s `final` line is
+    Watcher.final_decisions()) keeps the climb in `degrading_at_end` (`degrading` is null once a run ended; it
+    said nothing of the climb before).
     decide/memory.py's minute of samples in 5-s buckets is shortened to 8 s in 1-s buckets here (a bucket closes
     on the sample after it: one per ~2 s of the agent's 1-s samples), so it is said ~15 s into the quiet."""
     monkeypatch.setattr(memory, "MIN_WINDOW_S", 8.0)
@@ -95,6 +100,14 @@ def test_gpu_memory_climbing_while_the_log_is_quiet_is_said_without_a_new_line(l
     assert lab.store.samples("m1")[-1]["step"] == 300
     assert lab.store.get_run("m1").decision["degrading"]["what"] == "gpu_memory"
     assert any(e.kind == "decision" and e.decision["degrading"] for e in events)
+
+    lab.end.write_text("")
+    run_until(watcher, lambda w: w.settled() and w.runs()[0].alive is False)
+    [final] = watcher.final_decisions()
+    assert (final["decision"], final["ended"], final["degrading"]) == ("steady", "exited", None), final["reason"]
+    assert final["degrading_at_end"]["what"] == "gpu_memory" and final["degrading_at_end"]["now_gib"] > 41
+    assert "; then exited 0; memory was climbing: GPU 0 memory 40.0 -> " in final["reason"]
+    assert lab.store.get_run("m1").decision["degrading_at_end"] == final["degrading_at_end"]
 
 
 

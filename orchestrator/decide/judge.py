@@ -69,6 +69,7 @@ class Decision:
     level_shifts: list[dict] = field(default_factory=list)  # RunJudge.level_shifts(): each shift, both levels
     shift_suspected: dict | None = None  # steady, but a level shift being confirmed: RunJudge.shift_suspected()
     degrading: dict | None = None  # memory climbing since steady (RunJudge.degrading()): what, how fast, full when
+    degrading_at_end: dict | None = None  # degrading's measure when the run ended or got a crash/stall/too_slow verdict
 
     @property
     def final(self) -> bool:
@@ -99,6 +100,13 @@ def describe_gpus(samples: Sequence[GpuObs]) -> str | None:
 
 def rounded(interval: tuple[float, float] | None) -> list[float] | None:
     return [round(interval[0], 1), round(interval[1], 1)] if interval else None
+
+
+def climb_text(climb: dict) -> str:
+    """`GPU 0 memory 30.5 -> 33.6 GiB since 2026-...Z (+2.34 GiB/min)`: a `degrading` measure in words."""
+    what = f"GPU {climb['gpu']} memory" if climb["what"] == "gpu_memory" else "the trainer's peak memory (mem_gb)"
+    return (f"{what} {climb['from_gib']:,.1f} -> {climb['now_gib']:,.1f} GiB since {climb['since_at']} "
+            f"({climb['gib_per_min']:+,.2f} GiB/min)")
 
 
 class RunJudge:
@@ -290,8 +298,12 @@ class RunJudge:
         """Memory climbing since the run was declared steady (decide/memory.py), while it runs: `what`
         (gpu_memory: a GPU's memory.used, `gpu` its index; memory_peak: the trainer's mem_gb), `since_at`,
         `from_gib`, `now_gib`, `total_gib` (null for mem_gb), `gib_per_min`, `full_in_s` (at this rate; null
-        without a total). None when nothing climbs, and once the run ended or got a final verdict."""
-        state = self.memory.state() if self._final is None and self._ended is None else None
+        without a total). None when nothing climbs, and once the run ended or got a final verdict (then the
+        decision's `degrading_at_end` keeps the measure of that moment: memory is followed no further)."""
+        return self._climb() if self._final is None and self._ended is None else None
+
+    def _climb(self) -> dict | None:
+        state = self.memory.state()
         if state is None:
             return None
         source, climb = state
@@ -303,10 +315,7 @@ class RunJudge:
         degrading = self.degrading()
         if degrading is None:
             return reason
-        what = (f"GPU {degrading['gpu']} memory" if degrading["what"] == "gpu_memory"
-                else "the trainer's peak memory (mem_gb)")
-        text = (f"degrading: {what} {degrading['from_gib']:,.1f} -> {degrading['now_gib']:,.1f} GiB since "
-                f"{degrading['since_at']} ({degrading['gib_per_min']:+,.2f} GiB/min)")
+        text = f"degrading: {climb_text(degrading)}"
         if degrading["full_in_s"] is not None:
             text += (f", full ({degrading['total_gib']:,.1f} GiB) in ~{degrading['full_in_s'] / 60:,.0f} min at this "
                      f"rate: an out-of-memory crash is likely")
@@ -430,6 +439,9 @@ class RunJudge:
         idle = self.idle_gpus.first() if verdict in (Verdict.CRASH, Verdict.STALL) else None
         if idle is not None:
             reason, evidence = f"{reason}; {idle.describe()}", {**evidence, "gpu_idle_first": idle.to_json()}
+        climbed = self._climb() if verdict.falls_back() or self._ended is not None else None  # at its end (or crash)
+        if climbed is not None:
+            reason = f"{reason}; memory was climbing: {climb_text(climbed)}"
         nxt = next_variant(self.chain, self.variant, signature, self.topologies) if verdict.falls_back() else None
         action = action_for(verdict, nxt, fallback_enabled=self.fallback)
         ended, code = (self._ended[0], self._ended[1]) if self._ended else (None, self.exit_code)
@@ -454,6 +466,7 @@ class RunJudge:
             level_shifts=self.level_shifts(),
             shift_suspected=self.shift_suspected() if verdict == Verdict.STEADY else None,
             degrading=self.degrading() if verdict in (Verdict.STEADY, Verdict.UNDECIDED) else None,
+            degrading_at_end=climbed,
         )
 
     def _common_evidence(self) -> dict:

@@ -192,3 +192,42 @@ def test_memory_starting_to_climb_is_news_to_the_watch():
     after = next(d for _, d in shown if d.degrading is not None)
     assert (before.decision, before.action) == (after.decision, after.action)
     assert decision_key(before) != decision_key(after)
+
+
+def test_memory_still_climbing_when_the_run_ends_is_kept_in_its_last_decision():
+    """`degrading` is null once the run ended (it says what happens now), so the decision `dfo watch` ends on (its
+    `final` line, the stored decision, `dfo replay` with the exit status) said nothing of a climb that went on
+    to the end; now `degrading_at_end` keeps its measure then, and the reason says it. tiny-nographs with its
+    mem_gb climbing 10 MB a second from 60 s, exiting 0; the same log without the climb keeps null."""
+    lines, t0 = LOGS["tiny-nographs"].lines(), first_step_ts(LOGS["tiny-nographs"].lines())
+
+    def climbing(line):
+        found = STEP.search(line)
+        if not found:
+            return line
+        return line.replace("mem_gb=0.79", f"mem_gb={0.79 + max(0.0, parse_ts(found[1]) - t0 - 60) * 0.01:.2f}")
+
+    decision = replay([climbing(line) for line in lines], run="tiny", exit_code=0)
+    assert (decision.decision, decision.ended, decision.degrading) == ("steady", "exited", None)
+    assert decision.degrading_at_end["what"] == "memory_peak" and 0.4 < decision.degrading_at_end["gib_per_min"] < 0.7
+    assert decision.reason.endswith(f"; then exited 0; memory was climbing: the trainer's peak memory (mem_gb) 0.7 -> "
+                                    f"{decision.degrading_at_end['now_gib']:,.1f} GiB since "
+                                    f"{decision.degrading_at_end['since_at']} (+0.56 GiB/min)"), decision.reason
+    assert decision.to_json()["degrading_at_end"] == decision.degrading_at_end
+    unchanged = replay(lines, run="tiny", exit_code=0)
+    assert unchanged.degrading_at_end is None and "memory was climbing" not in unchanged.reason
+
+
+def test_a_crash_after_gpu_memory_climbed_says_the_climb():
+    """qwen-ps-eager with GPU 0 climbing 40 MiB/s from 60 s (said as `degrading` at ~144 s), then the trainer's
+    CUDA out-of-memory error: the crash verdict keeps the climb that led to it in `degrading_at_end` and its
+    reason; before, the crash said nothing of it (`degrading` is null on a crash)."""
+    from orchestrator.decide import LineObs
+
+    judge_, shown = fed(with_gpu_samples(LOGS["qwen-ps-eager"].lines(), staircase(60.0, 40.0)))
+    assert shown[-1][1].degrading is not None
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 139.81 GiB"
+    crash = judge_.feed(LineObs(judge_.now + 1, oom))
+    assert (crash.decision, crash.signature, crash.degrading) == ("crash", "cuda_oom", None), crash.reason
+    assert crash.degrading_at_end["what"] == "gpu_memory" and crash.degrading_at_end["gpu"] == 0
+    assert "; memory was climbing: GPU 0 memory 30.5 -> " in crash.reason and "+2." in crash.reason, crash.reason
