@@ -223,10 +223,11 @@ class Claims:
         now = self.clock()
         if key in self.held and now - self.held[key] < self.ttl_s / 3:
             return True
-        claim = self.store.claim(key, self.owner, pid=os.getpid(), host=socket.gethostname(), ttl_s=self.ttl_s, now=now)
-        if claim.owner != self.owner and not process_alive(claim.host, claim.pid):  # its holder died: no lease to wait out
-            claim = self.store.claim(key, self.owner, pid=os.getpid(), host=socket.gethostname(), ttl_s=self.ttl_s,
-                                     now=now, dead_owner=claim.owner)
+        current = self.store.claim_of(key)  # a read: its holder is looked at before the one write
+        dead = (current.owner if current is not None and current.owner != self.owner and current.expires_at > now
+                and not process_alive(current.host, current.pid) else None)  # its holder died: no lease to wait out
+        claim = self.store.claim(key, self.owner, pid=os.getpid(), host=socket.gethostname(), ttl_s=self.ttl_s, now=now,
+                                 dead_owner=dead)
         if claim.owner == self.owner:
             self.held[key] = now
             self.others.pop(key, None)

@@ -564,6 +564,11 @@ class Store:
             row = db.execute("SELECT * FROM claims WHERE key = ?", (key,)).fetchone()
         return Claim(**dict(row))
 
+    def claim_of(self, key: str) -> "Claim | None":
+        """The claim on `key` as it stands (expired or not), without taking it; None when there is none."""
+        rows = self._query("SELECT * FROM claims WHERE key = ?", (key,))
+        return Claim(**dict(rows[0])) if rows else None
+
     def release_claim(self, key: str, owner: str) -> None:
         with self._write() as db:
             db.execute("DELETE FROM claims WHERE key = ? AND owner = ?", (key, owner))

@@ -175,3 +175,25 @@ def test_an_intent_is_recorded_once_carried_out_once_by_racing_dfo_and_taken_ove
         data = carry_out_once(store, orphan, lambda d: {**d, "next_run": "mn9.2-b"}, ttl_s=1.5)
         assert data["next_run"] == "mn9.2-b" and time.monotonic() - started > 0.5  # after its lease ran out
         assert store.open_intents() == []
+
+
+def test_a_claim_held_by_a_dead_dfo_of_this_workstation_is_taken_in_one_write(tmp_path) -> None:
+    # the holder is looked at (a read) before the one write: it was a write that found the lease held, a look at
+    # the holder, then a second write with dead_owner (two write transactions where one does)
+    import socket
+    import time
+
+    from orchestrator.chains import Claims
+    from orchestrator.store import Store
+
+    gone_dfo = subprocess.Popen(["true"])
+    gone_dfo.wait()  # its pid is gone: a killed dfo of this workstation
+    with Store(tmp_path / "dfo.db") as store:
+        store.claim("chain:c1", "gone-dfo", pid=gone_dfo.pid, host=socket.gethostname(), ttl_s=15, now=time.time())
+        store.claim("chain:c2", "live-dfo", pid=os.getpid(), host="another-workstation", ttl_s=15, now=time.time())
+        claims, writes, claim = Claims(store), [], store.claim
+        store.claim = lambda *args, **kw: writes.append(kw.get("dead_owner")) or claim(*args, **kw)
+        assert claims.holds("chain:c1") and writes == ["gone-dfo"]
+        assert (store.claim_of("chain:c1").owner, store.claim_of("chain:c1").pid) == (claims.owner, os.getpid())
+        assert not claims.holds("chain:c2") and writes == ["gone-dfo", None]  # one of another workstation: waited out
+        assert claims.holder("chain:c2").host == "another-workstation"
