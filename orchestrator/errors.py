@@ -68,10 +68,11 @@ class UnknownRun(UsageError):
 
 
 class RemoteError(DfoError):
-    """Something went wrong reaching or running on `where` (a host or container name)."""
+    """Something went wrong reaching or running on `where` (a host or container name); `detail` is the message
+    without it, for a caller whose own words name `where` already."""
 
     def __init__(self, message: str, *, where: str | None = None, hint: str | None = None) -> None:
-        self.where = where
+        self.where, self.detail = where, message
         prefix = f"{where}: " if where else ""
         super().__init__(prefix + message, hint=hint)
 

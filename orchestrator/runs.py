@@ -350,23 +350,28 @@ def launch(target: Target, spec: RunSpec, store: Store, *, start_grace_s: float 
 class StartsUnseen(CommandTimeout):
     """A launch whose start got no answer (a multi-node run's: on some of its nodes): those runs are left `lost`
     without a PID (start_unseen) and may come up all the same. The message names the run, each such node and its
-    target, the nodes that did start (`started`, None for a single run) and what happens next; `answer` is what
-    the target said (or did not), for a fallback's own message (chains.StartUnseen)."""
+    target (a single run: the run and its target once), the nodes that did start (`started`, None for a single
+    run) and what happens next; `answer` is what the target said (or did not), for a fallback's own message
+    (chains.StartUnseen)."""
 
     def __init__(self, run: str, unseen: Sequence[tuple[Run, DfoError]], started: Sequence[Run] | None, *,
                  grace_s: float | None) -> None:
         self.answer = unseen[0][1].message
         lost = ", ".join(f"{row.name} on {row.target}" for row, _ in unseen)
-        message = f"{run}: the start of {lost} got no answer ({self.answer})"
-        if started is not None:
-            message += "; started: " + (", ".join(f"{node.name} on {node.target} (PID {node.pid})" for node in started)
-                                        or "no node")
+        if started is None:  # a single run: the run and its target named once
+            [(row, exc)] = unseen
+            said = exc.detail if isinstance(exc, RemoteError) and exc.where == row.target else exc.message
+            message, left = f"{run}: the start on {row.target} got no answer ({said})", "it may still come up"
+        else:
+            message = (f"{run}: the start of {lost} got no answer ({self.answer}); started: "
+                       + (", ".join(f"{node.name} on {node.target} (PID {node.pid})" for node in started) or "no node"))
+            left = f"{lost}, which may still come up"
         grace = "watch.start_grace_s" + (f" ({grace_s:g} s)" if grace_s is not None else "")
         after = (f"the started nodes wait for it at the rendezvous (run.rendezvous_timeout_s) and end on their own "
                  f"if it never comes; `dfo stop {run}` stops every node, waiting for a `lost` one while its start "
                  f"grace lasts" if started is not None else
                  f"`dfo stop {run}` stops it, waiting for it while its start grace lasts")
-        super().__init__(f"{message}; left `lost`: {lost}, which may still come up",
+        super().__init__(f"{message}; left `lost`: {left}",
                          hint=f"`dfo runs {run}` or `dfo watch {run}` looks for it by its exit file: adopted if it runs, "
                               f"marked failed if nothing of it shows within {grace}; {after}")
 
