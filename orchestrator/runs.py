@@ -974,8 +974,9 @@ LOOK_POLL_S = 1.0  # resolve_launch: how often a start never seen answered is lo
 
 def look_script(runs: Sequence[Run]) -> str:
     """One cheap look at runs on one target: for each, its exit file, and its process: the recorded PID's stat,
-    or (a launch dfo did not finish recording) the session leader whose command line names its exit file."""
-    lines = []
+    or (a launch dfo did not finish recording) the session leader whose command line names its exit file,
+    found in one scan of /proc for all such rows (a scan per row made `dfo runs` slow with many of them)."""
+    lines, cases = [], []
     for index, run in enumerate(runs):
         exit_file = shlex.quote(run.exit_path)
         lines.append(f'echo "@{index} exit=$(cat {exit_file} 2>/dev/null)"')
@@ -985,12 +986,14 @@ def look_script(runs: Sequence[Run]) -> str:
         # the wrapper itself (`sh -c 'trap "true" TERM; ...'`), not the launch script that started it; for a
         # launch marked failed, only while its log exists (an empty one is removed; a late start makes it again)
         needle = shlex.quote(WRAPPER_HEAD) + "*" + shlex.quote(run.exit_path)
-        late = f"[ -e {shlex.quote(run.log_path)} ] && " if run.state == RunState.FAILED else ""
-        lines.append(
-            f"{late}for d in /proc/[0-9]*; do case \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" in *{needle}*) "
-            f'read -r st < $d/stat 2>/dev/null || continue; set -- ${{st##*) }}; '
-            f'[ "$4" = "${{d#/proc/}}" ] && [ "$4" != "$$" ] && echo "@{index} found=${{d#/proc/}} $st";; esac; done'
-        )
+        late = f" [ -e {shlex.quote(run.log_path)} ] ||" if run.state == RunState.FAILED else ""
+        lines.append(f"w{index}=1;{late} w{index}=" if late else f"w{index}=1")
+        cases.append(f'  case "$c" in *{needle}*) [ -n "$w{index}" ] && found {index} "$d";; esac')
+    if cases:  # a session leader (its session is its PID) that is not this look's own shell
+        lines += ['found() { read -r st < "$2/stat" 2>/dev/null || return 0; p=${2#/proc/}; set -- "$1" ${st##*) }; '
+                  '[ "$5" = "$p" ] && [ "$p" != "$$" ] && echo "@$1 found=$p $st"; return 0; }',
+                  f'if [ -n "{"".join(f"$w{i}" for i in range(len(runs)) if runs[i].pid is None)}" ]; then',
+                  "for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)", *cases, "done; fi"]
     return "\n".join(lines) + "\ntrue\n"
 
 

@@ -615,3 +615,35 @@ def test_the_stop_program_signals_the_checked_group_and_never_a_group_whose_numb
         for proc in (group, stranger):
             proc.kill()
             proc.wait()
+
+
+def test_a_look_at_many_late_start_candidates_on_one_target_scans_proc_once_in_one_call(store, workspace, tmp_path,
+                                                                                       monkeypatch):
+    # launches marked failed whose logs exist may come up late: each is looked for by its exit file path among the
+    # target's processes; it was one scan of /proc per row (slow `dfo runs` with many recent failures), now one in all
+    import shutil
+
+    from orchestrator.runs import look
+
+    late = launch(LocalTarget("here"), spec(workspace, "sleep 60"), store, name="late").run
+    store.update_run("late", state="failed", pid=None, proc_starttime=None, ended_at=late.started_at)  # came up late
+    candidates = [store.get_run("late")]
+    for index in range(5):  # never came up: their logs are there (a start may still make its process)
+        name = f"never{index}"
+        store.add_run(Run(name=name, target="here", host="local", variant="v1", state="failed", workspace=workspace,
+                          log_path=f"{workspace}/logs/{name}.log", exit_path=f"{workspace}/logs/{name}.log.exit"))
+        Path(f"{workspace}/logs/{name}.log").write_text("")
+        candidates.append(store.get_run(name))
+    scans, shims = tmp_path / "scans", tmp_path / "shims"
+    shims.mkdir()
+    (shims / "tr").write_text(f'#!/bin/sh\n[ "$(readlink /proc/$$/fd/0)" = /proc/1/cmdline ] && echo >> {scans}\n'
+                              f'exec {shutil.which("tr")} "$@"\n')  # each scan of /proc reads PID 1's command line
+    (shims / "tr").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}:{os.environ['PATH']}")
+    target, calls = LocalTarget("here"), []
+    run = target.run
+    monkeypatch.setattr(target, "run", lambda *args, **kw: calls.append(args) or run(*args, **kw))
+    looked = {r.name: r for r in look(target, store, candidates)}
+    assert len(calls) == 1 and scans.read_text().count("\n") == 1, f"{len(calls)} calls, {scans.read_text().count(chr(10))} scans"
+    assert (looked["late"].state, looked["late"].pid) == ("running", late.pid)  # adopted by its exit file path
+    assert all((looked[f"never{i}"].state, looked[f"never{i}"].pid) == ("failed", None) for i in range(5))
