@@ -240,6 +240,12 @@ class Claims:
         """The other owner of `key` as last seen (None when it is ours or unknown)."""
         return self.others.get(key)
 
+    def held_elsewhere(self, key: str) -> Claim | None:
+        """The other owner of `key` as last seen when it is a dfo of another workstation: its lease is waited out
+        (it cannot be looked at from here), where one of this workstation that dies is taken over at once."""
+        claim = self.others.get(key)
+        return claim if claim is not None and claim.host != socket.gethostname() else None
+
     def release_all(self) -> None:
         for key in list(self.held):
             self.store.release_claim(key, self.owner)

@@ -267,6 +267,28 @@ class LeftToBatch(RunEvent):
 
 
 @dataclass(frozen=True)
+class LeaseHeld(RunEvent):
+    """The run's chain is held by a dfo of another workstation (its claim: `host`, `pid`, `since`): this watch only
+    shows it, and takes it over once that dfo gives the lease back or stops renewing it (`lease_s` after it
+    ends: a process on another workstation cannot be looked at from here). Said once per holder."""
+
+    kind: ClassVar[str] = "lease_held"
+    stored: ClassVar[bool] = False  # this watch's own waiting, not the run's history
+    host: Optional[str]
+    pid: Optional[int]
+    since: Optional[str]
+    lease_s: float
+
+    @property
+    def text(self) -> str:
+        since = f" since {self.since[:10]} {self.since[11:19]} UTC" if self.since else ""
+        return (f"its chain is held by dfo pid {self.pid} on {self.host}{since}: this watch shows it and stores or "
+                f"acts on nothing while that dfo renews its lease; it takes the chain over once that dfo ends (its "
+                f"lease runs out {self.lease_s:g} s later): end it on {self.host} (Ctrl-C, or kill {self.pid}) to "
+                f"take over")
+
+
+@dataclass(frozen=True)
 class FellBack(RunEvent):
     kind: ClassVar[str] = "fell_back"
     next_run: str

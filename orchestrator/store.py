@@ -195,6 +195,13 @@ def _m007_checked_at(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE runs ADD COLUMN checked_at TEXT")
 
 
+def _m008_claim_since(db: sqlite3.Connection) -> None:
+    """When a claim's owner took it (`since`, kept while that owner renews it): a watch that waits on a lease
+    another dfo holds says since when that dfo has held it."""
+    db.execute("ALTER TABLE claims ADD COLUMN since REAL")
+    db.execute("UPDATE claims SET since = renewed_at")
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
@@ -203,6 +210,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("lifecycle: inventory per run, launcher, stop intents, claims, intents", _m005_lifecycle),
     ("run_nodes: the nodes of a multi-node run", _m006_multinode),
     ("runs.checked_at: when a start never seen answered was last looked for", _m007_checked_at),
+    ("claims.since: when the claim's owner took it", _m008_claim_since),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 
@@ -251,7 +259,8 @@ class Run:
 
 @dataclass(frozen=True)
 class Claim:
-    """Who acts on a chain or cell: `owner` until `expires_at` (Unix seconds), unless it renews."""
+    """Who acts on a chain or cell: `owner` (dfo `pid` on workstation `host`) since `since`, until `expires_at`
+    (Unix seconds), unless it renews."""
 
     key: str
     owner: str
@@ -259,6 +268,7 @@ class Claim:
     host: str | None
     expires_at: float
     renewed_at: float
+    since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -556,10 +566,11 @@ class Store:
             row = db.execute("SELECT * FROM claims WHERE key = ?", (key,)).fetchone()
             if row is None or row["owner"] in (owner, dead_owner) or row["expires_at"] <= now:
                 db.execute(
-                    "INSERT INTO claims (key, owner, pid, host, expires_at, renewed_at) VALUES (?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO claims (key, owner, pid, host, expires_at, renewed_at, since) VALUES (?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT(key) DO UPDATE SET owner = excluded.owner, pid = excluded.pid, host = excluded.host,"
-                    " expires_at = excluded.expires_at, renewed_at = excluded.renewed_at",
-                    (key, owner, pid, host, now + ttl_s, now),
+                    " expires_at = excluded.expires_at, renewed_at = excluded.renewed_at,"
+                    " since = CASE WHEN claims.owner = excluded.owner THEN claims.since ELSE excluded.since END",
+                    (key, owner, pid, host, now + ttl_s, now, now),
                 )
             row = db.execute("SELECT * FROM claims WHERE key = ?", (key,)).fetchone()
         return Claim(**dict(row))

@@ -39,7 +39,7 @@ from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, 
 from .errors import DfoError, UnknownRun
 from .gpu import failure_kind
 from .inventory import Inventory
-from .logfmt import EventRecord, MalformedLine, StepRecord, make_parser, parse_ts, step_problem
+from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_parser, parse_ts, step_problem
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
@@ -190,6 +190,7 @@ class Watcher:
         self._events: list[ev.Event] = []
         self._looked_at: dict[str, float] = {}  # chain root -> when its runs were last looked up (observing)
         self._left_to_batch: set[int] = set()  # the open batch fallbacks (intent ids) said to be left to dfo batch
+        self._said_held: dict[str, str] = {}  # chain root -> the owner of another workstation said to hold it
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ public
@@ -225,6 +226,8 @@ class Watcher:
                        steps_stored=stored, owner=root in self.owned, claimed_by=self._holder_of(root))
             if root in self.owned:
                 self._finish_open_intents(root)
+            else:
+                self._say_held_elsewhere(root)
             return watched
 
     def owns(self, name: str) -> bool:
@@ -383,9 +386,22 @@ class Watcher:
                 self._take_over(root)
             elif not held:
                 self.owned.discard(root)
+                self._say_held_elsewhere(root)
                 if now - self._looked_at.get(root, 0.0) >= 1.0:
                     self._looked_at[root] = now
                     self._follow_newer(root)
+
+    def _say_held_elsewhere(self, root: str) -> None:
+        """Say once per holder (not at each renewal) that `root`'s chain is held by a dfo of another workstation,
+        whose lease this watch waits on: who (host, pid, since when, as the registry records it), and how to take
+        it over."""
+        claim = self.claims.held_elsewhere(chain_key(root))
+        watched = self.watched.get(self._chains[root].runs[-1])
+        if claim is None or watched is None or self._said_held.get(root) == claim.owner:
+            return
+        self._said_held[root] = claim.owner
+        self._emit(watched, ev.LeaseHeld, host=claim.host, pid=claim.pid, since=format_ts(claim.since),
+                   lease_s=round(claim.expires_at - claim.renewed_at, 3))
 
     def _follow_newer(self, root: str) -> None:
         """Attach the runs another watcher added to the chain (its fallbacks), so this one shows them too."""

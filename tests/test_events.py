@@ -34,6 +34,7 @@ CONTRACT = {
     "not_signalled": ["at", "run", "chain", "why"],
     "fell_back": ["at", "run", "chain", "next_run", "variant"],
     "left_to_batch": ["at", "run", "chain", "batch", "command"],
+    "lease_held": ["at", "run", "chain", "host", "pid", "since", "lease_s"],
     "disconnected": ["at", "target", "reason"],
     "gap": ["at", "target", "duration_s"],
     "gpu_error": ["at", "target", "text", "code"],

@@ -342,3 +342,32 @@ def test_too_slow_against_the_best_steady_run_of_the_same_batch_unless_peer_base
     assert slow["evidence"]["baseline_tok_s"] == lab.store.get_run("fast1").decision["steady_tok_s"]
     assert 790 < slow["steady_tok_s"] < 810 and slow["interval"][1] < 0.9 * slow["evidence"]["baseline_tok_s"]
     assert lab.store.get_run("slow2").decision["decision"] == "steady"
+
+
+def test_a_watch_waiting_on_a_lease_held_on_another_workstation_says_who_holds_it_once(lab, tmp_path) -> None:
+    # the chain's lease is held by a live dfo of another workstation (it renews; it cannot be looked at from here):
+    # the watch only shows the run; it said nothing of why in its live view (the JSON `attached` alone named it)
+    from orchestrator.logfmt import format_ts
+
+    lab.launch("nographs", "h9")
+    since = time.time() - 90
+    lab.store.claim("chain:h9", "ws2-dfo", pid=4242, host="ws2.example.org", ttl_s=15, now=since)
+    lab.store.claim("chain:h9", "ws2-dfo", pid=4242, host="ws2.example.org", ttl_s=600, now=time.time())  # renewed
+    dfo, env = cli(tmp_path)
+    watching = subprocess.Popen([dfo, "watch", "h9", "--until-decided", "--interval", "0.2", "-i", str(lab.path)],
+                                env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(3)  # a dozen renewals tried meanwhile
+        lab.store.release_claim("chain:h9", "ws2-dfo")  # that dfo ended: this watch takes the chain over
+        out, err = watching.communicate(timeout=90)
+    finally:
+        watching.kill()
+    assert watching.returncode == 0, err[-2000:] + out[-2000:]
+    said = [line for line in out.splitlines() if "lease_held" in line or "held by dfo" in line]
+    stamp = format_ts(since)
+    assert len(said) == 1, out[-3000:]
+    assert (f"h9: its chain is held by dfo pid 4242 on ws2.example.org since {stamp[:10]} {stamp[11:19]} UTC: this "
+            "watch shows it and stores or acts on nothing while that dfo renews its lease; it takes the chain over "
+            "once that dfo ends (its lease runs out 600 s later): end it on ws2.example.org (Ctrl-C, or kill 4242) "
+            "to take over") in said[0], said[0]
+    assert "took_over" in out and lab.store.get_run("h9").decision["decision"] == "steady"  # then it acted

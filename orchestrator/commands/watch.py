@@ -17,7 +17,7 @@ from ..chains import (FALLBACK, MULTINODE_FALLBACK, FallbacksLeft, Outcome, Supe
                       finish_on_own_thread, inventory_for)
 from ..connections import Connections
 from ..errors import DfoError
-from ..events import ActionError, DecisionMade, Event, FellBack, GpuError, LeftToBatch, LevelShift
+from ..events import ActionError, DecisionMade, Event, FellBack, GpuError, LeaseHeld, LeftToBatch, LevelShift
 from ..inventory import Inventory
 from ..states import Verdict
 from ..store import Store, utc_now
@@ -30,7 +30,7 @@ EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   df
 T = TypeVar("T")
 AGAIN = "`dfo watch`"  # what finishes a fallback that a second Ctrl-C leaves half done
 SHOWN_EVENTS = ("decision", "level_shift", "left_to_batch", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
-                "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed", "took_over")
+                "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed", "took_over", "lease_held")
 
 
 def register(app: typer.Typer) -> None:
@@ -326,7 +326,7 @@ def event_line(event: Event) -> str:
         d = event.decision
         nxt = f" -> {d['next_run']}" if d.get("next_run") else ""
         return f"{event.at[11:19]} {event.subject}: {d['decision']} (action {d['action']}{nxt}): {d.get('reason', '')}"
-    if isinstance(event, (LevelShift, LeftToBatch)):
+    if isinstance(event, (LevelShift, LeftToBatch, LeaseHeld)):
         return f"{event.at[11:19]} {event.subject}: {event.text}"
     if isinstance(event, GpuError) and event.no_nvidia_smi:
         return f"{event.at[11:19]} {event.subject}: no nvidia-smi there (a CPU-only target): no GPU samples"
