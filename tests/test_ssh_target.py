@@ -83,15 +83,32 @@ def late_eofs(monkeypatch):
     paramiko's own thread), the EOF follows our CLOSE and sshd drops the whole connection ("ieof packet
     referred to nonexistent channel", paramiko issue 1115). That window opens by itself, rarely (2 in 900
     loops of test_many_commands_from_many_threads_share_one_connection's 40 commands); this makes it wide."""
+    send_late(monkeypatch, CHANNEL_EOF)
+
+
+def send_late(monkeypatch, message_type: int, delay_s: float = 0.3) -> None:
+    """Every message of `message_type` dfo sends leaves `delay_s` after paramiko built it."""
     transport_class = ssh_module.paramiko.Transport
     send = transport_class._send_user_message
 
-    def send_late_eof(transport, message):
-        if message.asbytes()[:1] == bytes([CHANNEL_EOF]):
-            time.sleep(0.3)
+    def send_it_late(transport, message):
+        if message.asbytes()[:1] == bytes([message_type]):
+            time.sleep(delay_s)
         return send(transport, message)
 
-    monkeypatch.setattr(transport_class, "_send_user_message", send_late_eof)
+    monkeypatch.setattr(transport_class, "_send_user_message", send_it_late)
+
+
+CHANNEL_DATA = 94
+"""SSH_MSG_CHANNEL_DATA (RFC 4254)."""
+
+
+@pytest.fixture
+def late_data(monkeypatch):
+    """Every channel data message dfo sends leaves 0.3 s after paramiko built it: the same gap as late_eofs'
+    for what a stream writes to a command that ends meanwhile (sshd: "idata packet referred to nonexistent
+    channel")."""
+    send_late(monkeypatch, CHANNEL_DATA)
 
 
 def test_commands_that_end_at_once_keep_the_connection_when_eofs_leave_late(target, sshd, late_eofs):
@@ -136,6 +153,29 @@ def test_closing_a_stream_whose_command_ended_keeps_the_connection_when_eofs_lea
             output += chunk
         assert output == b"hi\n"
         stream.close()
+    assert target.run(["echo", "after"]).stdout == "after\n"
+    assert sshd.accepted_connections() == 1, sshd.log_tail()
+
+
+def test_closing_a_stream_as_its_command_ends_keeps_the_connection_when_eofs_leave_late(target, sshd, late_eofs):
+    # closed before its end was seen: our EOF was built while the command still ran, and left after the host's
+    # CLOSE had been answered (a stream's close had only the case of an end already seen covered)
+    for _ in range(3):
+        stream = target.stream(["true"])
+        stream.close()
+        assert stream.exit_code() == 0
+    assert target.run(["echo", "after"]).stdout == "after\n"
+    assert sshd.accepted_connections() == 1, sshd.log_tail()
+
+
+def test_writing_to_a_stream_as_its_command_ends_keeps_the_connection_when_data_leaves_late(target, sshd, late_data):
+    # as dfo answers a launch script or the stop program that has just ended on its own
+    for _ in range(3):
+        stream = target.stream("exit 5")
+        stream.write(b"start 0\n")
+        assert stream.read(timeout=5) == b""  # its end, seen as before
+        stream.close()
+        assert stream.exit_code() == 5
     assert target.run(["echo", "after"]).stdout == "after\n"
     assert sshd.accepted_connections() == 1, sshd.log_tail()
 

@@ -208,7 +208,7 @@ class SshTarget(Target):
         transport = self._transport()
         with self._mapped_errors(command, transport=transport):
             channel = transport.open_session(timeout=self.connect_timeout)
-            channel.exec_command(command)
+            channel.exec_command(_stream_script(command))
         return SshStream(channel, self, command)
 
     # -- the one place library errors are mapped ---------------------------------------------------------
@@ -291,6 +291,10 @@ class SshTarget(Target):
             return cause
 
 
+STREAM_EXIT_WAIT_S = 2.0
+"""How long closing a stream (or asking an ended one for its status) waits for the exit status after our EOF."""
+
+
 class SshStream(Stream):
     """A long-lived command on an exec channel: non-blocking reads of stdout (stderr drained into a tail)."""
 
@@ -327,23 +331,28 @@ class SshStream(Stream):
             self._channel.sendall(data)
 
     def close(self) -> None:
-        """Close stdin, give the command 2 s to exit, close the channel. A command that ended already gets no
-        EOF of its own: the host may be closing its channel, and an EOF that follows our CLOSE costs the whole
-        connection (`_session_script`); closing the channel sends EOF and CLOSE in order."""
+        """Close stdin, give the command 2 s to exit, close the channel. Safe at any moment, the command ending
+        meanwhile or not: its session ends only once our EOF has arrived (`_stream_script`)."""
         if self._channel.closed:
             return
-        if self._channel.eof_received or self._channel.exit_status_ready():
-            self._channel.close()
-            return
-        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
-            self._channel.shutdown_write()
-            deadline = time.monotonic() + 2.0
-            while not self._channel.exit_status_ready() and time.monotonic() < deadline:
-                time.sleep(0.01)
+        self._end_input(STREAM_EXIT_WAIT_S)
         self._channel.close()
 
     def exit_code(self) -> int | None:
+        """The command's exit status, once it has ended: its output closed (read gave b""), our EOF lets its
+        session end (`_stream_script`), and the status follows within STREAM_EXIT_WAIT_S."""
+        if self._channel.eof_received and not self._channel.closed:
+            self._end_input(STREAM_EXIT_WAIT_S)
         return self._channel.recv_exit_status() if self._channel.exit_status_ready() else None
+
+    def _end_input(self, wait_s: float) -> None:
+        """Send our EOF (once), then wait up to `wait_s` for the exit status."""
+        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+            if not self._channel.eof_sent:
+                self._channel.shutdown_write()
+            deadline = time.monotonic() + wait_s
+            while not self._channel.exit_status_ready() and not self._channel.closed and time.monotonic() < deadline:
+                time.sleep(0.01)
 
 
 # -- host keys ----------------------------------------------------------------------------------------------
@@ -611,6 +620,16 @@ def _session_script(command: str, *, feeds_input: bool) -> str:
     if not feeds_input:
         return f"{report}exec {command} </dev/null"
     return f"{report}{command}; s=$?; cat >/dev/null; exit $s"
+
+
+def _stream_script(command: str) -> str:
+    """What a `stream` session executes: `command` in a shell of its own (its `$$` and its `exit` stay its own),
+    then the session closes its output (the reader sees the command's end as before: read gives b"") and drains
+    stdin, so it ends only once our EOF has arrived. Whatever dfo writes, or closes, while the command ends is
+    then never sent after the host's CLOSE (the race `_session_script` describes; a write or a close racing a
+    command that ended at that moment cost the whole connection: "idata/ieof packet referred to nonexistent
+    channel"). A command killed by a signal exits 128+N, not -1."""
+    return f"sh -c {shlex.quote(command)}; s=$?; exec >&- 2>&-; cat >/dev/null; exit $s"
 
 
 def _split_pgid(stderr: bytes) -> tuple[int | None, bytes]:
