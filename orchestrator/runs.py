@@ -961,7 +961,8 @@ def follow_script(run: Run, lines: int) -> str:
     tail = shlex.join(["tail", "-n", str(int(lines)), "-F", run.log_path])
     alive = f" && kill -0 {int(run.pid)} 2>/dev/null" if run.pid is not None else ""
     return (f"{tail} & t=$!\n"
-            f"exec 3<&0; ( cat <&3 >/dev/null; kill $t $$ 2>/dev/null ) & c=$!\n"  # (& alone gives it /dev/null)
+            f"exec 3<&0; ( cat <&3; kill $t $$ ) >/dev/null 2>&1 & c=$!\n"  # (& alone gives it /dev/null; its cat,
+            # left after kill $c, holds no output open: the stream's end is seen when the script ends)
             f"while [ ! -s {q(run.exit_path)} ]{alive}; do sleep {FOLLOW_POLL_S}; done\n"
             f"sleep {FOLLOW_DRAIN_S}; kill $t $c 2>/dev/null; exit 0\n")
 

@@ -516,7 +516,7 @@ def test_logs_follow_that_loses_its_stream_says_so_and_fails(tmp_path, workspace
     try:
         assert follower.stdout.readline() == "beat\n"
         remote_ends = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/cmdline")
-                       if b"cat <&3 >/dev/null" in _read(p) and run.log_path.encode() in _read(p)]
+                       if b"( cat <&3; kill" in _read(p) and run.log_path.encode() in _read(p)]
         assert len({os.getpgid(pid) for pid in remote_ends}) == 1  # one remote script (and its background cat)
         os.killpg(os.getpgid(remote_ends[0]), signal.SIGKILL)  # the far end goes away, as when the connection drops
         _, err = follower.communicate(timeout=20)
