@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -89,6 +90,7 @@ def write_trainers(directory: Path) -> dict[str, str]:
         "failing": f"{PY} {directory}/steady_trainer.py 5 0.02; exit 3",
         "silent": f"{PY} {directory}/steady_trainer.py 3 0.02; sleep 600",
         "slower": f"{PY} {directory}/steady_trainer.py 400 0.02 800",
+        "paced": f"{PY} {directory}/steady_trainer.py 400 0.1",  # steady ~6 s after its start, not ~1 s
     }
 
 
@@ -349,19 +351,36 @@ def test_a_watch_waiting_on_a_lease_held_on_another_workstation_says_who_holds_i
     # the watch only shows the run; it said nothing of why in its live view (the JSON `attached` alone named it)
     from orchestrator.logfmt import format_ts
 
-    lab.launch("nographs", "h9")
+    # a run that steps every 0.1 s: its verdict (a quiet level) comes ~6 s after its start, after the hand-over
+    # below; at 0.02 s a step it came before the watch had printed its first line
+    lab.launch("paced", "h9")
     since = time.time() - 90
     lab.store.claim("chain:h9", "ws2-dfo", pid=4242, host="ws2.example.org", ttl_s=15, now=since)
     lab.store.claim("chain:h9", "ws2-dfo", pid=4242, host="ws2.example.org", ttl_s=600, now=time.time())  # renewed
     dfo, env = cli(tmp_path)
     watching = subprocess.Popen([dfo, "watch", "h9", "--until-decided", "--interval", "0.2", "-i", str(lab.path)],
                                 env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines: list[str] = []
+    told = threading.Event()
+
+    def read() -> None:
+        for line in watching.stdout:
+            lines.append(line)
+            if "held by dfo" in line:
+                told.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        time.sleep(3)  # a dozen renewals tried meanwhile
+        assert told.wait(timeout=30), "".join(lines)[-3000:]
+        time.sleep(1)  # renewals tried meanwhile: the line must not repeat
         lab.store.release_claim("chain:h9", "ws2-dfo")  # that dfo ended: this watch takes the chain over
-        out, err = watching.communicate(timeout=90)
+        watching.wait(timeout=90)
+        reader.join(timeout=10)
+        err = watching.stderr.read()
     finally:
         watching.kill()
+    out = "".join(lines)
     assert watching.returncode == 0, err[-2000:] + out[-2000:]
     said = [line for line in out.splitlines() if "lease_held" in line or "held by dfo" in line]
     stamp = format_ts(since)

@@ -238,3 +238,16 @@ def test_the_minimum_seconds_still_to_wait_never_read_as_met():
     assert any(have >= 29.5 for _, have, _ in shown), shown  # the case that read '30 s (need 30)'
     for seconds, have, need in shown:
         assert have < need == 30 and have <= seconds + 1e-6, (seconds, have, need)
+
+
+def test_a_quiet_run_that_steps_slowly_is_declared_before_its_window_spans_the_trend_horizon():
+    """qwen3-8b-shape at two samples a step logs a step every ~0.36 s with under 1% noise: its trend, projected
+    over trend_horizon_steps (150), is pinned within a few tenths of a percent long before 150 steps were seen
+    (tests/data/real/qwen-ps-nographs-1g: undecided for its whole 65 s, steady 32 s after its first step line
+    since); a noisy run stepping as slowly still waits for a window of 150 steps."""
+    rng = np.random.default_rng(11)
+    quiet, declared = run_detector(noisy(rng, 11_300, 400, sigma=0.005), step_s=0.36)
+    assert declared is not None and declared < 150
+    assert quiet.estimate.steady and abs(quiet.estimate.tok_s / 11_300 - 1) < 0.01
+    _, declared_noisy = run_detector(noisy(np.random.default_rng(11), 11_300, 400, sigma=0.08), step_s=0.36)
+    assert declared_noisy is None or declared_noisy >= 150
