@@ -47,23 +47,9 @@ def category(name: str) -> str:
     return "other"
 
 
-def union_length(intervals: list[tuple[float, float]]) -> float:
-    """Total length covered by [start, end) intervals (any overlap counted once)."""
-    total, current_start, current_end = 0.0, None, None
-    for start, end in sorted(intervals):
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    if current_end is not None:
-        total += current_end - current_start
-    return total
-
-
 def idle_gaps(intervals: list[tuple[float, float]]) -> list[float]:
-    """Lengths of the gaps between merged intervals, longest first."""
+    """Lengths of the gaps between merged intervals, longest first (the span less their sum is the time some
+    interval covers)."""
     gaps, current_end = [], None
     for start, end in sorted(intervals):
         if current_end is not None and start > current_end:
@@ -82,7 +68,8 @@ def summarise(events: list[dict], samples: int, flops_per_sample: float, top: in
     if not intervals:  # CPU ops of threads started before the profiler are not recorded
         return {"error": "no device events in the trace (expected on a machine without CUDA)"}
     span_us = max(end for _, end in intervals) - min(start for start, _ in intervals)
-    busy_us = union_length(intervals)
+    gaps = idle_gaps(intervals)
+    busy_us = span_us - sum(gaps)
     per_stream: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     per_kernel: dict[str, float] = defaultdict(float)
     for event in device:
@@ -99,8 +86,8 @@ def summarise(events: list[dict], samples: int, flops_per_sample: float, top: in
         "streams": {s: {c: round(v / per, 2) for c, v in sorted(cats.items(), key=lambda kv: -kv[1])}
                     | {"total": round(sum(cats.values()) / per, 2)}
                     for s, cats in sorted(per_stream.items(), key=lambda kv: -sum(kv[1].values()))},
-        "gaps_ms": [round(g / 1e3, 3) for g in idle_gaps(intervals)[:12]],
-        "gaps_over_50us_ms_per_sample": round(sum(g for g in idle_gaps(intervals) if g > 50) / per, 2),
+        "gaps_ms": [round(g / 1e3, 3) for g in gaps[:12]],
+        "gaps_over_50us_ms_per_sample": round(sum(g for g in gaps if g > 50) / per, 2),
         "top": [(name, round(us / per, 3)) for name, us in sorted(per_kernel.items(), key=lambda kv: -kv[1])[:top]],
     }
 
