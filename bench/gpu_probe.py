@@ -5,6 +5,8 @@
     python3 bench/gpu_probe.py --out $OUT --part drafter --mode layers
     python3 bench/gpu_probe.py --out $OUT --part attention    # one drafter layer's FlexAttention alone,
         # forward + backward: the default kernel configs, a few backward tiles, then inductor's autotuning
+    python3 bench/gpu_probe.py --out $OUT --part flash        # the same attention through FlexAttention's
+        # Triton kernels and its FlashAttention-4 ones (drafter.attention flash; needs flash-attn-4)
     python3 bench/gpu_probe.py --out $OUT --part optimizer    # the optimizer step alone: as the trainer did it
         # before (clip_grad_norm_, then fused AdamW), AdamW alone, the trainer's (the clipping folded into the fused
         # AdamW), and autocast's bf16 weight copies (~1 min)
@@ -268,12 +270,9 @@ def probe_region(args, cfg, out: Path) -> None:
     emit(out, part=args.part, kernels=top_kernels(call))
 
 
-def probe_attention(args, cfg, out: Path) -> None:
-    """The drafter's FlexAttention alone at its real shapes (queries A*B, keys T+A*B, GQA), forward +
-    backward, compiled on its own: the default configs, hand-picked backward tiles, then max_autotune."""
-    import torch._inductor.config as inductor_config
-    from torch.nn.attention.flex_attention import flex_attention as flex
-
+def attention_inputs(cfg):
+    """One drafter layer's attention at the preset's shapes (queries A*B, keys T+A*B, GQA), bf16, seeded:
+    (q, k, v, output gradient, the trainer's BlockMask, the counted forward FLOPs of trainer/flops.py)."""
     from trainer.model import BlockLayout, FlexMaskBuilder
 
     device, b, t = "cuda:0", cfg.data.batch, cfg.target
@@ -288,7 +287,60 @@ def probe_attention(args, cfg, out: Path) -> None:
     grad = torch.randn_like(q)
     block = cfg.drafter.block_size
     pairs = queries * ((cfg.data.seq_len - block) / 2 + block) * b
-    fwd_flops = 4 * pairs * t.hidden  # QK^T and PV over the visible pairs, all heads (trainer/flops.py)
+    return q, k, v, grad, mask, 4 * pairs * t.hidden  # QK^T and PV over the visible pairs, all heads
+
+
+def probe_flash(args, cfg, out: Path) -> None:
+    """The drafter's attention alone (forward + backward, compiled on its own) through FlexAttention's Triton
+    kernels (drafter.attention flex) and its FlashAttention-4 CuTe ones (drafter.attention flash, BACKEND=FLASH):
+    cold first call, steady ms, TFLOP/s of counted work, and the output's and gradients' error against Triton."""
+    from trainer.model import FLEX_KERNEL_OPTIONS, flex_attention
+
+    q, k, v, grad, mask, fwd_flops = attention_inputs(cfg)
+    results: dict[str, list[torch.Tensor]] = {}
+    for name in ("flex", "flash"):
+        torch._dynamo.reset()
+        options = FLEX_KERNEL_OPTIONS.get(name)
+        compiled = torch.compile(lambda q_, k_, v_, o=options: flex_attention(q_, k_, v_, mask, o), dynamic=False)
+
+        def fwd(fn=compiled):
+            return fn(q, k, v)
+
+        def fwd_bwd(fn=compiled) -> None:
+            fn(q, k, v).backward(grad)
+
+        try:
+            start = time.perf_counter()
+            for tensor in (q, k, v):
+                tensor.grad = None
+            output = fwd(compiled)
+            output.backward(grad)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - start
+            results[name] = [output.detach().float(), *(t.grad.float() for t in (q, k, v))]
+            with torch.no_grad():
+                fwd_ms = statistics.median(timed(fwd, args.steps)[2:])
+            both_ms = statistics.median(timed(fwd_bwd, args.steps)[2:])
+        except Exception as exc:  # noqa: BLE001 - a backend that cannot run is a result, not a failure
+            emit(out, part="flash", variant=name, error=root_cause(exc)[:600])
+            continue
+        errors = {}
+        if name != "flex" and "flex" in results:
+            errors = {f"rel_err_{what}": round(rel_err(mine, ref), 5)
+                      for what, mine, ref in zip(("out", "dq", "dk", "dv"), results[name], results["flex"])}
+        bwd_ms = both_ms - fwd_ms
+        emit(out, part="flash", variant=name, first_s=round(first, 1), fwd_ms=round(fwd_ms, 3),
+             bwd_ms=round(bwd_ms, 3), fwd_tflops=round(fwd_flops / fwd_ms / 1e9, 1),
+             bwd_tflops=round(2.5 * fwd_flops / bwd_ms / 1e9, 1), **errors, kernels=cuda_kernels(fwd_bwd))
+
+
+def probe_attention(args, cfg, out: Path) -> None:
+    """The drafter's FlexAttention alone at its real shapes (queries A*B, keys T+A*B, GQA), forward +
+    backward, compiled on its own: the default configs, hand-picked backward tiles, then max_autotune."""
+    import torch._inductor.config as inductor_config
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    q, k, v, grad, mask, fwd_flops = attention_inputs(cfg)
     variants: list[tuple[str, dict, bool]] = [("default", {}, False)]
     for m1, n1, m2, n2, stages, warps in ((64, 128, 128, 64, 3, 8), (64, 64, 64, 64, 3, 4),
                                          (32, 128, 128, 32, 3, 4), (64, 128, 128, 64, 2, 8),
@@ -794,7 +846,7 @@ def probe_attention_layout(args, cfg, out: Path) -> None:
 
 
 PARTS = {"target": probe_target, "drafter": probe_drafter, "layer": probe_region, "head": probe_region,
-         "attention": probe_attention, "optimizer": probe_optimizer, "mask": probe_mask}
+         "attention": probe_attention, "flash": probe_flash, "optimizer": probe_optimizer, "mask": probe_mask}
 VARIANT_PARTS = {"target-variants": probe_target_variants, "head-variants": probe_head_variants,
                  "drafter-variants": probe_drafter_variants, "attention-layout": probe_attention_layout}
 

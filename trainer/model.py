@@ -96,8 +96,9 @@ class Projections(nn.Module):
 
 
 class TargetLayer(nn.Module):
-    def __init__(self, cfg: TargetConfig) -> None:
+    def __init__(self, cfg: TargetConfig, kernel_options: dict | None = None) -> None:
         super().__init__()
+        self.kernel_options = kernel_options  # FlexAttention's (drafter.attention flash: BACKEND=FLASH)
         self.attn_norm = RMSNorm(cfg.hidden)
         self.proj = Projections(cfg)
         self.mlp_norm = RMSNorm(cfg.hidden)
@@ -319,10 +320,15 @@ class FlexMaskBuilder:
         return block_mask_from_anchors(self.query_anchor, layout.context_len, layout.block_size, self.mask_mod)
 
 
-def flex_attention(q, k, v, block_mask):
+def flex_attention(q, k, v, block_mask, kernel_options: dict | None = None):
     from torch.nn.attention.flex_attention import flex_attention as flex
 
-    return flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+    return flex(q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=kernel_options)
+
+
+# drafter.attention -> FlexAttention's kernel_options: `flash` runs the same mask through FlashAttention-4's
+# CuTe kernels (torch's BACKEND=FLASH), `flex` through the default Triton ones
+FLEX_KERNEL_OPTIONS = {"flash": {"BACKEND": "FLASH"}}
 
 
 # ------------------------------------------------------------------------------------------------ drafter
@@ -331,8 +337,9 @@ def flex_attention(q, k, v, block_mask):
 class DrafterLayer(nn.Module):
     """Queries from the block; keys/values from [fused context; block] through the same projections."""
 
-    def __init__(self, cfg: TargetConfig) -> None:
+    def __init__(self, cfg: TargetConfig, kernel_options: dict | None = None) -> None:
         super().__init__()
+        self.kernel_options = kernel_options  # FlexAttention's (drafter.attention flash: BACKEND=FLASH)
         self.attn_norm = RMSNorm(cfg.hidden)
         self.proj = Projections(cfg)
         self.mlp_norm = RMSNorm(cfg.hidden)
@@ -346,7 +353,7 @@ class DrafterLayer(nn.Module):
         if isinstance(mask, torch.Tensor):
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # (b, h, A*B, d)
         else:
-            attn = flex_attention(q, k, v, mask)  # (b, h, A*B, d)
+            attn = flex_attention(q, k, v, mask, self.kernel_options)  # (b, h, A*B, d)
         x = x + self.proj.output(attn)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -360,7 +367,8 @@ class Drafter(nn.Module):
         self.fuse = nn.Linear(drafter_cfg.taps * hidden, hidden, bias=False)
         self.fuse_norm = RMSNorm(hidden)
         self.rotary = Rotary(hidden // target_cfg.heads, target_cfg.rope_theta)
-        self.layers = nn.ModuleList(DrafterLayer(target_cfg) for _ in range(drafter_cfg.layers))
+        options = FLEX_KERNEL_OPTIONS.get(drafter_cfg.attention)
+        self.layers = nn.ModuleList(DrafterLayer(target_cfg, options) for _ in range(drafter_cfg.layers))
         self.norm = RMSNorm(hidden)
         for module in self.modules():
             if isinstance(module, nn.Linear):
