@@ -6,7 +6,7 @@
     python3 bench/gpu_probe.py --out $OUT --part attention    # one drafter layer's FlexAttention alone,
         # forward + backward: the default kernel configs, a few backward tiles, then inductor's autotuning
     python3 bench/gpu_probe.py --out $OUT --part flash        # the same attention through FlexAttention's
-        # Triton kernels and its FlashAttention-4 ones (drafter.attention flash; needs flash-attn-4)
+        # Triton kernels and its FlashAttention-4 ones (BACKEND=FLASH; needs flash-attn-4: bench/gpu_flash.sh)
     python3 bench/gpu_probe.py --out $OUT --part optimizer    # the optimizer step alone: as the trainer did it
         # before (clip_grad_norm_, then fused AdamW), AdamW alone, the trainer's (the clipping folded into the fused
         # AdamW), and autocast's bf16 weight copies (~1 min)
@@ -292,16 +292,17 @@ def attention_inputs(cfg):
 
 def probe_flash(args, cfg, out: Path) -> None:
     """The drafter's attention alone (forward + backward, compiled on its own) through FlexAttention's Triton
-    kernels (drafter.attention flex) and its FlashAttention-4 CuTe ones (drafter.attention flash, BACKEND=FLASH):
-    cold first call, steady ms, TFLOP/s of counted work, and the output's and gradients' error against Triton."""
-    from trainer.model import FLEX_KERNEL_OPTIONS, flex_attention
+    kernels (the trainer's) and its FlashAttention-4 CuTe ones (kernel_options BACKEND=FLASH; needs
+    flash-attn-4): cold first call, steady ms, TFLOP/s of counted work, and the output's and gradients' error
+    against Triton."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
 
     q, k, v, grad, mask, fwd_flops = attention_inputs(cfg)
     results: dict[str, list[torch.Tensor]] = {}
-    for name in ("flex", "flash"):
+    for name, options in (("flex", None), ("flash", {"BACKEND": "FLASH"})):
         torch._dynamo.reset()
-        options = FLEX_KERNEL_OPTIONS.get(name)
-        compiled = torch.compile(lambda q_, k_, v_, o=options: flex_attention(q_, k_, v_, mask, o), dynamic=False)
+        compiled = torch.compile(lambda q_, k_, v_, o=options: flex(q_, k_, v_, block_mask=mask, enable_gqa=True,
+                                                                     kernel_options=o), dynamic=False)
 
         def fwd(fn=compiled):
             return fn(q, k, v)

@@ -73,9 +73,7 @@ class DrafterConfig:
     gamma: float = 7.0
     """Loss weight of position k is exp(-(k-1)/gamma)."""
     attention: str = "auto"
-    """auto (flex when compiled on CUDA, else sdpa) | flex (FlexAttention BlockMask, Triton kernels) | flash
-    (the same FlexAttention with its FlashAttention-4 CuTe kernels, BACKEND=FLASH: needs flash-attn-4, a
-    compiled strategy and CUDA) | sdpa (dense mask)."""
+    """auto (flex when compiled on CUDA, else sdpa) | flex (FlexAttention BlockMask) | sdpa (dense mask)."""
     loss_chunk: int = 1024
     """Rows of the vocab head computed at once in the fused head + cross-entropy (bounds fp32 logits)."""
     compile_scope: str = "whole"
@@ -85,7 +83,7 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         _require(self.block_size >= 2, "drafter.block_size", "an integer >= 2")
-        _require(self.attention in ("auto", "flex", "flash", "sdpa"), "drafter.attention", "auto|flex|flash|sdpa")
+        _require(self.attention in ("auto", "flex", "sdpa"), "drafter.attention", "auto|flex|sdpa")
         _require(self.gamma > 0, "drafter.gamma", "a positive number")
         _require(self.compile_scope in ("whole", "layers"), "drafter.compile_scope", "whole|layers")
 

@@ -96,9 +96,8 @@ class Projections(nn.Module):
 
 
 class TargetLayer(nn.Module):
-    def __init__(self, cfg: TargetConfig, kernel_options: dict | None = None) -> None:
+    def __init__(self, cfg: TargetConfig) -> None:
         super().__init__()
-        self.kernel_options = kernel_options  # FlexAttention's (drafter.attention flash: BACKEND=FLASH)
         self.attn_norm = RMSNorm(cfg.hidden)
         self.proj = Projections(cfg)
         self.mlp_norm = RMSNorm(cfg.hidden)
@@ -320,15 +319,10 @@ class FlexMaskBuilder:
         return block_mask_from_anchors(self.query_anchor, layout.context_len, layout.block_size, self.mask_mod)
 
 
-def flex_attention(q, k, v, block_mask, kernel_options: dict | None = None):
+def flex_attention(q, k, v, block_mask):
     from torch.nn.attention.flex_attention import flex_attention as flex
 
-    return flex(q, k, v, block_mask=block_mask, enable_gqa=True, kernel_options=kernel_options)
-
-
-# drafter.attention -> FlexAttention's kernel_options: `flash` runs the same mask through FlashAttention-4's
-# CuTe kernels (torch's BACKEND=FLASH), `flex` through the default Triton ones
-FLEX_KERNEL_OPTIONS = {"flash": {"BACKEND": "FLASH"}}
+    return flex(q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
 # ------------------------------------------------------------------------------------------------ drafter
@@ -337,9 +331,8 @@ FLEX_KERNEL_OPTIONS = {"flash": {"BACKEND": "FLASH"}}
 class DrafterLayer(nn.Module):
     """Queries from the block; keys/values from [fused context; block] through the same projections."""
 
-    def __init__(self, cfg: TargetConfig, kernel_options: dict | None = None) -> None:
+    def __init__(self, cfg: TargetConfig) -> None:
         super().__init__()
-        self.kernel_options = kernel_options  # FlexAttention's (drafter.attention flash: BACKEND=FLASH)
         self.attn_norm = RMSNorm(cfg.hidden)
         self.proj = Projections(cfg)
         self.mlp_norm = RMSNorm(cfg.hidden)
@@ -353,7 +346,7 @@ class DrafterLayer(nn.Module):
         if isinstance(mask, torch.Tensor):
             attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # (b, h, A*B, d)
         else:
-            attn = flex_attention(q, k, v, mask, self.kernel_options)  # (b, h, A*B, d)
+            attn = flex_attention(q, k, v, mask)  # (b, h, A*B, d)
         x = x + self.proj.output(attn)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -367,8 +360,7 @@ class Drafter(nn.Module):
         self.fuse = nn.Linear(drafter_cfg.taps * hidden, hidden, bias=False)
         self.fuse_norm = RMSNorm(hidden)
         self.rotary = Rotary(hidden // target_cfg.heads, target_cfg.rope_theta)
-        options = FLEX_KERNEL_OPTIONS.get(drafter_cfg.attention)
-        self.layers = nn.ModuleList(DrafterLayer(target_cfg, options) for _ in range(drafter_cfg.layers))
+        self.layers = nn.ModuleList(DrafterLayer(target_cfg) for _ in range(drafter_cfg.layers))
         self.norm = RMSNorm(hidden)
         for module in self.modules():
             if isinstance(module, nn.Linear):

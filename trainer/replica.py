@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
-import importlib.util
 import resource
 import time
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 
 from trainer.compile import Compiled, apply_strategy
-from trainer.config import Config, ConfigError
+from trainer.config import Config
 from trainer.metrics import MetricLog
 from trainer.model import DraftObjective, Drafter
 
@@ -91,20 +90,7 @@ def uses_flex(cfg: Config, device: str) -> bool:
     stays free of torch.compile; FlexAttention has no CPU backward)."""
     if cfg.drafter.attention == "auto":
         return is_cuda(device) and cfg.run.compile != "eager"
-    if cfg.drafter.attention == "flash":
-        require_flash(cfg, device)
-    return cfg.drafter.attention in ("flex", "flash")
-
-
-def require_flash(cfg: Config, device: str) -> None:
-    """drafter.attention=flash runs FlexAttention's FlashAttention-4 (CuTe DSL) kernels: they exist only
-    compiled, on CUDA, with the flash-attn-4 package installed; say so before the model is built."""
-    if not is_cuda(device) or cfg.run.compile == "eager":
-        raise ConfigError(f"drafter.attention=flash needs a compiled strategy on a CUDA device (got "
-                          f"{cfg.run.compile} on {device}): use drafter.attention=flex or auto there")
-    if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("flash_attn.cute") is None:
-        raise ConfigError("drafter.attention=flash needs flash-attn-4 (flash_attn.cute): "
-                          "pip install --pre 'flash-attn-4[cu13]', or use drafter.attention=flex")
+    return cfg.drafter.attention == "flex"
 
 
 def restore_replica(replica: Replica, state: dict) -> None:
