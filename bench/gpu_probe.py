@@ -7,6 +7,8 @@
         # forward + backward: the default kernel configs, a few backward tiles, then inductor's autotuning
     python3 bench/gpu_probe.py --out $OUT --part flash        # the same attention through FlexAttention's
         # Triton kernels and its FlashAttention-4 ones (BACKEND=FLASH; needs flash-attn-4: bench/gpu_flash.sh)
+    python3 bench/gpu_probe.py --out $OUT --part ceiling      # every matmul of one step alone at its real
+        # shape, plus the drafter's attention: the floor of the step's time, so a ceiling for its MFU (~1 min)
     python3 bench/gpu_probe.py --out $OUT --part optimizer    # the optimizer step alone: as the trainer did it
         # before (clip_grad_norm_, then fused AdamW), AdamW alone, the trainer's (the clipping folded into the fused
         # AdamW), and autocast's bf16 weight copies (~1 min)
@@ -379,6 +381,77 @@ def probe_attention(args, cfg, out: Path) -> None:
              bwd_ms=round(bwd_ms, 3), fwd_tflops=round(fwd_flops / fwd_ms / 1e9, 1),
              bwd_tflops=round(2.5 * fwd_flops / bwd_ms / 1e9, 1))
     inductor_config.max_autotune = False
+
+
+def step_gemms(cfg) -> list[tuple[str, int, int, int, int]]:
+    """Every matmul of one training step (cfg.data.batch samples) as (name, M, N, K, count): the target's
+    forward up to its last tapped layer, the drafter's forward, input and weight gradients (the fused taps'
+    input is the frozen target's: no input gradient), the frozen head's forward and input gradient. A
+    linear layer x (M, K) @ W (N, K)^T is timed as F.linear; its input gradient as dY (M, N) @ W (N, K), its
+    weight gradient as dY^T (N, M) @ x (M, K)."""
+    t, d, b = cfg.target, cfg.drafter, cfg.data.batch
+    hidden, kv, inter = t.hidden, t.kv_heads * (t.hidden // t.heads), t.intermediate
+    tokens, block = b * cfg.data.seq_len, b * d.anchors * d.block_size
+    target_layers = max(tap_layers(t.layers, d.taps)) + 1
+    layer = [("q", hidden, hidden, "q"), ("k", kv, hidden, "kv"), ("v", kv, hidden, "kv"), ("o", hidden, hidden, "q"),
+             ("gate", inter, hidden, "q"), ("up", inter, hidden, "q"), ("down", hidden, inter, "q")]
+    gemms = [(f"target {name} fwd", tokens, n, k, target_layers) for name, n, k, _ in layer]
+    gemms.append(("drafter fuse fwd", tokens, hidden, d.taps * hidden, 1))
+    gemms.append(("drafter fuse wgrad", hidden, d.taps * hidden, tokens, 1))
+    for name, n, k, rows in layer:
+        m = block if rows == "q" else tokens + block  # k/v project [context; block]
+        gemms += [(f"drafter {name} fwd", m, n, k, d.layers), (f"drafter {name} dgrad", m, k, n, d.layers),
+                  (f"drafter {name} wgrad", n, k, m, d.layers)]
+    head_rows = b * d.anchors * (d.block_size - 1)
+    gemms += [("head fwd", head_rows, t.vocab_size, hidden, 1), ("head dgrad", head_rows, hidden, t.vocab_size, 1)]
+    return gemms
+
+
+def probe_ceiling(args, cfg, out: Path) -> None:
+    """What the step's counted work costs at the speed of its own kernels alone: every matmul of one step timed
+    in isolation at its real shape (bf16, cuBLAS as torch picks it, no other work on the GPU), plus the
+    drafter's FlexAttention (forward + backward, compiled alone) once per layer. Their sum is a floor for the
+    step's time, so counted FLOPs / that sum is a ceiling for its MFU: no overlap or scheduling can beat it
+    without faster kernels. Also each GEMM's TFLOP/s (which shapes and layouts run below cuBLAS's best)."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    device, b = ("cuda:0" if torch.cuda.is_available() else "cpu"), cfg.data.batch
+    dtype = torch.bfloat16 if device != "cpu" else torch.float32
+    gemm_ms, gemm_flops, rows = 0.0, 0.0, []
+    for name, m, n, k, count in step_gemms(cfg):
+        x = torch.randn(m, k, device=device, dtype=dtype)
+        if name.endswith("fwd"):
+            w = torch.randn(n, k, device=device, dtype=dtype)
+            fn = lambda x=x, w=w: torch.nn.functional.linear(x, w)  # noqa: E731
+        elif name.endswith("dgrad"):  # dY (m, n') @ W (n', k): here x is dY (m, k=n'), w is W (k, n)
+            w = torch.randn(k, n, device=device, dtype=dtype)
+            fn = lambda x=x, w=w: x @ w  # noqa: E731
+        else:  # wgrad dY^T @ x: dY (k, m)^T @ x (k, n), the M x N result
+            dy, xin = torch.randn(k, m, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+            fn = lambda dy=dy, xin=xin: dy.t() @ xin  # noqa: E731
+        reps = 5
+        ms = statistics.median(timed(lambda fn=fn: [fn() for _ in range(reps)], args.steps)[2:]) / reps
+        flops = 2.0 * m * n * k
+        gemm_ms += ms * count / b
+        gemm_flops += flops * count / b
+        rows.append((name, m, n, k, count, round(ms, 3), round(flops / ms / 1e9, 1)))
+        del x, fn
+        emit(out, part="ceiling", gemm=name, m=m, n=n, k=k, count=count, ms=round(ms, 3),
+             tflops=round(flops / ms / 1e9, 1))
+    attention_ms = 0.0
+    if device != "cpu" and cfg.drafter.layers:
+        q, kk, v, grad, mask, _ = attention_inputs(cfg)
+        compiled = torch.compile(lambda q_, k_, v_: flex(q_, k_, v_, block_mask=mask, enable_gqa=True), dynamic=False)
+        compiled(q, kk, v).backward(grad)
+        attention_ms = statistics.median(timed(lambda: compiled(q, kk, v).backward(grad), args.steps)[2:])
+        attention_ms = attention_ms * cfg.drafter.layers / b
+    counted = flops_per_sample(cfg)["total"]
+    floor_ms = gemm_ms + attention_ms
+    emit(out, part="ceiling", per_sample_gemm_ms=round(gemm_ms, 2), gemm_tflops=round(gemm_flops / gemm_ms / 1e9, 1),
+         gemm_tflop_per_sample=round(gemm_flops / 1e12, 2), per_sample_attention_ms=round(attention_ms, 2),
+         counted_tflop_per_sample=round(counted / 1e12, 2), floor_ms=round(floor_ms, 2),
+         mfu_ceiling=round(counted / (floor_ms / 1e3) / PEAK, 4),
+         slowest=sorted(rows, key=lambda r: r[6])[:8])
 
 
 def probe_optimizer(args, cfg, out: Path) -> None:
@@ -847,7 +920,7 @@ def probe_attention_layout(args, cfg, out: Path) -> None:
 
 
 PARTS = {"target": probe_target, "drafter": probe_drafter, "layer": probe_region, "head": probe_region,
-         "attention": probe_attention, "flash": probe_flash, "optimizer": probe_optimizer, "mask": probe_mask}
+         "attention": probe_attention, "flash": probe_flash, "ceiling": probe_ceiling, "optimizer": probe_optimizer, "mask": probe_mask}
 VARIANT_PARTS = {"target-variants": probe_target_variants, "head-variants": probe_head_variants,
                  "drafter-variants": probe_drafter_variants, "attention-layout": probe_attention_layout}
 
