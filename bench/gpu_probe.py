@@ -418,16 +418,18 @@ def probe_ceiling(args, cfg, out: Path) -> None:
     device, b = ("cuda:0" if torch.cuda.is_available() else "cpu"), cfg.data.batch
     dtype = torch.bfloat16 if device != "cpu" else torch.float32
     gemm_ms, gemm_flops, rows = 0.0, 0.0, []
+    scale = args.gemm_scale  # the weight's (and the output gradient's) magnitude against N(0, 1) activations
     for name, m, n, k, count in step_gemms(cfg):
         x = torch.randn(m, k, device=device, dtype=dtype)
         if name.endswith("fwd"):
-            w = torch.randn(n, k, device=device, dtype=dtype)
+            w = torch.randn(n, k, device=device, dtype=dtype) * scale
             fn = lambda x=x, w=w: torch.nn.functional.linear(x, w)  # noqa: E731
         elif name.endswith("dgrad"):  # dY (m, n') @ W (n', k): here x is dY (m, k=n'), w is W (k, n)
-            w = torch.randn(k, n, device=device, dtype=dtype)
+            x, w = x * scale, torch.randn(k, n, device=device, dtype=dtype) * scale
             fn = lambda x=x, w=w: x @ w  # noqa: E731
         else:  # wgrad dY^T @ x: dY (k, m)^T @ x (k, n), the M x N result
-            dy, xin = torch.randn(k, m, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+            dy = torch.randn(k, m, device=device, dtype=dtype) * scale
+            xin = torch.randn(k, n, device=device, dtype=dtype)
             fn = lambda dy=dy, xin=xin: dy.t() @ xin  # noqa: E731
         reps = 5
         ms = statistics.median(timed(lambda fn=fn: [fn() for _ in range(reps)], args.steps)[2:]) / reps
@@ -447,7 +449,7 @@ def probe_ceiling(args, cfg, out: Path) -> None:
         attention_ms = attention_ms * cfg.drafter.layers / b
     counted = flops_per_sample(cfg)["total"]
     floor_ms = gemm_ms + attention_ms
-    emit(out, part="ceiling", per_sample_gemm_ms=round(gemm_ms, 2), gemm_tflops=round(gemm_flops / gemm_ms / 1e9, 1),
+    emit(out, part="ceiling", gemm_scale=scale, per_sample_gemm_ms=round(gemm_ms, 2), gemm_tflops=round(gemm_flops / gemm_ms / 1e9, 1),
          gemm_tflop_per_sample=round(gemm_flops / 1e12, 2), per_sample_attention_ms=round(attention_ms, 2),
          counted_tflop_per_sample=round(counted / 1e12, 2), floor_ms=round(floor_ms, 2),
          mfu_ceiling=round(counted / (floor_ms / 1e3) / PEAK, 4),
@@ -934,6 +936,9 @@ def main() -> None:
     parser.add_argument("--preset", default="qwen3-8b-shape")
     parser.add_argument("--steps", type=int, help="timed steps (default 15; 8 for the *-variants parts)")
     parser.add_argument("--rows", type=int, default=18, help="kernels listed in the profiles")
+    parser.add_argument("--gemm-scale", type=float, default=1.0,
+                        help="ceiling: the weights' and output gradients' std against N(0, 1) activations "
+                             "(0.02 = the drafter's init; a GEMM's speed on the H200 depends on its data)")
     parser.add_argument("--variants", type=lambda text: text.split(","), default=None,
                         help="target-/drafter-variants: the variants to run, comma-separated (default all)")
     parser.add_argument("--chunks", type=lambda text: [int(c) for c in text.split(",")], default=[1024, 2048, 4096, 8192],
