@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from .agent import stopper
 from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
 from .inventory import START_GRACE_S, STOP_GRACE_S
 from .launchplan import SECRETS_FROM_STDIN, Gate, Opened, open_plan
@@ -178,7 +179,7 @@ def process_alive(host: str | None, pid: int | None) -> bool:
         return True
     try:
         with open(f"/proc/{int(pid)}/stat") as stat:
-            return proc_state(stat.read()) != "Z"
+            return stopper.live(stat.read())
     except FileNotFoundError:
         return False
     except OSError:  # no /proc here: ask the kernel
@@ -305,27 +306,10 @@ def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool, 
     return "\n".join(lines)
 
 
-def _after_comm(stat: str) -> list[str]:
-    """/proc/PID/stat fields 3.. (the comm field 2 may hold spaces and parentheses)."""
-    return stat.rpartition(")")[2].split()
-
-
-def proc_starttime(stat: str) -> int | None:
-    """Field 22 of /proc/PID/stat (clock ticks after boot); None if unreadable."""
-    fields = _after_comm(stat)
-    return int(fields[19]) if len(fields) > 19 else None
-
-
-def proc_state(stat: str) -> str | None:
-    """Field 3 of /proc/PID/stat (R, S, Z, ...); None if unreadable."""
-    fields = _after_comm(stat)
-    return fields[0] if fields else None
-
-
 def gone(stat: str, started: int | None = None) -> bool:
-    """The process a /proc/PID/stat line (read a moment ago) describes has ended: no line, a zombie, or (given
-    the start time it had) another process's line."""
-    return not stat or proc_state(stat) == "Z" or (started is not None and proc_starttime(stat) != started)
+    """The process a /proc/PID/stat line (read a moment ago) describes has ended: no line, a zombie (or dead), or
+    (given the start time it had) another process's line. The line is read as the stop program reads it."""
+    return not stopper.live(stat) or (started is not None and stopper.starttime(stat) != started)
 
 
 # ---------------------------------------------------------------------------------------------- launch
@@ -412,7 +396,7 @@ class Prepared:
             exit_at_hook("launch_started", FALLBACK_HOOK)
         command = _command(spec, name, package)
         run = store.update_run(
-            name, state="running", pid=pid, proc_starttime=proc_starttime(stat), started_at=utc_now(), command=command, owner=None
+            name, state="running", pid=pid, proc_starttime=stopper.starttime(stat), started_at=utc_now(), command=command, owner=None
         )
         exit_at_hook("recorded")
         store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets),
@@ -759,7 +743,7 @@ def resolve_launch(target: Target, store: Store, run: Run, *, grace_s: float = S
 
 # ---------------------------------------------------------------------------------------------- stop
 
-STOPPER = Path(__file__).parent / "agent" / "stopper.py"
+STOPPER = Path(stopper.__file__)
 
 
 def stopper_script(run: Run, grace_s: float, python: str) -> str:
@@ -1024,7 +1008,7 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> 
         if seen.get("found"):
             pid, _, stat = seen["found"].partition(" ")
             store.add_event(run.name, "launch_resolved", {"pid": int(pid), "how": "found by its exit file path" + late})
-            run = store.update_run(run.name, state=RunState.RUNNING, pid=int(pid), proc_starttime=proc_starttime(stat),
+            run = store.update_run(run.name, state=RunState.RUNNING, pid=int(pid), proc_starttime=stopper.starttime(stat),
                                    started_at=run.started_at or utc_now(), ended_at=None, owner=None)
             return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked")
         if exit_text.strip():  # it started and ended before anyone looked: resolved as a late start is, then its end
@@ -1036,8 +1020,7 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> 
         return mark_failed(store, run.name, "its start got no answer; no process found" if run.state == RunState.LOST
                            else "the dfo launching it went away before the start; no process found")
     stat = seen.get("stat", "")
-    alive = bool(stat) and proc_state(stat) != "Z" and (run.proc_starttime is None or proc_starttime(stat) == run.proc_starttime)
-    if alive:
+    if not gone(stat, run.proc_starttime):
         return run
     if run.stop_requested_at and exit_text.strip():
         return _record_end(store, run, exit_text, "stopped on request", state=RunState.STOPPED)

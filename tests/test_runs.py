@@ -647,3 +647,23 @@ def test_a_look_at_many_late_start_candidates_on_one_target_scans_proc_once_in_o
     assert len(calls) == 1 and scans.read_text().count("\n") == 1, f"{len(calls)} calls, {scans.read_text().count(chr(10))} scans"
     assert (looked["late"].state, looked["late"].pid) == ("running", late.pid)  # adopted by its exit file path
     assert all((looked[f"never{i}"].state, looked[f"never{i}"].pid) == ("failed", None) for i in range(5))
+
+
+STAT_REST = "S 1 4242 4242 0 -1 4194560 0 0 0 0 0 0 0 0 20 0 1 0 {start} 0 0"
+
+
+@pytest.mark.parametrize("stat, started, ended", [
+    ("4242 (sh) " + STAT_REST.format(start=777), 777, False),
+    ("4242 (a) b (c) " + STAT_REST.format(start=777), 777, False),  # a command name with spaces and parentheses
+    ("4242 (sh) " + STAT_REST.format(start=778), 777, True),  # the number is another process's now
+    ("4242 (sh) " + STAT_REST.replace("S ", "Z ", 1).format(start=777), 777, True),  # ended, not reaped yet
+    ("4242 (sh) " + STAT_REST.replace("S ", "X ", 1).format(start=777), 777, True),  # dead, being torn down
+    ("", 777, True),  # no such process
+])
+def test_dfo_and_its_stop_program_read_a_proc_stat_line_alike(stat, started, ended):
+    # `dfo runs` (runs.gone) and the stop program in the container read one /proc/PID/stat line one way: a run the
+    # stop program calls gone is never one `dfo runs` calls alive (runs.py read a dead `X` process as alive)
+    from orchestrator.agent import stopper
+
+    assert gone(stat, started) is ended
+    assert (not stopper.live(stat) or stopper.starttime(stat) != started) is ended
