@@ -1,10 +1,10 @@
 """The live view of `dfo watch`: one panel per followed run, built from the Watcher's state.
 
 Per run: variant and target, time since it started, step (of the trainer's total, with an ETA from the recent
-step rate, when the trainer's event=start gives steps=), tok/s with a sparkline of recent steps, warm-up/steady state, per-GPU
-memory and utilisation bars (a GPU that went idle while the others stay busy says since when), queue fill
-and active drafters when the trainer reports them, the last log
-lines, and the decision with its reason. A header line shows each container's channel: connected,
+step rate, when the trainer's event=start gives steps=), tok/s with a sparkline of recent steps, warm-up/steady
+state, a warning line while memory climbs after steady, per-GPU memory and utilisation bars (a GPU that went idle
+while the others stay busy says since when), queue fill and active drafters when the trainer reports them, the
+last log lines, and the decision with its reason. A header line shows each container's channel: connected,
 reconnecting (and why), and the gaps it came back from.
 
 What it must not do: read the store, reach a machine or change the Watcher, or show remote text (log lines,
@@ -27,6 +27,7 @@ from .sanitize import markup, text, visible
 from .watch import Link, WatchedRun, Watcher
 
 SPARK = "▁▂▃▄▅▆▇█"
+WARNING = "bold yellow"  # what the user should act on before it becomes a verdict (memory climbing)
 BAR_WIDTH = 10
 COLOURS = {"steady": "green", "exited": "green", "undecided": "yellow", "crash": "red", "stall": "red",
            "too_slow": "magenta"}
@@ -86,6 +87,23 @@ def state_text(watched: WatchedRun) -> Text:
     elif watched.acting:
         action += " (in progress)"
     return text(label + action, style=f"bold {colour}")
+
+
+def memory_text(watched: WatchedRun) -> Text | None:
+    """`memory climbing +2.34 GiB/min on GPU 0 (40.0 -> 43.1 GiB since 14:03:05), full (140 GiB) in ~41 min`: the
+    decision's `degrading` (decide/memory.py, after the steady declaration) as a warning of its own, or, once the
+    run ended or got its verdict, the climb it ended with (`degrading_at_end`). None when nothing climbs."""
+    climb, label = watched.decision.degrading, "memory climbing"
+    if climb is None:
+        climb, label = watched.decision.degrading_at_end, "memory was climbing at the end"
+    if climb is None:
+        return None
+    where = f"on GPU {climb['gpu']}" if climb["what"] == "gpu_memory" else "in the trainer's mem_gb"
+    line = (f"{label} {climb['gib_per_min']:+,.2f} GiB/min {where} ({climb['from_gib']:,.1f} -> "
+            f"{climb['now_gib']:,.1f} GiB since {climb['since_at'][11:19]})")
+    if climb.get("full_in_s") is not None and climb is watched.decision.degrading:
+        line += f", full ({climb['total_gib']:,.0f} GiB) in ~{duration(climb['full_in_s'])} at this rate"
+    return text(line, style=WARNING)
 
 
 def reopened_text(shift: dict) -> str:
@@ -170,6 +188,9 @@ def run_panel(watched: WatchedRun) -> Panel:
     body.add_column()
     body.add_row(progress_line(watched))
     body.add_row(state_text(watched))
+    memory = memory_text(watched)
+    if memory is not None:
+        body.add_row(memory)
     if watched.decision.decision != "undecided" or watched.latest is not None:
         body.add_row(text(watched.decision.reason, style="dim"))
     for row in gpu_rows(watched):

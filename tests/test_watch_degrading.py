@@ -5,7 +5,9 @@ the nvidia-smi stand-in's memory moved by the test while the agent samples it (`
 
 from __future__ import annotations
 
+import io
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from harness import write_inventory
 from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
@@ -22,11 +25,26 @@ from orchestrator.decide import memory
 from orchestrator.inventory import load_inventory
 from orchestrator.runs import stop
 from orchestrator.store import Store
+from orchestrator.view import render
 from test_watch import FAST_WATCH, PY, Lab, cli, run_until
 from test_watch_shift import PLAYER
 
 sys.path.insert(0, str(Path(__file__).parent / "decide"))  # the real logs and the leak put on them
 from test_decide_degrading import LOGS, leaking  # noqa: E402
+
+WARNING_SGR = "\x1b[1;33m"  # bold yellow, as a colour terminal gets it
+
+
+def coloured(renderable) -> str:
+    """`renderable` as a colour terminal 160 columns wide shows it, escape codes included."""
+    console = Console(record=True, width=160, force_terminal=True, color_system="standard", file=io.StringIO())
+    console.print(renderable)
+    return console.export_text(styles=True)
+
+
+def plain(shown: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", shown)
+
 
 QUIET_TRAINER = """\
 import os, sys, time
@@ -70,10 +88,13 @@ def lab(tmp_path, monkeypatch, pct_env):
             stop(connections.container(run.target), store, run.name, grace_s=2)
 
 
-def test_gpu_memory_climbing_while_the_log_is_quiet_is_said_and_kept_in_the_final_decision(lab, monkeypatch) -> None:
+def test_gpu_memory_climbing_while_the_log_is_quiet_is_said_live_as_a_warning_and_kept_in_the_final_decision(
+        lab, monkeypatch) -> None:
     """A run declared steady whose log then goes quiet (no line, within the stall limit: 30 s) while its GPU
     memory climbs by 300 MiB a second: the watch says `degrading` from the GPU samples alone, in the stored
-    decision and a `decision` event, with no log line after the declaration's. Then the run exits 0 with its
+    decision and a `decision` event, with no log line after the declaration's, and the live view says it in a
+    line of its own, in the warning colour: `memory climbing +17.58 GiB/min on GPU 0 (40.0 -> 44.1 GiB since
+    HH:MM:SS), full (...) in ~...` (it was said only at the end of the dimmed reason line). Then the run exits 0 with its
     memory still climbing: the decision the watch ends on (`dfo watch --json`'s `final` line is
     Watcher.final_decisions()) keeps the climb in `degrading_at_end` (`degrading` is null once a run ended; it
     said nothing of the climb before).
@@ -100,9 +121,15 @@ def test_gpu_memory_climbing_while_the_log_is_quiet_is_said_and_kept_in_the_fina
     assert lab.store.samples("m1")[-1]["step"] == 300
     assert lab.store.get_run("m1").decision["degrading"]["what"] == "gpu_memory"
     assert any(e.kind == "decision" and e.decision["degrading"] for e in events)
+    [warning] = [line for line in coloured(render(watcher)).splitlines() if "memory climbing" in line]
+    assert WARNING_SGR in warning and " GiB/min on GPU 0 (40.0 -> " in warning and ", full (140 GiB) in ~" in warning, warning
+    rate = float(plain(warning).split("memory climbing ")[1].split(" GiB/min")[0])
+    assert rate == round(decision.degrading["gib_per_min"], 2)
 
     lab.end.write_text("")
     run_until(watcher, lambda w: w.settled() and w.runs()[0].alive is False)
+    ended = plain(coloured(render(watcher)))
+    assert "memory climbing" not in ended and "memory was climbing at the end +" in ended, ended
     [final] = watcher.final_decisions()
     assert (final["decision"], final["ended"], final["degrading"]) == ("steady", "exited", None), final["reason"]
     assert final["degrading_at_end"]["what"] == "gpu_memory" and final["degrading_at_end"]["now_gib"] > 41
