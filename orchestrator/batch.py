@@ -39,7 +39,7 @@ from . import runs
 from .chains import (BATCH_POLICY, FALLBACK, Claims, FallbacksLeft, Outcome, Supervisor, catalogue_for, fallback_text,
                      finish_under_way, next_variant_after, rest_of_chain)
 from .decide import Catalogue
-from .events import DecisionMade, Event
+from .events import DecisionMade, Event, lease_held_text
 from .errors import DfoError, RefusedError
 from .experiments import Cell, Plan
 from .inventory import Inventory
@@ -294,8 +294,11 @@ class Scheduler:
             return True
         if record.cell.id not in self.elsewhere:
             holder = self.claims.holder(key)
-            self.news.append(f"{record.cell.id}: run by another dfo batch ({holder.host}:{holder.pid})" if holder
-                             else f"{record.cell.id}: run by another dfo batch")
+            self.news.append(f"{record.cell.id}: " + (
+                "run by another dfo batch" if holder is None else lease_held_text(
+                    holder.host, holder.pid, format_ts(holder.since) if holder.since else None,
+                    holder.expires_at - holder.renewed_at, what="cell", by="batch",
+                    here=self.claims.held_elsewhere(key) is None)))
         self.elsewhere.add(record.cell.id)
         return False
 

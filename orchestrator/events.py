@@ -281,11 +281,20 @@ class LeaseHeld(RunEvent):
 
     @property
     def text(self) -> str:
-        since = f" since {self.since[:10]} {self.since[11:19]} UTC" if self.since else ""
-        return (f"its chain is held by dfo pid {self.pid} on {self.host}{since}: this watch shows it and stores or "
-                f"acts on nothing while that dfo renews its lease; it takes the chain over once that dfo ends (its "
-                f"lease runs out {self.lease_s:g} s later): end it on {self.host} (Ctrl-C, or kill {self.pid}) to "
-                f"take over")
+        return lease_held_text(self.host, self.pid, self.since, self.lease_s)
+
+
+def lease_held_text(host: str | None, pid: int | None, since: str | None, lease_s: float, *, what: str = "chain",
+                    by: str = "watch", here: bool = False) -> str:
+    """What a dfo waiting on a lease another dfo holds says (`dfo watch` of a chain, `dfo batch` of a cell): who holds
+    it (pid on host), since when (`since`, RFC 3339), what this dfo does meanwhile, and how to take it over. `here`:
+    the holder is a dfo of this workstation, taken over as soon as it ends (chains.Claims looks at its pid); one of
+    another workstation is taken over once its lease (`lease_s`) runs out after it ended."""
+    since_text = f" since {since[:10]} {since[11:19]} UTC" if since else ""
+    when = (f"as soon as that dfo ends: end it (Ctrl-C, or kill {pid})" if here else
+            f"once that dfo ends (its lease runs out {lease_s:g} s later): end it on {host} (Ctrl-C, or kill {pid})")
+    return (f"its {what} is held by dfo pid {pid} on {host}{since_text}: this {by} shows it and stores or acts on "
+            f"nothing while that dfo renews its lease; it takes the {what} over {when} to take over")
 
 
 @dataclass(frozen=True)

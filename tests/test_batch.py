@@ -395,6 +395,42 @@ def test_second_invocation_skips_finished_cells_and_reattaches_running_ones():
     assert watcher2.attached[0] == "r.nographs.ct200.r1"
 
 
+@pytest.mark.parametrize("where", ["another workstation", "this workstation"])
+def test_a_cell_held_by_another_dfo_batch_says_who_since_when_and_how_to_take_it_over_as_dfo_watch_does(where):
+    """A cell whose lease a live dfo batch holds (pid 4242 on ws2, or a live process of this workstation) since 90 s:
+    the batch says, once, who holds it, since when, that it only shows the cell meanwhile and what takes it over,
+    in the words of `dfo watch`'s `lease_held` line (events.lease_held_text); it said only `run by another dfo batch
+    (ws2:4242)`. The lease runs out (that dfo stopped renewing it): the batch takes the cell over and runs it."""
+    import socket
+
+    from orchestrator.events import LeaseHeld
+    from orchestrator.logfmt import format_ts
+
+    clock = [1_800_000_000.0]
+    since = format_ts(clock[0] - 90)
+    text = "batch: held\ntargets: [ct200]\nmatrix: {variant: [trees]}\n"
+    host, pid = ("ws2.example.org", 4242) if where == "another workstation" else (socket.gethostname(), os.getpid())
+    with Store.in_memory() as store:
+        plan, watcher, launched, scheduler = scheduled(text, STEADY, store, clock)
+        key = f"cell:held/{plan.cells[0].id}"
+        store.claim(key, "other-dfo", pid=pid, host=host, ttl_s=15, now=clock[0] - 90)
+        store.claim(key, "other-dfo", pid=pid, host=host, ttl_s=15, now=clock[0])  # renewed: 15 s left
+        news: list[str] = []
+        scheduler.on_progress = lambda progress: news.extend(line for line in progress.news if line not in news)
+        records = scheduler.run()
+    said = [line for line in news if "held by dfo" in line or "another dfo batch" in line]
+    held = (f"trees.ct200.r1: its cell is held by dfo pid {pid} on {host} since {since[:10]} {since[11:19]} UTC: this "
+            "batch shows it and stores or acts on nothing while that dfo renews its lease; it takes the cell over ")
+    if where == "another workstation":  # its pid cannot be looked at from here: the lease is waited out
+        assert said == [held + "once that dfo ends (its lease runs out 15 s later): end it on ws2.example.org "
+                               "(Ctrl-C, or kill 4242) to take over"], news
+        watch_line = LeaseHeld(at="", run="r", chain="r", host=host, pid=pid, since=since, lease_s=15).text
+        assert said[0] == "trees.ct200.r1: " + watch_line.replace("chain", "cell").replace("this watch", "this batch")
+    else:  # chains.Claims takes a cell of a dfo of this workstation over the moment its pid is gone
+        assert said == [held + f"as soon as that dfo ends: end it (Ctrl-C, or kill {pid}) to take over"], news
+    assert [r.state for r in records] == ["done"] and launched == ["held.trees.ct200.r1"]  # taken over once it ran out
+
+
 def test_a_cell_whose_launch_is_refused_is_reported_and_retried_next_time():
     from orchestrator.errors import RefusedError
 
