@@ -7,6 +7,7 @@
     .venv/bin/python bench/decide_traces.py --timeline LOG [--precision 0.10] [--min-steady-seconds 40]
     .venv/bin/python bench/decide_traces.py --shifts        # level shifts per precision: the rule before/after
     .venv/bin/python bench/decide_traces.py --reach         # the out-of-reach answer off vs on (real, 0-29, 500-529)
+    .venv/bin/python bench/decide_traces.py --ended [--seeds 0-29]   # runs ended early: the answer at the end off vs on
 
 Real logs: per log the labelled verdict and level against what decide/ says, the level error, and the
 seconds from the first step line to the first steady declaration (and to the declaration of the level held
@@ -23,6 +24,9 @@ without it, in one run: per real log at the default watch: and at bench/h200-e2e
 (3 x precision, the rule before), in one run: per real log and precision, the shifts recorded and the largest
 move of the figure away from its last declaration with no shift recorded; then synthetic runs (quiet, or a
 busy host's slow +/-10% swings) with a drop of 0-30% at 150 s, per precision: runs with the shift recorded.
+--ended: runs that end before a verdict (docs/decisions.md, point 7: the answer at the run's end) against the same
+detector without that answer: each steady-labelled real log cut at 30-120 s after its first step line, and every
+synthetic trace cut after 15-75% of its step lines, each ended there with exit 0.
 """
 
 from __future__ import annotations
@@ -333,6 +337,109 @@ def reach_synthetic_table(seed_sets: list[range]) -> None:
     print()
 
 
+@contextmanager
+def end_answer(on: bool):
+    """The answer at the run's end on, or off (the rule before it: a run that ended undecided got no figure)."""
+    saved = SteadyDetector.conclude
+    if not on:
+        SteadyDetector.conclude = lambda self: False
+    try:
+        yield
+    finally:
+        SteadyDetector.conclude = saved
+
+
+ENDED_AT_S = (30, 45, 60, 90, 120)  # real logs: the run stopped this many seconds after its first step line
+ENDED_FRACTIONS = (0.15, 0.3, 0.5, 0.75)  # synthetic traces: the run ended after this share of its step lines
+
+
+def cut_lines(lines: list[str], keep) -> list[str]:
+    """The log up to its last step line that `keep(index, record)` accepts (as if the run ended there)."""
+    last = None
+    for index, text in enumerate(lines):
+        record = parse_logfmt(text)
+        if isinstance(record, StepRecord) and record.ts is not None and keep(index, record):
+            last = index
+    return lines[: last + 1] if last is not None else []
+
+
+def ended_real_table() -> None:
+    print("runs that ended early, real logs: each steady-labelled log cut at 30-120 s after its first step line "
+          "and ended there (exit 0); per cut, before (no answer at the end) -> now: the verdict, level error against "
+          "the label, E = given at the end; a cut counts for the label once 30 s past the step the label's level "
+          "holds from (`-` cells: the log is shorter)")
+    header = f"{'log':24} " + " ".join(f"{f'{t} s':>30}" for t in ENDED_AT_S)
+    print_header(header)
+    tally = defaultdict(lambda: [0, 0, 0, 0])  # per cut: counted, right before, right now, answered at the end >5% off
+    for log in (log for log in labelled() if log.verdict == "steady"):
+        lines = log.lines()
+        t0 = first_step_ts(lines)
+        holds = next((r.ts for r in map(parse_logfmt, lines) if isinstance(r, StepRecord) and r.ts is not None
+                      and r.step >= log.holds_from_step), None)
+        cells = []
+        for cut_s in ENDED_AT_S:
+            cut = cut_lines(lines, lambda _, record: record.ts - t0 <= cut_s)
+            if not cut or (first_step_ts(lines[len(cut):]) is None):
+                cells.append("-")
+                continue
+            counts = holds is not None and t0 + cut_s - holds >= 30
+            halves = []
+            for on in (False, True):
+                with end_answer(on):
+                    decision = replay(cut, run=log.name, exit_code=0)
+                row = score_real(log, decision)
+                ok = decision.decision == "steady" and row["level_ok"]
+                if counts:
+                    tally[cut_s][1 + on] += ok
+                    tally[cut_s][3] += on and decided_by(decision) == "run_ended" and not ok
+                err = f"{row['level_error'] * 100:+.1f}%" if row["level_error"] is not None else ""
+                mark = "E" if decided_by(decision) == "run_ended" else ""
+                halves.append(f"{row['got'][:6]} {err}{mark}".strip())
+            tally[cut_s][0] += counts
+            cells.append(" -> ".join(halves) + ("" if counts else " ."))
+        print(f"{log.name:24} " + " ".join(f"{cell:>30}" for cell in cells))
+    print("-" * len(header))
+    print("steady within 5% of the label, of the cuts that count (` .` cells do not), before -> now: " + "; ".join(
+        f"{t} s: {r[1]} -> {r[2]}/{r[0]} ({r[3]} answered at the end off the label)" for t, r in tally.items()))
+    print()
+
+
+def ended_synthetic_table(seeds: range) -> None:
+    shares = ", ".join(f"{f:.0%}" for f in ENDED_FRACTIONS)
+    print(f"runs that ended early, synthetic traces (seeds {seeds.start}-{seeds.stop - 1}, the suite and the known "
+          f"gaps): each cut after {shares} of its step lines and ended there (exit 0); before -> now; only the kinds "
+          "it answers, and the gaps")
+    header = f"{'kind':32} {'runs':>5} {'steady':>10} {'at the end':>10} {'premature':>10} {'level err > 5%':>15}"
+    print_header(header)
+    traces = [t for t in suite(seeds) if not t.regex] + [make_trace(kind, seed) for seed in seeds for kind in GAP_KINDS]
+    totals = defaultdict(lambda: [0] * 7)
+    for trace in traces:
+        steps = [i for i, text in enumerate(trace.lines) if isinstance(parse_logfmt(text), StepRecord)]
+        for fraction in ENDED_FRACTIONS if steps else ():
+            last = steps[max(0, int(len(steps) * fraction) - 1)]
+            cut = cut_lines(trace.lines[: last + 1], lambda *_: True)
+            row = totals[trace.kind]
+            row[0] += 1
+            for on in (False, True):
+                with end_answer(on):
+                    decision = replay(cut, **{**trace.replay_kwargs(), "exit_code": 0, "end_ts": None})
+                level = score(trace, decision)["level_error"]
+                row[1 + on] += decision.decision == "steady"
+                row[3] += on and decided_by(decision) == "run_ended"
+                row[4 + on] += steady_too_soon(trace, decision)
+                row[6] += on and decided_by(decision) == "run_ended" and level is not None and abs(level) > 0.05
+    suite_rows = [row for kind, row in totals.items() if kind not in GAP_KINDS]
+    for kind, row in totals.items():
+        if row[3] or kind in GAP_KINDS:
+            steady_cell, premature_cell = f"{row[1]} -> {row[2]}", f"{row[4]} -> {row[5]}"
+            print(f"{kind:32} {row[0]:>5} {steady_cell:>10} {row[3]:>10} {premature_cell:>10} {row[6]:>15}")
+    print("-" * len(header))
+    summed = [sum(column) for column in zip(*suite_rows)]
+    print(f"the suite ({len(suite_rows)} kinds with step lines in the trainer's format): {summed[0]} runs ended early, "
+          f"steady at the end {summed[1]} -> {summed[2]}, {summed[3]} by the answer at the end, premature steady "
+          f"{summed[4]} -> {summed[5]}, answers at the end more than 5% from the true level {summed[6]}\n")
+
+
 LEAK_BANDS = ((0.0005, 0.001), (0.001, 0.0015), (0.0015, 0.002))  # fast_leak's rates, per second
 
 
@@ -376,7 +483,12 @@ def main() -> None:
     parser.add_argument("--min-steady-seconds", type=float, default=DecideConfig.min_steady_seconds, help="with --timeline")
     parser.add_argument("--shifts", action="store_true", help="level shifts per precision, before/after the 15%% cap")
     parser.add_argument("--reach", action="store_true", help="the out-of-reach answer: the rule off vs on, real + both seed sets")
+    parser.add_argument("--ended", action="store_true", help="runs ended early: the answer at the end off vs on")
     args = parser.parse_args()
+    if args.ended:
+        ended_real_table()
+        ended_synthetic_table(seed_range(args.seeds))
+        return
     if args.reach:
         reach_real_table()
         reach_synthetic_table([range(0, 30), range(500, 530)])

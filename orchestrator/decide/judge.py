@@ -13,7 +13,9 @@ new step for max(stall_factor x median gap between step lines, stall_floor_s); G
 evidence. Too slow: only once steady, when the interval's upper bound < (1 - tolerance) x baseline.
 Stopped: after a StopRequested observation (dfo or the user asked), whatever follows (exit 75, 143, 137, a
 traceback on the way out, silence) is a stop; without one, exit 75 or 143 after `event=done reason=sigterm`
-(someone else sent SIGTERM and the trainer honoured it) is a stop too.
+(someone else sent SIGTERM and the trainer honoured it) is a stop too. A run that exits 0 or is stopped while
+undecided gets the final answer its data allow at its end (steady.SteadyDetector.conclude: steady, noisy,
+`decided_by: run_ended`), else it is `exited` / `stopped` before a steady state.
 Pure: no I/O, no clock; `feed` is cheap except once per block of steps (see steady.py).
 """
 
@@ -371,6 +373,9 @@ class RunJudge:
             self._ended = ("stopped", obs.code, obs.ts)
         elif obs.code == 0:
             self._ended = ("exited", 0, obs.ts)
+        if self._ended is not None:  # no more steps: the final answer the data allow (steady.conclude)
+            if self.steady.conclude() and self.first_steady is None:
+                self.first_steady = (self.steady.estimate.declared_step, self.steady.estimate.declared_ts)
         elif self.pending_traceback is not None:
             self._crash(PSEUDO["python_exception"], self.pending_traceback, obs.ts, f"exited {obs.code}")
         else:

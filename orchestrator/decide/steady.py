@@ -42,6 +42,8 @@ the evidence). With p = `precision` (default 5%):
    half-width, the wider end of the trend's interval) shrink ~ 1/sqrt(time), so they fit p after about
    (seconds before the window) + window_s * (w / p)^2; when that exceeds max_undecided_s on confirm_blocks
    consecutive blocks, steady (noisy), `decided_by: precision_out_of_reach` with `seconds_needed`.
+   And at the run's end (`conclude`: exit 0, or a stop), when no step will come to narrow the checks: the same
+   answer under the same conditions but the projection, `decided_by: run_ended`.
 
 Cost: the analysis runs once per block on at most `ANALYSIS_BLOCKS` recent blocks, with prefix sums for MSER
 and Theil-Sen on at most `TREND_POINTS` points; once steady only the level and the shift test are updated.
@@ -620,21 +622,50 @@ class SteadyDetector:
         why = (minimums_why or confirming) if checks["ok"] else self._why_not(checks)
         self._undecided(f"warming up: {why} (warm-up end at block {d - self._origin} of {n - self._origin})", d, checks)
 
+    def _early_answer_allowed(self, stats: dict, checks: dict) -> bool:
+        """Whether a final answer may come before max_undecided_s (the precision out of reach, or the run's end):
+        the window after the cut spans REACH_MIN_SECONDS, Mann-Kendall sees no trend, the trend's estimate is
+        within p, the trend is projected over half the window (not the trend_horizon_steps floor) and no decline
+        is being confirmed flat."""
+        if stats["window_s"] < REACH_MIN_SECONDS or checks["mann_kendall_p"] < TREND_P:
+            return False  # a warm-up's widths are wide for want of points; a trend means drifting, not steady
+        if abs(checks["trend_rel"]) > self.config.precision:
+            return False  # a trend beyond p is the point estimate: wait (max_undecided_s decides it)
+        if stats["horizon_floor"]:
+            return False  # projected over trend_horizon_steps, the trend's width shrinks ~ time^-1.5, not ^-0.5
+        # a decline was measured: the level must be seen flat again, not projected out of reach
+        return not self._after_decline()
+
+    def conclude(self) -> bool:
+        """The run ended (exit 0, or a stop) while undecided: no more steps will narrow the checks, so the answer
+        max_undecided_s or the precision out of reach would give is given now, under the same conditions (the
+        minimums met, MSER's cut accepted, `_early_answer_allowed`): steady, noisy, with its wide interval,
+        `decided_by: run_ended`. Without them (a warm-up, a trend, too short a window) the run stays without a
+        verdict (`exited`/`stopped` before a steady state). True when it declared steady."""
+        n = len(self._medians)
+        start = max(self._origin, n - ANALYSIS_BLOCKS)
+        need_after = self.config.min_blocks_after_warmup
+        if self.estimate.steady or self.estimate.drifting or n - start < need_after or not self._minimums_met()[0]:
+            return False
+        d = mser_truncation(self._prefix1, self._prefix2, start, n, need_after)
+        if d is None or d - start > (n - start) * MSER_LATEST:
+            return False
+        stats = self._window_stats(d)
+        checks = self._checks(stats)
+        if not self._early_answer_allowed(stats, checks):
+            return False
+        self._final_answer(d, stats, checks, decided_by="run_ended")
+        return self.estimate.steady
+
     def _seconds_needed(self, stats: dict, checks: dict) -> float | None:
         """When the precision is out of reach: the seconds of steps (counted as max_undecided_s counts them)
         the checks would need to fit +/- p, projected from the current widths, or None while the evidence is
         too thin to project from or a trend is plausible. Both the level's half-width and the trend's
         projected interval (its wider end: with no trend its centre is noise too) shrink ~ 1/sqrt(time) at a
         fixed autocorrelation, so the window needs (w / p)^2 times the seconds it spans."""
+        if not self._early_answer_allowed(stats, checks):
+            return None
         start_ts, window_s = stats["start_ts"], stats["window_s"]
-        if window_s < REACH_MIN_SECONDS or checks["mann_kendall_p"] < TREND_P:
-            return None  # a warm-up's widths are wide for want of points; a trend means drifting, not steady
-        if abs(checks["trend_rel"]) > self.config.precision:
-            return None  # a trend beyond p is the point estimate: wait (max_undecided_s decides it)
-        if stats["horizon_floor"]:
-            return None  # projected over trend_horizon_steps, the trend's width shrinks ~ time^-1.5, not ^-0.5
-        if self._after_decline():
-            return None  # a decline was measured: the level must be seen flat again, not projected out of reach
         lo, hi = stats["trend_rel_interval"]
         widest = max(stats["level"].half_width_rel, abs(lo), abs(hi))
         if not math.isfinite(widest):
@@ -663,12 +694,12 @@ class SteadyDetector:
         return "; ".join(parts) + f" (precision {checks['precision']:.0%})"
 
     def _final_answer(self, d: int, stats: dict | None = None, checks: dict | None = None,
-                      needed_s: float | None = None) -> None:
-        """max_undecided_s ran out, or the precision is out of reach within it (`needed_s`, projected): steady
-        (noisy, wide interval) unless a trend beyond the precision is there."""
+                      needed_s: float | None = None, decided_by: str = "max_undecided_s") -> None:
+        """max_undecided_s ran out, the precision is out of reach within it (`needed_s`, projected), or the run
+        ended (`decided_by="run_ended"`): steady (noisy, wide interval) unless a trend beyond the precision is there."""
         stats = stats or self._window_stats(d)
         checks = checks or self._checks(stats)
-        checks = {**checks, "decided_by": "max_undecided_s", "max_undecided_s": self.config.max_undecided_s}
+        checks = {**checks, "decided_by": decided_by, "max_undecided_s": self.config.max_undecided_s}
         if needed_s is not None:
             checks.update(decided_by="precision_out_of_reach", seconds_needed=math.ceil(needed_s))  # > max_undecided_s as read
         trending = stats["trend"].mk_p < TREND_P and abs(stats["trend_rel"]) > self.config.precision
@@ -789,6 +820,8 @@ class SteadyDetector:
             "max_undecided_s": " (decided after max_undecided_s: no trend beyond the precision)",
             "precision_out_of_reach": f" (precision {self.config.precision:.0%} out of reach: "
             f"~{needed} s of steps needed, max_undecided_s is {most}; no trend beyond the precision)",
+            "run_ended": f" (the run ended before precision {self.config.precision:.0%} was reached; no trend beyond "
+            f"the precision)",
         }.get(checks.get("decided_by"), "")
         where = figure_span(self.estimate.warmup_end_step, self.estimate.figure_steps, self.estimate.declared_step,
                             self.estimate.declared_warmup_end_step)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from orchestrator.commands.replay import read_exit_code
 from orchestrator.decide import Decision, replay
 from orchestrator.logfmt import StepRecord, parse_logfmt, parse_ts
 
@@ -51,12 +52,16 @@ def first_step_ts(lines: list[str]) -> float | None:
 
 
 def judge(log: RealLog, **kwargs) -> Decision:
-    return _judged(log) if not kwargs else replay(log.lines(), run=log.name, **kwargs)
+    """What `dfo replay LOG` says: with the exit status of the log's `.exit` file when it has one (the e2e
+    fallback runs: 75, stopped by the chain's cleanup), unless `exit_code` is given."""
+    if not kwargs:
+        return _judged(log)
+    return replay(log.lines(), run=log.name, **{"exit_code": read_exit_code(log.path), **kwargs})
 
 
 @cache
 def _judged(log: RealLog) -> Decision:  # the tests ask several questions of the same replay
-    return replay(log.lines(), run=log.name)
+    return replay(log.lines(), run=log.name, exit_code=read_exit_code(log.path))
 
 
 def _ts(text: str | None) -> float | None:

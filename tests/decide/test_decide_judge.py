@@ -268,12 +268,14 @@ def test_a_noisy_run_with_no_trend_is_steady_and_noisy_after_max_undecided_s():
     assert decision.evidence["steady_declared_step"] >= 240  # not before 120 s of steps
 
 
-def launch_bound(seed: int, warmup_tau_s: float = 0.0, seconds: float = 240.0, step_s: float = 0.05):
-    """A launch-bound run's step lines (one a second, 20 steps each) at 50k tok/s: +/-20% swings of 2-20 s
-    and 8% step-to-step noise for its whole life, after an exponential warm-up from 40% (tau warmup_tau_s)."""
+def launch_bound(seed: int, warmup_tau_s: float = 0.0, seconds: float = 240.0, step_s: float = 0.05,
+                 amplitude: float = 0.20):
+    """A launch-bound run's step lines (one a second, 20 steps each) at 50k tok/s: +/-20% (`amplitude`) swings
+    of 2-20 s and 8% step-to-step noise for its whole life, after an exponential warm-up from 40% (tau
+    warmup_tau_s)."""
     rng = np.random.default_rng(seed)
     n = int(seconds / step_s)
-    swings, noise = slow_swings(rng, n, step_s, 0.20, 2, 20), ar1(rng, n, 0.08, 0.5)
+    swings, noise = slow_swings(rng, n, step_s, amplitude, 2, 20), ar1(rng, n, 0.08, 0.5)
     for i in range(19, n, 20):
         t = (i + 1) * step_s
         warm = 1 - 0.6 * math.exp(-t / warmup_tau_s) if warmup_tau_s else 1.0
@@ -317,6 +319,55 @@ def test_a_slow_leak_is_not_declared_steady_as_out_of_reach():
         assert decision.decision == trace.expect != "steady", decision.reason
     decision, _ = first_answer(judge(), launch_bound(0))  # while a noisy level with no leak is answered
     assert decision.evidence["steady"]["checks"]["decided_by"] == "precision_out_of_reach"
+
+
+def ended_after(observations, ts: float, code: int, stopped: bool):
+    """Feed a run, then its end (a stop request first when `stopped`): the decision while it ran, and at its end."""
+    j = judge()
+    live = None
+    for obs in observations:
+        live = j.feed(obs)
+    if stopped:
+        j.feed(StopRequested(ts - 0.5, by="user"))
+    return live, j.feed(ExitObs(ts, code))
+
+
+def test_a_run_that_ends_before_its_checks_held_gets_the_final_answer_at_its_end():
+    """+/-10% swings of 2-20 s: 5% is within reach (no out-of-reach answer) but not within the run's 90 s. Once it
+    has ended no step can narrow the checks: the answer max_undecided_s would give comes at the end (it was
+    `stopped` / `exited` "before a steady state was reached", with no figure)."""
+    for seed, code, stopped in ((1, 143, True), (4, 75, True), (6, 0, False), (7, 0, False)):
+        live, decision = ended_after(launch_bound(seed, seconds=90, amplitude=0.10), T0 + 91, code, stopped)
+        assert live.decision == "undecided", live.reason
+        checks = decision.evidence["steady"]["checks"]
+        how = "stopped" if stopped else "exited"
+        assert (decision.decision, decision.ended, decision.exit_code, decision.action) == ("steady", how, code, "keep")
+        assert decision.noisy and checks["decided_by"] == "run_ended"
+        assert "(the run ended before precision 5% was reached; no trend beyond the precision)" in decision.reason
+        assert decision.evidence["steady_declared_step"] == decision.evidence["last_step"] == 1800
+        lo, hi = decision.interval
+        assert lo <= decision.steady_tok_s <= hi and abs(decision.steady_tok_s / 50_000 - 1) < 0.05
+
+
+def test_a_run_that_ends_in_its_warm_up_on_a_leak_or_too_soon_gets_no_figure_at_its_end():
+    """The answer at the end needs what the out-of-reach answer needs: 40 s of window after the warm-up cut, no
+    trend by Mann-Kendall, a trend estimate within p. A run stopped while still warming up (tau 60 s, at 90 s),
+    one stopped after 38 s, and tracegen's leaks ending at a third, half or three quarters of their steps stay
+    without a figure."""
+    for seed in range(8):
+        _, decision = ended_after(launch_bound(seed, warmup_tau_s=60.0, seconds=90, amplitude=0.10), T0 + 91, 0, False)
+        assert (decision.decision, decision.steady_tok_s) == ("exited", None), decision.reason
+        live, decision = ended_after(launch_bound(seed, seconds=38, amplitude=0.10), T0 + 39, 75, True)
+        assert decision.decision == ("steady" if live.decision == "steady" else "stopped"), decision.reason
+        assert (decision.evidence["steady"].get("checks") or {}).get("decided_by") != "run_ended"
+    for trace in (t for t in suite([2, 3, 8, 17]) if t.kind == "drift"):
+        steps = [i for i, line in enumerate(trace.lines) if "tok_s=" in line]
+        for fraction in (0.3, 0.5, 0.75):
+            lines = trace.lines[: steps[int(len(steps) * fraction)] + 1]
+            decision = replay(lines, **{**trace.replay_kwargs(), "exit_code": 0})
+            assert (decision.decision, decision.steady_tok_s) == ("exited", None), decision.reason
+    _, decision = ended_after(launch_bound(1, seconds=90, amplitude=0.10), T0 + 91, 0, False)
+    assert decision.decision == "steady"  # while the same level with no warm-up, ending at 90 s, is answered
 
 
 def test_a_run_still_trending_after_max_undecided_s_is_drifting_with_its_slope():
