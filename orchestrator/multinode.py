@@ -43,7 +43,6 @@ from .remote.base import Target
 from .store import Store
 
 RENDEZVOUS_TIMEOUT = 30.0
-STOP_GRACE_S = 10.0  # stopping the nodes already started when a later one fails to start
 
 
 class PortTaken(RefusedError):
@@ -175,10 +174,12 @@ def launch_nodes(
     package: Package | None = None,
     now: datetime | None = None,
     start_grace_s: float,
+    stop_grace_s: float,
 ) -> MultiLaunched:
     """Prepare every node, then start them all (module docstring); refuses as runs.launch does, naming the node.
     A node whose start got no answer is waited for `start_grace_s` (the inventory's watch.start_grace_s) when a
-    later node's start fails and the nodes are stopped (_undo_start)."""
+    later node's start fails and the nodes are stopped (_undo_start), each with `stop_grace_s` between SIGTERM
+    and SIGKILL (the variant's, Inventory.stop_grace: a single run's stop rule)."""
     nnodes = len(specs)
     name = free_name(store, specs[0].variant, nnodes, name, now)
     package = package or build_package()
@@ -210,7 +211,7 @@ def launch_nodes(
             if isinstance(exc, DfoError) and runs_lib.start_unseen(store.get_run(ready.name)):
                 unseen.append((ready, exc))  # it may run all the same: the later nodes are started, the next look settles it
                 continue
-            _undo_start(prepared, index, store, start_grace_s)
+            _undo_start(prepared, index, store, start_grace_s, stop_grace_s)
             raise
     if unseen:  # `lost` without a PID: a single run's start that got no answer is left the same way
         raise runs_lib.StartsUnseen(name, [(store.get_run(ready.name), exc) for ready, exc in unseen],
@@ -218,16 +219,17 @@ def launch_nodes(
     return MultiLaunched(name, rendezvous, tuple(launched))
 
 
-def _undo_start(prepared: Sequence[runs_lib.Prepared], failed: int, store: Store, grace_s: float) -> None:
+def _undo_start(prepared: Sequence[runs_lib.Prepared], failed: int, store: Store, grace_s: float,
+                stop_grace_s: float) -> None:
     """Node `failed`'s start failed: the nodes after it are not started (kept `failed`: the run still names
     them), and what runs of those before it is stopped, node 0 first (_stop_if_started)."""
     for later in prepared[failed + 1:]:
         later.cancel(why=f"not started: the start of {prepared[failed].name} before it failed")
     for ready in prepared[:failed + 1]:
-        _stop_if_started(ready, store, grace_s)
+        _stop_if_started(ready, store, grace_s, stop_grace_s)
 
 
-def _stop_if_started(ready: runs_lib.Prepared, store: Store, grace_s: float) -> None:
+def _stop_if_started(ready: runs_lib.Prepared, store: Store, grace_s: float, stop_grace_s: float) -> None:
     """Stop node `ready` if it runs. One whose start got no answer (runs.start_unseen) may run all the same:
     looked for by its exit file path first (runs.resolve_launch, through `grace_s`); none found, it is marked
     failed."""
@@ -240,7 +242,7 @@ def _stop_if_started(ready: runs_lib.Prepared, store: Store, grace_s: float) -> 
         except DfoError:
             return  # its target went away: the row stays lost, and `dfo runs` looks again later
     if row.active:
-        _stop_quietly(row.name, ready.target, store, ready.spec.python)
+        _stop_quietly(row.name, ready.target, store, ready.spec.python, stop_grace_s)
 
 
 def refused_nodes(refusals: list[tuple[str, DfoError]], nnodes: int) -> DfoError:
@@ -252,9 +254,9 @@ def refused_nodes(refusals: list[tuple[str, DfoError]], nnodes: int) -> DfoError
                     [exc for _, exc in refusals], hint=refusals[0][1].hint)
 
 
-def _stop_quietly(node_run: str, target: Target, store: Store, python: str) -> None:
+def _stop_quietly(node_run: str, target: Target, store: Store, python: str, grace_s: float) -> None:
     try:
-        runs_lib.stop(target, store, node_run, grace_s=STOP_GRACE_S, python=python)
+        runs_lib.stop(target, store, node_run, grace_s=grace_s, python=python)
     except DfoError:
         pass  # it ended meanwhile, or its target went away: the registry says which
 
@@ -336,8 +338,9 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
     def python_of(target: str) -> str:
         return inventory.target(target).python
 
-    def stop(data: dict) -> dict:
-        stop_nodes(store, data["run"], connections.container, grace_s=STOP_GRACE_S, python_of=python_of)
+    def stop(data: dict) -> dict:  # the nodes still running when another failed: the variant's grace, as `dfo stop`'s
+        stop_nodes(store, data["run"], connections.container, grace_s=stop_grace_of(inventory, store, data["run"]),
+                   python_of=python_of)
         return {}
 
     def left(name: str) -> Left:  # what a dfo that died launching the successor left under `name`
@@ -345,7 +348,8 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
             refresh_nodes(connections, store, name)
             if all(runs_lib.started(store.get_run(node)) for node in store.nodes_of(name)):
                 return Left.STARTED
-            stop_nodes(store, name, connections.container, grace_s=STOP_GRACE_S, python_of=python_of)  # partly started
+            stop_nodes(store, name, connections.container, grace_s=stop_grace_of(inventory, store, name),
+                       python_of=python_of)  # partly started
             return Left.PASSED
         prepared = [row for row in (store.find_run(node_name(name, rank))
                                     for rank in range(len(store.nodes_of(intent.data["run"])))) if row is not None]
@@ -381,6 +385,12 @@ def finish_open(inventory, connections, store: Store, runs, **waits) -> list[dic
     roots = dict.fromkeys(root_of(store, run) for run in runs)
     return [finish_fallback(inventory, connections, store, intent, **waits)
             for root in roots for intent in store.open_intents(root) if intent.kind == MULTINODE_FALLBACK]
+
+
+def stop_grace_of(inventory, store: Store, run: str) -> float:
+    """How long a stop of multi-node `run`'s nodes waits between SIGTERM and SIGKILL: its variant's `stop_grace_s`,
+    else 90 s (Inventory.stop_grace, the rule of `dfo stop` and of a single run's fallback)."""
+    return inventory.stop_grace(store.get_run(store.nodes_of(run)[0]).variant)
 
 
 def refresh_nodes(connections, store: Store, run: str) -> None:
@@ -435,7 +445,7 @@ def successor(inventory, connections, store: Store, run: str, variant: str, *, r
     def launch() -> MultiLaunched:
         rendezvous = find_rendezvous(targets[0], specs[0], int(port), addr)
         return launch_nodes(targets, specs, store, name=name, rendezvous=rendezvous, gates=gates, package=package,
-                            start_grace_s=inventory.watch.start_grace_s)
+                            start_grace_s=inventory.watch.start_grace_s, stop_grace_s=inventory.stop_grace(variant))
 
     # the nodes just stopped may hold their GPUs and the rendezvous port a moment longer
     return until_released(launch, gpu_release_s, gpu_poll_s, also=(PortTaken,))

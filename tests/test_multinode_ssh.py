@@ -560,3 +560,78 @@ def test_a_multinode_successor_starts_once_the_gpus_its_predecessor_used_are_rel
         log = gpu_hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok.node{node}.log"
         assert log.stat().st_ctime >= released[0] - 1  # started after GPU 1 went idle, not before
         assert Path(f"{log}.exit").read_text().strip() == "0"
+
+
+# A node trainer played by a script (`PYTHON -m trainer` on both hosts runs it): with `--steps 1000`, node 1 crashes
+# (exit 3) after 5 steps while node 0 steps on, and on SIGTERM takes 12 s to write its checkpoint, then exits 75
+# (the built-in trainer's checkpointed exit); with any other --steps, that many steps, then exit 0.
+SLOW_CHECKPOINT_NODE = """\
+import os, signal, sys, time
+from datetime import datetime, timezone
+argv = sys.argv[1:]
+steps, rank, name = int(argv[argv.index("--steps") + 1]), int(argv[argv.index("--node-rank") + 1]), argv[argv.index("--run-name") + 1]
+asked = []
+signal.signal(signal.SIGTERM, lambda *_: asked.append(time.time()))
+print("ts=%s event=start" % datetime.now(timezone.utc).isoformat(), flush=True)
+step = 0
+while step < (5 if rank == 1 and steps == 1000 else steps) and not asked:
+    step += 1
+    ts = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    print(f"ts={ts} event=step step={step} tok_s={1000 + step % 3:.1f} loss=1.0", flush=True)
+    time.sleep(0.02)
+if asked:
+    print("writing the checkpoint", flush=True)
+    time.sleep(12)
+    open(f"{name}.checkpointed", "w").close()
+    sys.exit(75)
+sys.exit(3 if steps == 1000 else 0)
+"""
+
+
+@pytest.fixture
+def slow_checkpoint_hosts(tmp_path, sshd, ssh_home, pct_standin_env):
+    """Two hosts whose `python -m trainer` is SLOW_CHECKPOINT_NODE; the failing variant (`psx`) says
+    stop_grace_s: 30, its successor (`psok`) runs 5 steps."""
+    from test_watch import FAST_WATCH
+
+    (tmp_path / "node.py").write_text(SLOW_CHECKPOINT_NODE)
+    python = tmp_path / "fakepython"
+    python.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "trainer" ]; then shift 2; '
+                      f'exec {sys.executable} {tmp_path}/node.py "$@"; fi\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    servers = [SshServer(tmp_path / f"cksshd{i}", env=dict(pct_standin_env)).start() for i in (0, 1)]
+    for i, server in enumerate(servers):
+        ssh_home.add_host(f"ckhost{i}", server)
+    played = {"compile": "eager", "preset": "tiny-cpu", "topology": "procsplit"}
+    inventory = write_inventory(tmp_path, {
+        "defaults": {"min_free_disk_gb": 0},
+        "hosts": {f"pve{i}": {"address": f"ckhost{i}", "containers": {f"n{i}": {
+            "ctid": None, "workspace": str(tmp_path / f"ws{i}"), "python": str(python)}}} for i in (0, 1)},
+        "variants": {"psx": {**played, "args": {"steps": 1000}, "stop_grace_s": 30},
+                     "psok": {**played, "args": {"steps": 5}}},
+        "fallback": ["psx", "psok"],
+        "watch": FAST_WATCH,
+    })
+    yield TwoHosts(tmp_path, inventory, free_port())
+    for server in servers:
+        server.kill_sessions()
+        server.stop()
+
+
+@pytest.mark.slow
+def test_the_nodes_a_multinode_fallback_stops_get_their_variants_stop_grace_to_write_their_checkpoint(
+        slow_checkpoint_hosts):
+    """Node 1 crashes; node 0, still running, is stopped by the run's fallback and needs 12 s to write its checkpoint
+    after its SIGTERM. Its variant's stop_grace_s (30 s) is what it gets, as `dfo stop` and a single run's fallback
+    give (Inventory.stop_grace): it checkpoints and exits 75, then the successor runs on both nodes. It got a fixed
+    10 s, then SIGKILL, and its checkpoint was lost."""
+    hosts = slow_checkpoint_hosts
+    watched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "psx", "--no-preflight", "--watch",
+                           "--until-decided", timeout=240)
+    assert watched.returncode == 0, watched.stderr + events_but_steps(watched.stdout)
+    [told] = fell_back(watched.stdout)
+    assert told["next_run"] == "mn.2-psok", events_but_steps(watched.stdout)
+    runs = {r["name"]: r for r in hosts.runs()}
+    assert (runs["mn.node0"]["state"], runs["mn.node0"]["exit_code"]) == ("stopped", 75), runs["mn.node0"]
+    assert (hosts.tmp / "ws0" / "mn.node0.checkpointed").exists()  # written 12 s after its SIGTERM
+    assert runs["mn.node1"]["exit_code"] == 3 and runs["mn.2-psok.node1"]["exit_code"] == 0

@@ -171,7 +171,7 @@ def _launch_nodes(inv, hosts: list[str], variant: str, *, name: Optional[str], s
         remotes = [connections.container(host) for host in hosts]
         rendezvous = multinode.find_rendezvous(remotes[0], specs[0], port, master_addr)
         launched = multinode.launch_nodes(remotes, specs, store, name=name, rendezvous=rendezvous, gates=gates,
-                                          start_grace_s=inv.watch.start_grace_s)
+                                          start_grace_s=inv.watch.start_grace_s, stop_grace_s=inv.stop_grace(variant))
     for node, target in zip(launched.nodes, targets):
         _warn_tolerated(node.preflight, target)
     if as_json:
