@@ -39,9 +39,9 @@ from .inventory import Inventory, TargetSpec, load_inventory
 from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
-from .runs import (FALLBACK_HOOK, LATE_START_S, LOOK_TIMEOUT, Launched, RunSpec, StartsUnseen, exit_at_hook, look,
-                   look_due, may_start_late, needs_look, out_dir, process_alive, resolve_launch, spec_for, start_unseen,
-                   start_unsettled, started)
+from .runs import (FALLBACK_HOOK, LATE_START_S, LOOK_TIMEOUT, Launched, RunSpec, StartsUnseen, StopWait, exit_at_hook,
+                   look, look_due, may_start_late, needs_look, out_dir, process_alive, resolve_launch, spec_for,
+                   start_unseen, start_unsettled, started)
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
@@ -385,16 +385,18 @@ class Supervisor:
     stop_grace_s: float | None = None  # None: the run's variant's (Inventory.stop_grace)
     gpu_release_s: float = GPU_RELEASE_S
     on_step: Callable[[str, dict], None] = field(default=lambda kind, data: None)  # intent progress, for tests/events
+    on_wait: Callable[[StopWait], None] | None = None  # a stop waiting for its run to exit after SIGTERM (each second)
 
     def stop(self, name: str, reason: str) -> Outcome:
-        """Stop it (identity-checked; runs.stop records the stop intent before the signal)."""
+        """Stop it (identity-checked; runs.stop records the stop intent before the signal); `on_wait` hears every
+        second while the run has its SIGTERM and its grace."""
         run = self.store.get_run(name)
         if not run.active:
             return Outcome(name, reason=reason, note=f"it had already ended ({run.state})")
         try:
             grace = self.stop_grace_s if self.stop_grace_s is not None else self.inventory.stop_grace(run.variant)
             result = stop_run(self.connections.container(run.target), self.store, name, grace_s=grace,
-                              python=self.inventory.target(run.target).python)
+                              python=self.inventory.target(run.target).python, on_wait=self.on_wait)
         except RefusedError as exc:  # it had ended meanwhile, or its PID is someone else's now
             return Outcome(name, reason=reason, note=str(exc))
         except DfoError as exc:

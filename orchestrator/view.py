@@ -2,10 +2,11 @@
 
 Per run: variant and target, time since it started, step (of the trainer's total, with an ETA from the recent
 step rate, when the trainer's event=start gives steps=), tok/s with a sparkline of recent steps, warm-up/steady
-state, a warning line while memory climbs after steady, per-GPU memory and utilisation bars (a GPU that went idle
-while the others stay busy says since when), queue fill and active drafters when the trainer reports them, the
-last log lines, and the decision with its reason. A header line shows each container's channel: connected,
-reconnecting (and why), and the gaps it came back from.
+state, a warning line while memory climbs after steady, a line while dfo's stop waits for the run to exit after
+its SIGTERM, per-GPU memory and utilisation bars (a GPU that went idle while the others stay busy says since when),
+queue fill and active drafters when the trainer reports them, the last log lines, and the decision with its
+reason. A header line shows each container's channel: connected, reconnecting (and why), and the gaps it came
+back from.
 
 What it must not do: read the store, reach a machine or change the Watcher, or show remote text (log lines,
 reasons, channel errors, nvidia-smi's words) other than through sanitize.py. Rendering is plain text
@@ -106,6 +107,19 @@ def memory_text(watched: WatchedRun) -> Text | None:
     return text(line, style=WARNING)
 
 
+def exit_wait_text(watched: WatchedRun, now: float | None = None) -> Text | None:
+    """`stopping: waiting for it to checkpoint and exit since 14:03:05 (SIGTERM sent 12s ago; SIGKILL in 1m18s of
+    its 90 s grace)`: dfo's stop of the run (a fallback's, or a batch's stop_when) between its SIGTERM and the run's
+    exit, as `dfo stop` says it every 10 s. None when no stop waits on it."""
+    wait = watched.exit_wait
+    if wait is None or not watched.acting:
+        return None
+    now = now if now is not None else time.time()
+    return text(f"stopping: waiting for it to checkpoint and exit since {format_ts(wait.term_at)[11:19]} (SIGTERM sent "
+                f"{duration(now - wait.term_at)} ago; SIGKILL in {duration(wait.left_s(now))} of its {wait.grace_s:g} s "
+                "grace)", style="bold cyan")
+
+
 def reopened_text(shift: dict) -> str:
     """`re-opened: decline from step 71, 4,988 -> ~4,442 tok/s`: a steady verdict re-opened by a level shift (or a
     decline) whose new level has not held yet."""
@@ -188,9 +202,9 @@ def run_panel(watched: WatchedRun) -> Panel:
     body.add_column()
     body.add_row(progress_line(watched))
     body.add_row(state_text(watched))
-    memory = memory_text(watched)
-    if memory is not None:
-        body.add_row(memory)
+    for line in (memory_text(watched), exit_wait_text(watched)):
+        if line is not None:
+            body.add_row(line)
     if watched.decision.decision != "undecided" or watched.latest is not None:
         body.add_row(text(watched.decision.reason, style="dim"))
     for row in gpu_rows(watched):

@@ -43,7 +43,7 @@ from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_pars
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
-from .runs import resolve_launch, worth_a_look
+from .runs import StopWait, resolve_launch, worth_a_look
 from .states import RunState
 from .store import Run, Store, utc_now
 
@@ -91,6 +91,7 @@ class WatchedRun:
     acting: bool = False  # an action (stop / launch) is in flight
     stopping: bool = False  # dfo stops this run: its exit is no verdict
     stopped_reason: str | None = None
+    exit_wait: "ExitWait | None" = None  # dfo's stop of it sent SIGTERM and waits for it to checkpoint and exit
     lost: bool = False  # its container was unreachable for longer than unreachable_s: the watch gave up on it
     dirty: bool = False  # fed since the decision was last read
     malformed: int = 0  # metric lines with a field out of range (ts=1e20 ...): shown, never stored or judged
@@ -111,6 +112,19 @@ class ChainState:
 
 
 ActionDone = Outcome  # what an action thread did, handed back to the loop through the observation queue
+
+
+@dataclass(frozen=True)
+class ExitWait:
+    """A stop of the run waiting for it to exit after its SIGTERM (runs.StopWait, about every second): when the
+    SIGTERM went out (workstation clock) and the grace before SIGKILL."""
+
+    term_at: float
+    grace_s: float
+
+    def left_s(self, now: float) -> float:
+        """Seconds of the grace left at `now` (0 once SIGKILL is due)."""
+        return max(0.0, self.term_at + self.grace_s - now)
 
 
 @dataclass
@@ -175,7 +189,8 @@ class Watcher:
         self.peer_baseline = peer_baseline  # False: too slow only against a configured baseline_tok_s
         # A container silent this long is given up on (its runs end the watch undecided); shorter outages resume.
         self.unreachable_s = unreachable_s if unreachable_s is not None else inventory.watch.unreachable_s
-        self.supervisor = Supervisor(inventory, connections, store, stop_grace_s=stop_grace_s, gpu_release_s=gpu_release_s)
+        self.supervisor = Supervisor(inventory, connections, store, stop_grace_s=stop_grace_s, gpu_release_s=gpu_release_s,
+                                     on_wait=lambda wait: self.queue.put(wait))  # back through the loop's queue
         self.claims = claims or Claims(store)
         self.policy = policy  # the verdicts answered with the chain's next variant
         self.owned: set[str] = set()  # chain roots whose claim this watcher holds (it stores and acts for them)
@@ -245,6 +260,8 @@ class Watcher:
             for item in items:
                 if isinstance(item, ActionDone):
                     self._action_done(item)
+                elif isinstance(item, StopWait):
+                    self._exit_awaited(item)
                 else:
                     self._observed(item, writes)
             self._persist(writes)
@@ -780,13 +797,19 @@ class Watcher:
         self._actions.append((thread, what))
         thread.start()
 
+    def _exit_awaited(self, wait: StopWait) -> None:
+        """A stop under way (a fallback's, or stop_run's) waits for its run to exit after SIGTERM: for the view."""
+        watched = self.watched.get(wait.name)
+        if watched is not None and watched.acting:
+            watched.exit_wait = ExitWait(time.time() - wait.waited_s, wait.grace_s)
+
     def _action_done(self, done: ActionDone) -> None:
         watched = self.watched.get(done.run)
         if watched is None:  # an intent finished for a run of the chain this watch did not follow
             if done.launched is not None and done.launched.name not in self.watched:
                 self.attach(done.launched.name)
             return
-        watched.acting = False
+        watched.acting, watched.exit_wait = False, None
         self.observers[watched.source].unfollow(watched.name)
         refreshed = self.store.find_run(watched.name)
         watched.run = refreshed or watched.run

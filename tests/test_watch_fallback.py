@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -29,7 +30,8 @@ from orchestrator.runs import launch, spec_for, stop
 from orchestrator.store import Store
 from orchestrator.view import render
 from orchestrator.watch import Watcher
-from test_watch import FAST_WATCH, PY, run_until, write_trainers
+from test_view_progress import shown
+from test_watch import CUDAGRAPH_TLS_CRASH, FAST_WATCH, PY, run_until, write_trainers
 
 # Stands in for the target's python: `-m trainer ARGS` prints ARGS, then plays a trainer chosen by its
 # --variant (trees: the cudagraph_tls crash; any other: a steady run); anything else is the real python
@@ -386,5 +388,59 @@ def test_a_watch_leaves_a_batch_cells_open_fallback_to_its_batch_when_it_holds_t
             watcher.step(0.2)
         assert lab.store.children("bo.trees.here.r1") == [] and len(lab.store.open_intents()) == 1  # nothing done
         assert not any(event["kind"] in ("acting", "stopped", "fell_back") for event in events)
+    finally:
+        lab.close()
+
+
+# cudagraph_tls while the process lives (test_watch's trainer), then, on SIGTERM, 6 s to write a checkpoint and exit 75
+CHECKPOINTING_CRASH = ("import signal\nasked = []\nsignal.signal(signal.SIGTERM, lambda *_: asked.append(1))\n"
+                       + CUDAGRAPH_TLS_CRASH.replace("time.sleep(600)", "while not asked:\n    time.sleep(0.05)\n"
+                                                     "print('writing the checkpoint', flush=True)\ntime.sleep(6)\n"
+                                                     "sys.exit(75)"))
+
+
+def test_the_live_view_shows_a_fallbacks_stop_waiting_for_the_run_to_checkpoint_and_exit(tmp_path, monkeypatch,
+                                                                                          pct_env) -> None:
+    """A run that crashes (cudagraph_tls) while its process lives, and then takes 6 s after its SIGTERM to write its
+    checkpoint: while the fallback's stop waits for it, its panel says so, with since when, how long ago the SIGTERM
+    went out and the grace left before SIGKILL (its variant's stop_grace_s: 20 s), and keeps up with the wait. Once
+    it has exited and its successor runs, the line is gone. The view showed only `crash [cudagraph_tls] -> fallback
+    (in progress)`; `dfo stop` alone said `waiting for run ... to checkpoint and exit` (every 10 s, on stderr)."""
+    scripts = tmp_path / "scripts"
+    write_trainers(scripts)
+    (scripts / "checkpointing_crash.py").write_text(CHECKPOINTING_CRASH)
+    path = write_inventory(tmp_path, {
+        "defaults": {"workspace": str(tmp_path / "ws")},
+        "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
+        "variants": {"ckpt": {"command": f"{PY} {scripts}/checkpointing_crash.py", "stop_grace_s": 20},
+                     "nographs": {"command": f"{PY} {scripts}/steady_trainer.py 400 0.02"}},
+        "fallback": ["ckpt", "nographs"],
+        "watch": FAST_WATCH,
+    })
+    monkeypatch.setenv("DFO_HOME", str(tmp_path / "state"))
+    lab = session(tmp_path, load_inventory(path))
+    try:
+        lab.launch("ckpt", "k1")
+        watcher = lab.watcher()
+        watcher.attach("k1")
+        panels: list[str] = []
+
+        def waiting(w) -> bool:
+            panels.append(shown(render(w)))
+            return "stopping: waiting for it to checkpoint and exit since " in panels[-1]
+
+        def sent() -> int:
+            return int(re.search(r"\(SIGTERM sent (\d+)s ago;", panels[-1]).group(1))
+
+        run_until(watcher, waiting, timeout=30)
+        run_until(watcher, lambda w: waiting(w) and sent() >= 3, timeout=10)  # the line keeps up with the wait
+        line = next(line for line in panels[-1].splitlines() if "stopping: waiting" in line)
+        assert "crash [cudagraph_tls]" in panels[-1] and " of its 20 s grace)" in line, panels[-1]
+        left = int(line.split("SIGKILL in ")[1].split("s of its")[0])
+        assert 20 - sent() - 1 <= left <= 20 - sent(), line
+        run_until(watcher, lambda w: len(w.chains()[0]["runs"]) == 2 and not w.runs()[0].acting, timeout=40)
+        after = shown(render(watcher))
+        assert "stopping: waiting" not in after, after
+        assert (lab.store.get_run("k1").state, lab.store.get_run("k1").exit_code) == ("stopped", 75)
     finally:
         lab.close()
