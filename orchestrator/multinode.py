@@ -306,7 +306,7 @@ def root_of(store: Store, run: str) -> str:
 
 
 def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: float = 30.0,
-              gpu_poll_s: float = 1.0) -> dict | None:
+              gpu_poll_s: float = 1.0, on_wait: Callable[[runs_lib.StopWait], None] | None = None) -> dict | None:
     """After the watch of multi-node `run`: if its first failure falls back (watch's policy) and the chain
     has a next variant that can span nodes, record the intent (once: two dfo deciding it share it), then
     finish it (finish_fallback). None when there is nothing to do, else the closed intent's data."""
@@ -324,23 +324,25 @@ def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: 
     intent = record_fallback(store, root_of(store, run), MULTINODE_FALLBACK, {
         "run": run, "variant": variant, "first_failed": nodes[culprit.rank].name,
         "rest": list(rest_of_chain(chain, variant)), "reason": culprit.decision})
-    return finish_fallback(inventory, connections, store, intent, gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s)
+    return finish_fallback(inventory, connections, store, intent, gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s,
+                           on_wait=on_wait)
 
 
 def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release_s: float = 30.0,
-                    gpu_poll_s: float = 1.0) -> dict:
+                    gpu_poll_s: float = 1.0, on_wait: Callable[[runs_lib.StopWait], None] | None = None) -> dict:
     """Carry out a recorded multi-node fallback once (chains.carry_out_fallback, as a single run's): stop what
     still runs of the run, then launch its successor on every node. A successor a dfo that died left fully
     started is adopted; one it left partly started has its started nodes stopped and is launched again as `-2`.
     Returns the intent's data: `next_run` and `nodes`, or `error` when the launch failed (closed: not tried
     again). A stop that fails, or a node's start that got no answer (chains.StartUnseen: the next finish adopts
-    the successor if every node runs, else launches `-2`), leaves the intent open for the next watch (DfoError)."""
+    the successor if every node runs, else launches `-2`), leaves the intent open for the next watch (DfoError).
+    `on_wait` hears each node's stop waiting for it to exit after its SIGTERM (runs.stop)."""
     def python_of(target: str) -> str:
         return inventory.target(target).python
 
     def stop(data: dict) -> dict:  # the nodes still running when another failed: the variant's grace, as `dfo stop`'s
         stop_nodes(store, data["run"], connections.container, grace_s=stop_grace_of(inventory, store, data["run"]),
-                   python_of=python_of)
+                   python_of=python_of, on_wait=on_wait)
         return {}
 
     def left(name: str) -> Left:  # what a dfo that died launching the successor left under `name`
@@ -349,7 +351,7 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
             if all(runs_lib.started(store.get_run(node)) for node in store.nodes_of(name)):
                 return Left.STARTED
             stop_nodes(store, name, connections.container, grace_s=stop_grace_of(inventory, store, name),
-                       python_of=python_of)  # partly started
+                       python_of=python_of, on_wait=on_wait)  # partly started
             return Left.PASSED
         prepared = [row for row in (store.find_run(node_name(name, rank))
                                     for rank in range(len(store.nodes_of(intent.data["run"])))) if row is not None]

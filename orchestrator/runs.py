@@ -772,8 +772,13 @@ class StopWait:
         self.name, self.grace_s, self.waited_s = name, grace_s, waited_s
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, on_ctrl_c: str = "Ctrl-C leaves it running") -> str:
+        """The line `dfo stop` says; `on_ctrl_c`: what Ctrl-C does where it is said (`dfo watch` finishes a
+        fallback first)."""
         return (f"waiting for run {self.name} to checkpoint and exit (SIGTERM sent {self.waited_s:.0f} s ago; "
-                f"SIGKILL at {self.grace_s:g} s; Ctrl-C leaves it running)")
+                f"SIGKILL at {self.grace_s:g} s; {on_ctrl_c})")
 
 
 class StopInterrupted(KeyboardInterrupt):

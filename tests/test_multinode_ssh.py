@@ -624,7 +624,8 @@ def test_the_nodes_a_multinode_fallback_stops_get_their_variants_stop_grace_to_w
     """Node 1 crashes; node 0, still running, is stopped by the run's fallback and needs 12 s to write its checkpoint
     after its SIGTERM. Its variant's stop_grace_s (30 s) is what it gets, as `dfo stop` and a single run's fallback
     give (Inventory.stop_grace): it checkpoints and exits 75, then the successor runs on both nodes. It got a fixed
-    10 s, then SIGKILL, and its checkpoint was lost."""
+    10 s, then SIGKILL, and its checkpoint was lost. Meanwhile `dfo watch` says the wait as `dfo stop` does (after 1 s,
+    then every 10 s; it said nothing: the watch's view had ended, as the fallback comes after it)."""
     hosts = slow_checkpoint_hosts
     watched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "psx", "--no-preflight", "--watch",
                            "--until-decided", timeout=240)
@@ -635,3 +636,6 @@ def test_the_nodes_a_multinode_fallback_stops_get_their_variants_stop_grace_to_w
     assert (runs["mn.node0"]["state"], runs["mn.node0"]["exit_code"]) == ("stopped", 75), runs["mn.node0"]
     assert (hosts.tmp / "ws0" / "mn.node0.checkpointed").exists()  # written 12 s after its SIGTERM
     assert runs["mn.node1"]["exit_code"] == 3 and runs["mn.2-psok.node1"]["exit_code"] == 0
+    said = [line for line in watched.stderr.splitlines() if "to checkpoint and exit" in line]
+    assert said == [f"waiting for run mn.node0 to checkpoint and exit (SIGTERM sent {s} s ago; SIGKILL at 30 s; Ctrl-C "
+                    "finishes this fallback first)" for s in (1, 11)], watched.stderr

@@ -46,6 +46,21 @@ def say(line: str) -> None:
     err_console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
+SAY_WAITING_EVERY_S = 10.0
+
+
+def say_waiting(on_ctrl_c: str = "Ctrl-C leaves it running") -> Callable[[Any], None]:
+    """A stop's `on_wait` (runs.StopWait): its line on stderr once the run has had its SIGTERM for a second, then
+    every 10 s; `on_ctrl_c` says what Ctrl-C does there."""
+    said: list[float] = []
+
+    def on_wait(wait) -> None:
+        if wait.waited_s >= 1 and (not said or wait.waited_s - said[-1] >= SAY_WAITING_EVERY_S):
+            said.append(wait.waited_s)
+            say(wait.text(on_ctrl_c))
+    return on_wait
+
+
 def say_finishing(fallbacks: Sequence[str], again: str) -> None:
     """Ctrl-C with fallbacks under way (`dfo watch`, `dfo batch`: chains.finish_under_way): which ones are
     finished first, and that a second Ctrl-C leaves them to `again` (the commands that finish them)."""

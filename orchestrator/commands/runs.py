@@ -30,7 +30,7 @@ from ..states import RunState
 from ..store import Run, Store
 from ..sanitize import markup, visible
 from .common import (InventoryOpt, JsonOpt, complete_runs, complete_targets, complete_variants, console, err_console,
-                     fit_table, print_json)
+                     fit_table, print_json, say_waiting)
 
 EXAMPLES = {
     "push": "Example: dfo push --host ct200 -i inventory/lab.yaml",
@@ -472,7 +472,7 @@ def stop_command(
                 stopped = None if run.active else runs_lib.Stopped(run, None)  # it ended, or never started
             try:
                 stopped = stopped or runs_lib.stop(target, store, name, grace_s=_grace(inv, run, grace),
-                                                   python=inv.target(run.target).python, on_wait=_say_waiting())
+                                                   python=inv.target(run.target).python, on_wait=say_waiting())
             except runs_lib.StopInterrupted as interrupted:
                 _warn(str(interrupted))
                 raise typer.Exit(130) from None
@@ -489,23 +489,9 @@ def stop_command(
         console.print(f"stopped {run.name} (SIG{stopped.signal}): exit code {_text(run.exit_code) or 'none (killed)'}")
 
 
-SAY_WAITING_EVERY_S = 10.0
-
-
 def _grace(inv, run: Run, grace: Optional[float]) -> float:
     """`--grace`, else the run's variant's stop grace (inventory.stop_grace)."""
     return grace if grace is not None else inv.stop_grace(run.variant)
-
-
-def _say_waiting():
-    """stop's `on_wait`: a line on stderr once the run has had its SIGTERM for a second, then every 10 s."""
-    said: list[float] = []
-
-    def say(wait: runs_lib.StopWait) -> None:
-        if wait.waited_s >= 1 and (not said or wait.waited_s - said[-1] >= SAY_WAITING_EVERY_S):
-            said.append(wait.waited_s)
-            _warn(str(wait))
-    return say
 
 
 def _look_for_start(target, store: Store, run: Run, grace_s: float) -> Run:
@@ -533,7 +519,7 @@ def _stop_nodes(store: Store, name: str, grace: Optional[float], inventory: Opti
                     _warn(f"{node.name}: not looked for ({exc}); `dfo runs {name}` looks again later")
         try:
             stopped = stop_nodes(store, name, connections.container, grace_s=_grace(inv, store.get_run(nodes[0]), grace),
-                                 python_of=lambda target: inv.target(target).python, on_wait=_say_waiting())
+                                 python_of=lambda target: inv.target(target).python, on_wait=say_waiting())
         except runs_lib.StopInterrupted as interrupted:
             _warn(str(interrupted))
             raise typer.Exit(130) from None

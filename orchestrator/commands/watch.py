@@ -24,11 +24,12 @@ from ..store import Store, utc_now
 from ..view import render
 from ..watch import Watcher
 from .common import (InventoryOpt, complete_runs, console, err_console, leave_half_done, print_json, say_finishing,
-                     verdicts_exit_status)
+                     say_waiting, verdicts_exit_status)
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
 T = TypeVar("T")
 AGAIN = "`dfo watch`"  # what finishes a fallback that a second Ctrl-C leaves half done
+ON_CTRL_C = "Ctrl-C finishes this fallback first"  # what the stop of a fallback dfo watch carries out itself says
 SHOWN_EVENTS = ("decision", "level_shift", "left_to_batch", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
                 "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed", "took_over", "lease_held")
 
@@ -214,13 +215,14 @@ def finish_open_fallbacks(inventory: Inventory, names: Sequence[str], as_json: b
     with Connections(inventory) as connections, Store() as store:
         def finish() -> bool:
             try:
-                finished = finish_open(inventory, connections, store, groups) if groups else []
+                finished = (finish_open(inventory, connections, store, groups, on_wait=say_waiting(ON_CTRL_C))
+                            if groups else [])
             except DfoError as exc:
                 err_console.print(f"finishing a half-done fallback failed: {exc}", highlight=False, markup=False)
                 finished = []
             for data in finished:
                 tell_fell_back(data, as_json)
-            supervisor, outcomes = Supervisor(inventory, connections, store), []
+            supervisor, outcomes = Supervisor(inventory, connections, store, on_wait=say_waiting(ON_CTRL_C)), []
             for root in roots:
                 for outcome in supervisor.finish_open(root):
                     tell_outcome(outcome, root, as_json)
@@ -268,7 +270,7 @@ def fall_back_groups(inventory: Inventory, names: Sequence[str], as_json: bool) 
         def fall_back_each() -> None:  # on a thread of its own: Ctrl-C finishes it first (finishing)
             for group in groups:
                 try:
-                    data = fall_back(inventory, connections, store, group)
+                    data = fall_back(inventory, connections, store, group, on_wait=say_waiting(ON_CTRL_C))
                 except DfoError as exc:
                     err_console.print(f"{group}: falling back failed: {exc}", highlight=False, markup=False)
                     continue
