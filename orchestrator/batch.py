@@ -156,6 +156,7 @@ class WatcherLike(Protocol):
     def attach(self, run_name: str) -> Any: ...
     def step(self, timeout: float) -> list[Event]: ...
     def stop_run(self, name: str, reason: str) -> Any: ...
+    def stop_waiting(self, wait: runs.StopWait) -> None: ...
 
 
 class Starter(Protocol):
@@ -671,8 +672,8 @@ def run_batch(
     ours = frozenset(r.cell.target for r in records if r.state == "running")
     catalogue = catalogue_for(inventory)
     scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb, ours=ours),
-                          supervisor=Supervisor(inventory, connections, store), poll_s=poll_s, on_progress=on_progress, catalogue=catalogue,
-                          on_interrupt=on_interrupt)
+                          supervisor=Supervisor(inventory, connections, store, on_wait=watcher.stop_waiting), poll_s=poll_s,
+                          on_progress=on_progress, catalogue=catalogue, on_interrupt=on_interrupt)
     return scheduler.run()
 
 

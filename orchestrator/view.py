@@ -109,10 +109,10 @@ def memory_text(watched: WatchedRun) -> Text | None:
 
 def exit_wait_text(watched: WatchedRun, now: float | None = None) -> Text | None:
     """`stopping: waiting for it to checkpoint and exit since 14:03:05 (SIGTERM sent 12s ago; SIGKILL in 1m18s of
-    its 90 s grace)`: dfo's stop of the run (a fallback's, or a batch's stop_when) between its SIGTERM and the run's
+    its 90 s grace)`: dfo's stop of the run (a fallback's, a batch's stop_when) between its SIGTERM and the run's
     exit, as `dfo stop` says it every 10 s. None when no stop waits on it."""
     wait = watched.exit_wait
-    if wait is None or not watched.acting:
+    if wait is None or watched.alive is False:
         return None
     now = now if now is not None else time.time()
     return text(f"stopping: waiting for it to checkpoint and exit since {format_ts(wait.term_at)[11:19]} (SIGTERM sent "

@@ -190,7 +190,7 @@ class Watcher:
         # A container silent this long is given up on (its runs end the watch undecided); shorter outages resume.
         self.unreachable_s = unreachable_s if unreachable_s is not None else inventory.watch.unreachable_s
         self.supervisor = Supervisor(inventory, connections, store, stop_grace_s=stop_grace_s, gpu_release_s=gpu_release_s,
-                                     on_wait=lambda wait: self.queue.put(wait))  # back through the loop's queue
+                                     on_wait=self.stop_waiting)
         self.claims = claims or Claims(store)
         self.policy = policy  # the verdicts answered with the chain's next variant
         self.owned: set[str] = set()  # chain roots whose claim this watcher holds (it stores and acts for them)
@@ -301,6 +301,12 @@ class Watcher:
             watched.stopped_reason = reason
             self._emit(watched, ev.Stopping, reason=reason)
         self._start_action(watched, launch_next=None, reason=reason)
+
+    def stop_waiting(self, wait: StopWait) -> None:
+        """A stop of a followed run waits for it to exit after its SIGTERM (runs.StopWait, about every second): this
+        watcher's own stops, and `dfo batch`'s fallbacks (its Supervisor's on_wait). Thread-safe: handed to the
+        loop's queue; the view shows it until the run has exited."""
+        self.queue.put(wait)
 
     def close(self) -> None:
         """Stop watching: close every channel (the agents exit; the runs keep running), give up the claims."""
@@ -616,6 +622,7 @@ class Watcher:
         its signal went out: the judge hears of it with the exit, so the exit is no crash to fall back from."""
         run = self.store.find_run(watched.name)
         stop_requested = bool(run and run.stop_requested_at)
+        watched.exit_wait = None
         watched.judge.observe(ExitObs(ts, code, stop_requested=stop_requested))
         watched.dirty = True
         if stop_requested:
@@ -798,9 +805,9 @@ class Watcher:
         thread.start()
 
     def _exit_awaited(self, wait: StopWait) -> None:
-        """A stop under way (a fallback's, or stop_run's) waits for its run to exit after SIGTERM: for the view."""
+        """A stop under way (stop_waiting) waits for its run to exit after SIGTERM: for the view, until it exits."""
         watched = self.watched.get(wait.name)
-        if watched is not None and watched.acting:
+        if watched is not None and watched.alive is not False:
             watched.exit_wait = ExitWait(time.time() - wait.waited_s, wait.grace_s)
 
     def _action_done(self, done: ActionDone) -> None:

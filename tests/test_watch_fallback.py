@@ -399,13 +399,9 @@ CHECKPOINTING_CRASH = ("import signal\nasked = []\nsignal.signal(signal.SIGTERM,
                                                      "sys.exit(75)"))
 
 
-def test_the_live_view_shows_a_fallbacks_stop_waiting_for_the_run_to_checkpoint_and_exit(tmp_path, monkeypatch,
-                                                                                          pct_env) -> None:
-    """A run that crashes (cudagraph_tls) while its process lives, and then takes 6 s after its SIGTERM to write its
-    checkpoint: while the fallback's stop waits for it, its panel says so, with since when, how long ago the SIGTERM
-    went out and the grace left before SIGKILL (its variant's stop_grace_s: 20 s), and keeps up with the wait. Once
-    it has exited and its successor runs, the line is gone. The view showed only `crash [cudagraph_tls] -> fallback
-    (in progress)`; `dfo stop` alone said `waiting for run ... to checkpoint and exit` (every 10 s, on stderr)."""
+def checkpointing_inventory(tmp_path, monkeypatch):
+    """The local target with `ckpt` (CHECKPOINTING_CRASH, stop_grace_s: 20) falling back to `nographs` (steady),
+    and a fresh registry."""
     scripts = tmp_path / "scripts"
     write_trainers(scripts)
     (scripts / "checkpointing_crash.py").write_text(CHECKPOINTING_CRASH)
@@ -418,7 +414,17 @@ def test_the_live_view_shows_a_fallbacks_stop_waiting_for_the_run_to_checkpoint_
         "watch": FAST_WATCH,
     })
     monkeypatch.setenv("DFO_HOME", str(tmp_path / "state"))
-    lab = session(tmp_path, load_inventory(path))
+    return load_inventory(path)
+
+
+def test_the_live_view_shows_a_fallbacks_stop_waiting_for_the_run_to_checkpoint_and_exit(tmp_path, monkeypatch,
+                                                                                          pct_env) -> None:
+    """A run that crashes (cudagraph_tls) while its process lives, and then takes 6 s after its SIGTERM to write its
+    checkpoint: while the fallback's stop waits for it, its panel says so, with since when, how long ago the SIGTERM
+    went out and the grace left before SIGKILL (its variant's stop_grace_s: 20 s), and keeps up with the wait. Once
+    it has exited and its successor runs, the line is gone. The view showed only `crash [cudagraph_tls] -> fallback
+    (in progress)`; `dfo stop` alone said `waiting for run ... to checkpoint and exit` (every 10 s, on stderr)."""
+    lab = session(tmp_path, checkpointing_inventory(tmp_path, monkeypatch))
     try:
         lab.launch("ckpt", "k1")
         watcher = lab.watcher()
@@ -444,3 +450,31 @@ def test_the_live_view_shows_a_fallbacks_stop_waiting_for_the_run_to_checkpoint_
         assert (lab.store.get_run("k1").state, lab.store.get_run("k1").exit_code) == ("stopped", 75)
     finally:
         lab.close()
+
+
+def test_the_batch_view_shows_a_cells_fallback_stop_waiting_for_its_run_to_checkpoint_and_exit(tmp_path, monkeypatch,
+                                                                                               pct_env) -> None:
+    """`dfo batch`'s live view (render_progress, as each progress comes) of a cell whose run crashes and takes 6 s to
+    checkpoint after the SIGTERM of the cell's fallback: its running row says the stop's wait instead of the step,
+    as the watch's panel does (the batch's Supervisor hands its waits to the Watcher); it said the last step and
+    tok/s. Then the successor runs to the batch's stop_when and the cell is done."""
+    from orchestrator.batch import open_watcher, run_batch
+    from orchestrator.commands.batch import render_progress
+    from orchestrator.experiments import parse_experiments
+
+    inventory = checkpointing_inventory(tmp_path, monkeypatch)
+    plan = parse_experiments("batch: bw\ntargets: [here]\nmatrix: {variant: [ckpt]}\nfallback: [ckpt, nographs]\n"
+                             "stop_when: {steps: 30}\n", inventory)
+    frames: list[str] = []
+    with Connections(inventory) as connections, Store(tmp_path / "state" / "dfo.db") as store:
+        watcher = open_watcher(inventory, connections, store)
+        try:
+            [cell] = run_batch(plan, inventory, connections, store, watcher, poll_s=0.3,
+                               on_progress=lambda progress: frames.append(shown(render_progress(progress, watcher), 220)))
+        finally:
+            watcher.close()
+    waits = [line for frame in frames for line in frame.splitlines() if "stopping: waiting" in line]
+    assert waits and all(" bw.ckpt.here.r1 " in line and " of its 20 s grace)" in line for line in waits), frames[-3:]
+    said = sorted({int(re.search(r"\(SIGTERM sent (\d+)s ago;", line).group(1)) for line in waits})
+    assert said[0] <= 1 and said[-1] >= 4, said  # kept up with the wait
+    assert cell.state == "done" and cell.outcome["runs"] == ["bw.ckpt.here.r1", "bw.ckpt.here.r1.2-nographs"], cell

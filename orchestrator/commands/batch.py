@@ -27,7 +27,7 @@ from ..experiments import Plan, load_experiments
 from ..inventory import load_inventory
 from ..sanitize import text
 from ..store import Store
-from ..view import duration, step_text
+from ..view import duration, exit_wait_text, step_text
 from .common import (InventoryOpt, JsonOpt, basis_label, console, fit_table, leave_half_done, number, print_basis_note,
                      print_json, say, say_finishing)
 
@@ -119,8 +119,8 @@ def show_plan(plan: Plan, as_json: bool) -> None:
 
 
 def render_progress(progress: Progress, watcher=None) -> Group:
-    """Counts and ETA on one line, then the running cells (with each one's step and tok/s, from the watcher)
-    and the latest news."""
+    """Counts and ETA on one line, then the running cells (with each one's step and tok/s, from the watcher, or
+    the wait of a stop of its run for it to exit) and the latest news."""
     counts = progress.counts
     eta = f"  ETA {duration(progress.eta_s)}" if progress.eta_s is not None else ""
     head = Text(
@@ -132,8 +132,8 @@ def render_progress(progress: Progress, watcher=None) -> Group:
     running = Table(box=None, show_header=False, pad_edge=False)
     for cell, run in progress.running:
         watched = followed.get(run)
-        now = f"{step_text(watched)}  {watched.latest.tok_s:,.0f} tok/s" if watched and watched.latest else "no step yet"
-        running.add_row(text(f"  {cell}"), text(run), text(now))
+        now = text(f"{step_text(watched)}  {watched.latest.tok_s:,.0f} tok/s" if watched and watched.latest else "no step yet")
+        running.add_row(text(f"  {cell}"), text(run), (exit_wait_text(watched) if watched else None) or now)
     return Group(head, running, *(text(f"  {line}", style="dim") for line in progress.news))
 
 
