@@ -179,9 +179,7 @@ class PlanCall:
                           where=self.target.name)
 
     def _exit_code(self) -> int:
-        deadline = time.monotonic() + EXIT_WAIT_S
-        while (code := self._stream.exit_code()) is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        code = self._stream.wait_exit(EXIT_WAIT_S)
         return -1 if code is None else code
 
 

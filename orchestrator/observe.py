@@ -310,6 +310,7 @@ class Observer(ObserverBase):
             except DfoError as exc:
                 return str(exc)
             if not data:
+                close_quietly(stream)  # closing gives its exit status a moment to arrive (exit_code never waits)
                 return f"agent channel closed (exit {stream.exit_code()})"
             last_data = time.monotonic()
             try:

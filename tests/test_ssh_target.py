@@ -208,6 +208,45 @@ def test_stream_reads_incrementally_writes_stdin_and_reports_exit(target):
         assert stream.exit_code() == 7
 
 
+CHANNEL_REQUEST = 98
+"""SSH_MSG_CHANNEL_REQUEST (RFC 4254)."""
+
+
+def handled_late(monkeypatch, request: str, delay_s: float) -> None:
+    """Every channel request `request` the host sends (exit-status ...) is handled `delay_s` after it came: a slow
+    link between the host and dfo (paramiko's reading thread waits, as everything behind it on the link would)."""
+    table = ssh_module.paramiko.Transport._channel_handler_table
+    handle = table[CHANNEL_REQUEST]
+
+    def handle_it_late(channel, message):
+        at = message.packet.tell()
+        kind = message.get_text()
+        message.packet.seek(at)
+        if kind == request:
+            time.sleep(delay_s)
+        return handle(channel, message)
+
+    monkeypatch.setitem(table, CHANNEL_REQUEST, handle_it_late)
+
+
+def test_a_streams_exit_code_answers_at_once_while_the_status_is_on_its_way(target, monkeypatch):
+    # the watch loop asks a stream for its exit code: it waited up to 2 s there for a status still in flight
+    with target.stream(["cat"]) as running:
+        started = time.monotonic()
+        assert running.exit_code() is None and time.monotonic() - started < 0.1
+    handled_late(monkeypatch, "exit-status", 3.0)
+    stream = target.stream("echo done; exit 4")
+    output = b""
+    while chunk := stream.read(timeout=5):
+        output += chunk
+    assert output == b"done\n"
+    started = time.monotonic()
+    assert stream.exit_code() is None
+    assert time.monotonic() - started < 0.5
+    assert stream.wait_exit(10) == 4  # once it arrived
+    stream.close()
+
+
 def test_stream_read_returns_eof_when_the_connection_drops(target, sshd):
     stream = target.stream(["cat"])  # ends by itself once its pipes close
     sshd.kill_sessions()

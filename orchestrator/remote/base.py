@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ Command = Union[Sequence[str], str]
 """An argument list (each element quoted before it reaches a shell) or a POSIX sh script (run by `sh -c`)."""
 
 DEFAULT_TIMEOUT = 30.0
+EXIT_POLL_S = 0.01
 
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -99,7 +101,15 @@ class Stream(ABC):
 
     @abstractmethod
     def exit_code(self) -> int | None:
-        """The command's exit code once it ended, else None."""
+        """The command's exit code once it ended, else None. Never waits."""
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """The command's exit code, waiting up to `timeout` for it to end (or for its status to arrive); None
+        if it did not within `timeout`."""
+        deadline = time.monotonic() + timeout
+        while (code := self.exit_code()) is None and time.monotonic() < deadline:
+            time.sleep(EXIT_POLL_S)
+        return code
 
     def __enter__(self) -> "Stream":
         return self

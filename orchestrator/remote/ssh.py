@@ -292,7 +292,7 @@ class SshTarget(Target):
 
 
 STREAM_EXIT_WAIT_S = 2.0
-"""How long closing a stream (or asking an ended one for its status) waits for the exit status after our EOF."""
+"""How long closing a stream waits for the command's exit status after our EOF."""
 
 
 class SshStream(Stream):
@@ -335,24 +335,25 @@ class SshStream(Stream):
         meanwhile or not: its session ends only once our EOF has arrived (`_stream_script`)."""
         if self._channel.closed:
             return
-        self._end_input(STREAM_EXIT_WAIT_S)
+        self._end_input()
+        deadline = time.monotonic() + STREAM_EXIT_WAIT_S
+        while not self._channel.exit_status_ready() and not self._channel.closed and time.monotonic() < deadline:
+            time.sleep(0.01)
         self._channel.close()
 
     def exit_code(self) -> int | None:
-        """The command's exit status, once it has ended: its output closed (read gave b""), our EOF lets its
-        session end (`_stream_script`), and the status follows within STREAM_EXIT_WAIT_S."""
+        """The command's exit status once it has arrived, else None; it never waits (the watch loop asks). Once
+        the command's output has ended (read gave b""), our EOF goes out, so that its session can end
+        (`_stream_script`): the status follows a round trip later (`wait_exit` waits for it)."""
         if self._channel.eof_received and not self._channel.closed:
-            self._end_input(STREAM_EXIT_WAIT_S)
+            self._end_input()
         return self._channel.recv_exit_status() if self._channel.exit_status_ready() else None
 
-    def _end_input(self, wait_s: float) -> None:
-        """Send our EOF (once), then wait up to `wait_s` for the exit status."""
+    def _end_input(self) -> None:
+        """Send our EOF (once)."""
         with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
             if not self._channel.eof_sent:
                 self._channel.shutdown_write()
-            deadline = time.monotonic() + wait_s
-            while not self._channel.exit_status_ready() and not self._channel.closed and time.monotonic() < deadline:
-                time.sleep(0.01)
 
 
 # -- host keys ----------------------------------------------------------------------------------------------
