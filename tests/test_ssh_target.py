@@ -4,7 +4,9 @@ every failure a dfo error with a message a user can act on."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -245,6 +247,27 @@ def test_a_streams_exit_code_answers_at_once_while_the_status_is_on_its_way(targ
     assert time.monotonic() - started < 0.5
     assert stream.wait_exit(10) == 4  # once it arrived
     stream.close()
+
+
+def test_a_stream_ends_with_its_command_when_a_process_it_left_behind_holds_its_output(target, sshd):
+    # the background sleep holds the channel's stdout and stderr: before, read waited for an EOF that only its
+    # end would bring (as `dfo logs -f` hung until fa9cf4e); now the command's exit status ends the stream
+    started = time.monotonic()
+    stream = target.stream("sleep 30 & echo $!; echo to-stderr >&2; exit 3")
+    output = b""
+    try:
+        while chunk := stream.read(timeout=10):
+            output += chunk
+        assert stream.read(timeout=1) == b""  # and it stays ended
+        assert stream.wait_exit(5) == 3
+        assert time.monotonic() - started < 5
+        assert stream.stderr_tail() == "to-stderr\n"
+        stream.close()
+    finally:
+        if output.strip().isdigit():
+            os.kill(int(output), signal.SIGKILL)
+    assert target.run(["echo", "after"]).stdout == "after\n"
+    assert sshd.accepted_connections() == 1, sshd.log_tail()
 
 
 def test_stream_read_returns_eof_when_the_connection_drops(target, sshd):

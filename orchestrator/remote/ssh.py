@@ -291,6 +291,8 @@ class SshTarget(Target):
             return cause
 
 
+ENDED_MARK = b"\x1edfo-ended\n"
+"""What a stream's session writes on stderr once its command has ended (`_stream_script`); not in stderr_tail."""
 STREAM_EXIT_WAIT_S = 2.0
 """How long closing a stream waits for the command's exit status after our EOF."""
 
@@ -303,32 +305,49 @@ class SshStream(Stream):
         self._target = target
         self._command = command
         self._stderr = deque(maxlen=STDERR_TAIL_BYTES)
+        self._stderr_end = b""  # the last bytes drained, so an ENDED_MARK split between two chunks is found
+        self._over = False  # read gave b"" for the command's end: it keeps doing so
+        self._input_lock = threading.Lock()  # no data after our EOF (sshd drops a connection that sends it)
 
     def read(self, n: int = 65536, timeout: float | None = None) -> bytes:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._target._mapped_errors(self._command, timeout=timeout, transport=self._channel.get_transport()):
-            while True:
-                self._drain_stderr()
+            while not self._over:
+                self._drain_stderr()  # sends our EOF once the command ended (ENDED_MARK)
                 if self._channel.recv_ready() or self._channel.eof_received or self._channel.closed:
                     return self._channel.recv(n)  # b"" once the command ended or the connection dropped
+                if self._channel.exit_status_ready():  # it ended; what it left running holds its output open
+                    self._over = True
+                    break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise CommandTimeout(f"no output within {timeout:g}s", where=self._target.name)
                 select.select([self._channel], [], [], POLL_S if remaining is None else min(remaining, POLL_S))
+        return b""
 
     def _drain_stderr(self) -> None:
+        """Drain stderr into the tail; at ENDED_MARK (the command ended, its session waits for our EOF) send our
+        EOF, so that the session ends and its exit status comes even while a process the command left in the
+        background holds the output open (which keeps the channel's own EOF from ever coming)."""
         while self._channel.recv_stderr_ready():
-            self._stderr.extend(self._channel.recv_stderr(65536))
+            chunk = self._channel.recv_stderr(65536)
+            if ENDED_MARK in self._stderr_end + chunk:
+                self._end_input()
+            self._stderr_end = (self._stderr_end + chunk)[-len(ENDED_MARK):]
+            self._stderr.extend(chunk)
 
     def stderr_tail(self) -> str:
         """The last few KB the command wrote to stderr (for error messages)."""
         self._drain_stderr()
-        return bytes(self._stderr).decode(errors="replace")
+        return bytes(self._stderr).replace(ENDED_MARK, b"").decode(errors="replace")
 
     def write(self, data: bytes) -> None:
-        with self._target._mapped_errors(self._command, transport=self._channel.get_transport(),
-                                         doing=f"writing to {self._command[:120]}"):
-            self._channel.sendall(data)
+        """Send `data` to the command's stdin; once our EOF went out (the command ended, or the stream is closing)
+        it goes nowhere, as it would have gone to the session's drain of stdin."""
+        with self._input_lock, self._target._mapped_errors(self._command, transport=self._channel.get_transport(),
+                                                           doing=f"writing to {self._command[:120]}"):
+            if not self._channel.eof_sent:  # paramiko's sendall would spin on a channel whose EOF was sent
+                self._channel.sendall(data)
 
     def close(self) -> None:
         """Close stdin, give the command 2 s to exit, close the channel. Safe at any moment, the command ending
@@ -345,13 +364,14 @@ class SshStream(Stream):
         """The command's exit status once it has arrived, else None; it never waits (the watch loop asks). Once
         the command's output has ended (read gave b""), our EOF goes out, so that its session can end
         (`_stream_script`): the status follows a round trip later (`wait_exit` waits for it)."""
+        self._drain_stderr()
         if self._channel.eof_received and not self._channel.closed:
             self._end_input()
         return self._channel.recv_exit_status() if self._channel.exit_status_ready() else None
 
     def _end_input(self) -> None:
         """Send our EOF (once)."""
-        with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+        with self._input_lock, contextlib.suppress(OSError, EOFError, paramiko.SSHException):
             if not self._channel.eof_sent:
                 self._channel.shutdown_write()
 
@@ -625,12 +645,15 @@ def _session_script(command: str, *, feeds_input: bool) -> str:
 
 def _stream_script(command: str) -> str:
     """What a `stream` session executes: `command` in a shell of its own (its `$$` and its `exit` stay its own),
-    then the session closes its output (the reader sees the command's end as before: read gives b"") and drains
-    stdin, so it ends only once our EOF has arrived. Whatever dfo writes, or closes, while the command ends is
-    then never sent after the host's CLOSE (the race `_session_script` describes; a write or a close racing a
-    command that ended at that moment cost the whole connection: "idata/ieof packet referred to nonexistent
-    channel"). A command killed by a signal exits 128+N, not -1."""
-    return f"sh -c {shlex.quote(command)}; s=$?; exec >&- 2>&-; cat >/dev/null; exit $s"
+    then ENDED_MARK on stderr, then the session closes its output (the reader sees the command's end as before:
+    read gives b"") and drains stdin, so it ends only once our EOF has arrived. Whatever dfo writes, or closes,
+    while the command ends is then never sent after the host's CLOSE (the race `_session_script` describes; a
+    write or a close racing a command that ended at that moment cost the whole connection: "idata/ieof packet
+    referred to nonexistent channel"). A process the command left in the background that holds its output open
+    keeps the channel's EOF from coming: the mark still says the command ended, and our EOF answers it, so the
+    session ends and its exit status ends the stream (SshStream.read). A command killed by a signal exits 128+N,
+    not -1."""
+    return f"sh -c {shlex.quote(command)}; s=$?; printf '\\036dfo-ended\\n' >&2; exec >&- 2>&-; cat >/dev/null; exit $s"
 
 
 def _split_pgid(stderr: bytes) -> tuple[int | None, bytes]:
