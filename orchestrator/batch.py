@@ -31,13 +31,12 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from . import runs
 from .chains import (BATCH_POLICY, FALLBACK, Claims, FallbacksLeft, Outcome, Supervisor, catalogue_for, fallback_text,
-                     finish_under_way, next_variant_after, rest_of_chain)
+                     finish_under_way, next_variant_after, rest_of_chain, wait_until)
 from .decide import Catalogue
 from .events import DecisionMade, Event, lease_held_text
 from .errors import DfoError, RefusedError
@@ -508,7 +507,7 @@ class Scheduler:
             return None
         return finish_under_way([f"cell {cell_id}" for cell_id in under_way],
                                 lambda: [self._describe_fallback(self.records[cell_id]) for cell_id in under_way],
-                                self.on_interrupt, lambda: wait_futures(under_way.values()))
+                                self.on_interrupt, lambda: wait_until(lambda: all(f.done() for f in under_way.values())))
 
     def _describe_fallback(self, record: CellRecord) -> str:
         """`RUN to VARIANT (cell CELL)` for the cell's open fallback (what its intent says), else `cell CELL`."""

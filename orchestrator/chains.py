@@ -39,9 +39,9 @@ from .inventory import Inventory, TargetSpec, load_inventory
 from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
-from .runs import (FALLBACK_HOOK, LATE_START_S, LOOK_TIMEOUT, Launched, RunSpec, StartsUnseen, StopWait, exit_at_hook,
-                   look, look_due, may_start_late, needs_look, out_dir, process_alive, resolve_launch, spec_for,
-                   start_unseen, start_unsettled, started)
+from .runs import (FALLBACK_HOOK, LATE_START_S, LAUNCH_MARGIN_S, LOOK_TIMEOUT, STOP_MARGIN_S, Launched, RunSpec,
+                   StartsUnseen, StopWait, exit_at_hook, look, look_due, may_start_late, needs_look, out_dir,
+                   process_alive, resolve_launch, spec_for, start_unseen, start_unsettled, started)
 from .runs import launch as launch_run
 from .runs import stop as stop_run
 from .states import RunState, Verdict
@@ -57,6 +57,7 @@ FALLBACK = "fallback"
 MULTINODE_FALLBACK = "multinode_fallback"  # subject: the multi-node run a chain started from (multinode.py)
 INTENT_WAIT_S = 600.0  # how long a dfo waits for another live one to finish an intent it is carrying out
 INTENT_POLL_S = 0.5
+WAIT_SLICE_S = 0.2  # how often a wait for work on other threads looks (Ctrl-C is taken between looks: wait_until)
 T = TypeVar("T")
 
 
@@ -394,14 +395,24 @@ class Supervisor:
         if not run.active:
             return Outcome(name, reason=reason, note=f"it had already ended ({run.state})")
         try:
-            grace = self.stop_grace_s if self.stop_grace_s is not None else self.inventory.stop_grace(run.variant)
-            result = stop_run(self.connections.container(run.target), self.store, name, grace_s=grace,
+            result = stop_run(self.connections.container(run.target), self.store, name, grace_s=self.grace_s(run),
                               python=self.inventory.target(run.target).python, on_wait=self.on_wait)
         except RefusedError as exc:  # it had ended meanwhile, or its PID is someone else's now
             return Outcome(name, reason=reason, note=str(exc))
         except DfoError as exc:
             return Outcome(name, reason=reason, error=f"stop failed: {exc}")
         return Outcome(name, stopped=result.signal is not None, signal=result.signal, reason=reason)
+
+    def grace_s(self, run: Run) -> float:
+        """How long a stop of `run` gives it between SIGTERM and SIGKILL."""
+        return self.stop_grace_s if self.stop_grace_s is not None else self.inventory.stop_grace(run.variant)
+
+    def bound_s(self, run: Run, *, launches: bool) -> float:
+        """The longest a stop of `run` takes (`launches`: a fallback, the stop then its successor's launch), every
+        remote call of it at its timeout: the grace + runs.STOP_MARGIN_S, then the GPUs' release
+        (gpu_release_s) and one more launch (runs.LAUNCH_MARGIN_S)."""
+        stop = self.grace_s(run) + STOP_MARGIN_S
+        return stop + (self.gpu_release_s + LAUNCH_MARGIN_S if launches else 0.0)
 
     def fall_back(self, run: Run, variant: str, chain: Sequence[str], reason: str, *, subject: str | None = None) -> Outcome:
         """Steps 1-5 for `run`: record the intent (once), stop it, wait for its GPUs, launch `variant`, close."""
@@ -522,14 +533,17 @@ def until_released(attempt: Callable[[], Any], release_s: float, poll_s: float, 
 
 
 class FallbacksLeft(KeyboardInterrupt):
-    """A second Ctrl-C while `dfo watch` or `dfo batch` was finishing the fallbacks under way (finish_under_way):
-    they are left half done (their intents open, nothing remote signalled), for the next `dfo watch` or
-    `dfo batch` to finish. `fallbacks`: which (`RUN to VARIANT`, a batch's with `(cell CELL)`). Their threads
-    cannot be interrupted: the caller leaves the process at once."""
+    """A second Ctrl-C while `dfo watch` or `dfo batch` was finishing the fallbacks under way (finish_under_way),
+    or (`overdue_s`) after a Ctrl-C, fallbacks still under way that long after they started, longer than
+    every remote call of theirs can take (Watcher.finish_actions): they are left half done (their intents open,
+    nothing remote signalled), for the next `dfo watch` or `dfo batch` to finish. `fallbacks`: which (`RUN to
+    VARIANT`, a batch's with `(cell CELL)`). Their threads cannot be interrupted: the caller leaves the process
+    at once."""
 
-    def __init__(self, fallbacks: list[str]) -> None:
+    def __init__(self, fallbacks: list[str], *, overdue_s: float | None = None) -> None:
         super().__init__("; ".join(fallbacks))
         self.fallbacks = fallbacks
+        self.overdue_s = overdue_s
 
 
 def fallback_text(data: Mapping[str, Any]) -> str:
@@ -541,8 +555,9 @@ def finish_under_way(rough: Sequence[str], describe: Callable[[], list[str]],
                      on_interrupt: Callable[[list[str]], None], wait: Callable[[], Any]) -> FallbacksLeft | None:
     """After Ctrl-C, with fallbacks under way on threads (a watch's actions, a batch's cells): `on_interrupt` is
     told which (`describe()`, or `rough` until that answers) and `wait()` waits for them to end, so each
-    successor is started and recorded. A second Ctrl-C, while that is said or during the wait, leaves them half
-    done: returned as FallbacksLeft. Nothing remote is signalled either way."""
+    successor is started and recorded (through wait_until, so that Ctrl-C reaches it). A second Ctrl-C, while
+    that is said or during the wait, leaves them half done: returned as FallbacksLeft. Nothing remote is
+    signalled either way."""
     described = list(rough)
     try:  # a second Ctrl-C may come while the line is being written, not only during the wait
         described = describe()
@@ -551,6 +566,19 @@ def finish_under_way(rough: Sequence[str], describe: Callable[[], list[str]],
     except KeyboardInterrupt:
         return FallbacksLeft(described)
     return None
+
+
+def wait_until(done: Callable[[], bool], deadline: float | None = None) -> bool:
+    """Wait until done() (True) or until time.monotonic() reaches `deadline` (False), looking every WAIT_SLICE_S.
+    On the main thread Ctrl-C ends such a wait within a slice, whichever thread the OS gave SIGINT to: a join or
+    an Event.wait with no timeout sleeps through a SIGINT delivered to another thread until the work ends (and
+    Python 3.11 can take a thread whose Thread.join Ctrl-C cut short for ended)."""
+    while not done():
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return False
+        time.sleep(WAIT_SLICE_S if remaining is None else min(WAIT_SLICE_S, remaining))
+    return True
 
 
 def finish_on_own_thread(work: Callable[[], T], rough: Sequence[str], describe: Callable[[], list[str]],
@@ -573,10 +601,10 @@ def finish_on_own_thread(work: Callable[[], T], rough: Sequence[str], describe: 
 
     threading.Thread(target=body, name="fallback", daemon=True).start()
     try:
-        while not done.wait(0.2):
-            pass
+        wait_until(done.is_set)
     except KeyboardInterrupt:
-        raise finish_under_way(rough, describe, on_interrupt, done.wait) or KeyboardInterrupt() from None
+        left = finish_under_way(rough, describe, on_interrupt, lambda: wait_until(done.is_set))
+        raise left or KeyboardInterrupt() from None
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

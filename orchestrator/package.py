@@ -31,6 +31,8 @@ SKIPPED_DIRS = {"__pycache__", ".pytest_cache", "wandb", ".git"}
 SKIPPED_SUFFIXES = (".pyc", ".pyo", ".swp", "~")
 PROBE_TIMEOUT = 30.0
 UNPACK_TIMEOUT = 120.0
+PUSH_MARGIN_S = PROBE_TIMEOUT + 2 * UNPACK_TIMEOUT
+"""A transfer's remote calls end within this (the directories, the copy, the check and unpack, each at its timeout)."""
 SHA_MISMATCH_EXIT = 41
 
 

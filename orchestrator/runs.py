@@ -28,10 +28,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from .agent import stopper
 from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
 from .inventory import START_GRACE_S, STOP_GRACE_S
-from .launchplan import SECRETS_FROM_STDIN, Gate, Opened, open_plan
+from .launchplan import PROBE_TIMEOUT_S, SECRETS_FROM_STDIN, Gate, Opened, open_plan
 from .names import check_name
-from .package import Package, PushResult, build_package, parse_probe, pkg_dir, probe_script, push
-from .preflight import TargetReport
+from .package import PUSH_MARGIN_S, Package, PushResult, build_package, parse_probe, pkg_dir, probe_script, push
+from .preflight import TargetReport, inside_timeout
 from .remote.base import Target
 from .states import RunState
 from .store import Run, Store, utc_now
@@ -52,6 +52,10 @@ LATE_START_S = 3600.0
 STOP_PROBE_TIMEOUT = 20.0
 STOP_MARGIN_S = 2 * KILL_SETTLE_S + 2 * STOP_PROBE_TIMEOUT
 """A stop's remote calls end within grace + STOP_MARGIN_S (a wedged target gives CommandTimeout, not a hang)."""
+LAUNCH_MARGIN_S = (PROBE_TIMEOUT_S + inside_timeout(Gate.nvidia_smi_timeout) + PUSH_MARGIN_S + START_TIMEOUT
+                   + SETTINGS_CHECK_S + LOG_TIMEOUT)
+"""A launch's remote calls end within this: the plan call (the probe, and a gate's checks), the push, the start and
+the settings check, each at its timeout."""
 POLL_S = 0.2
 SET_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

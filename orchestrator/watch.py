@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 from . import events as ev
 from .chains import (GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy, Supervisor, batch_command,
-                     catalogue_for, chain_key, chain_variants, fallback_text, finish_under_way)
+                     catalogue_for, chain_key, chain_variants, fallback_text, finish_under_way, wait_until)
 from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, UnknownRun
@@ -56,6 +56,21 @@ ACTION_JOIN_S = 5.0
 MALFORMED_EVENTS = 20  # malformed-line events per run; after these the view's count goes on alone
 UNSAVED_MAX = 100_000  # steps an observing (not owning) watcher keeps for the day it takes over
 SAMPLE_FIELDS = ("step", "ts", "tok_s", "loss", "phase", "acc", "lr", "q_fill", "active", "mem_gb")
+
+
+@dataclass
+class Action:
+    """A fallback or a stop carried out on a worker thread: what it does, in words, and how long it takes at the
+    most, every remote call of it at its timeout (Supervisor.bound_s)."""
+
+    what: str
+    bound_s: float
+    started: float = field(default_factory=time.monotonic)
+    ended: threading.Event = field(default_factory=threading.Event)  # set by its thread, whatever it did
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.bound_s
 
 
 @dataclass
@@ -201,7 +216,7 @@ class Watcher:
         self.watched: dict[str, WatchedRun] = {}
         self._chains: dict[str, ChainState] = {}
         self._package: Package | None = None
-        self._actions: list[tuple[threading.Thread, str]] = []  # each action's thread and what it does
+        self._actions: list[Action] = []
         self._events: list[ev.Event] = []
         self._looked_at: dict[str, float] = {}  # chain root -> when its runs were last looked up (observing)
         self._left_to_batch: set[int] = set()  # the open batch fallbacks (intent ids) said to be left to dfo batch
@@ -312,20 +327,26 @@ class Watcher:
         """Stop watching: close every channel (the agents exit; the runs keep running), give up the claims."""
         for observer in list(self.observers.values()):
             observer.close()
-        for thread, _ in self._actions:
-            thread.join(ACTION_JOIN_S)
+        wait_until(lambda: all(action.ended.is_set() for action in self._actions), time.monotonic() + ACTION_JOIN_S)
         self.claims.release_all()
 
     def finish_actions(self, on_interrupt: Callable[[list[str]], None]) -> FallbacksLeft | None:
         """Ctrl-C: the fallbacks (and stops) under way are carried to their end before the watch ends
         (chains.finish_under_way: `on_interrupt` is told which, `RUN to VARIANT`); a second Ctrl-C leaves them
-        half done, their intents open for the next `dfo watch` (returned FallbacksLeft)."""
-        under_way = [(thread, what) for thread, what in self._actions if thread.is_alive()]
+        half done, their intents open for the next `dfo watch` (returned FallbacksLeft), at once. So does an
+        action still under way past its bound (Action.deadline; FallbacksLeft.overdue_s says how long that is):
+        a remote call stuck past its own timeout does not keep dfo from ending."""
+        under_way = [action for action in self._actions if not action.ended.is_set()]
         if not under_way:
             return None
-        described = [what for _, what in under_way]
-        return finish_under_way(described, lambda: described, on_interrupt,
-                                lambda: [thread.join() for thread, _ in under_way])
+        described = [action.what for action in under_way]
+        left = finish_under_way(described, lambda: described, on_interrupt,
+                                lambda: [wait_until(action.ended.is_set, action.deadline) for action in under_way])
+        overdue = [action for action in under_way if not action.ended.is_set()]
+        if left is None and overdue:
+            return FallbacksLeft([action.what for action in overdue],
+                                 overdue_s=max(action.bound_s for action in overdue))
+        return left
 
     def __enter__(self) -> "Watcher":
         return self
@@ -480,8 +501,10 @@ class Watcher:
             return
         current = self.watched.get(self._chains[root].runs[-1])
         if intents and current is not None:
+            bound_s = sum(self.supervisor.bound_s(self.store.find_run(intent.data["run"]) or current.run, launches=True)
+                          for intent in intents)
             self._start_worker(current, lambda: self.supervisor.finish_open(root),
-                               "; ".join(fallback_text(intent.data) for intent in intents))
+                               Action("; ".join(fallback_text(intent.data) for intent in intents), bound_s))
 
     def _leave_to_batch(self, root: str, intent, batch: str) -> None:
         """Say once (however often the chain is attached or taken over) that the open fallback `intent` of batch
@@ -780,29 +803,32 @@ class Watcher:
 
     def _start_action(self, watched: WatchedRun, *, launch_next: str | None, reason: str) -> None:
         """Hand the run to the supervisor on a worker thread: a fallback (intent, stop, GPUs, launch), or a stop."""
+        bound_s = self.supervisor.bound_s(watched.run, launches=bool(launch_next))
         if launch_next:
             self._start_worker(watched, lambda: self.supervisor.fall_back(watched.run, launch_next, watched.chain, reason),
-                               fallback_text({"run": watched.name, "variant": launch_next}))
+                               Action(fallback_text({"run": watched.name, "variant": launch_next}), bound_s))
         elif watched.alive is not False and watched.run.active:
             self._start_worker(watched, lambda: self.supervisor.stop(watched.name, reason),
-                               f"{watched.name} (a stop only: {reason})")
+                               Action(f"{watched.name} (a stop only: {reason})", bound_s))
         else:
             self.queue.put(ActionDone(watched.name, reason=reason))
 
-    def _start_worker(self, watched: WatchedRun, work: Callable[[], Any], what: str) -> None:
-        """Run `work` (`what`, in words) on its own thread; what it did comes back to the loop as ActionDone(s) on
-        the queue."""
+    def _start_worker(self, watched: WatchedRun, work: Callable[[], Any], action: Action) -> None:
+        """Run `work` (`action`) on its own thread; what it did comes back to the loop as ActionDone(s) on the
+        queue."""
         def body() -> None:
             try:
-                done = work()
-            except DfoError as exc:
-                done = ActionDone(watched.name, error=str(exc))
-            for item in done if isinstance(done, list) else [done]:
-                self.queue.put(item)
+                try:
+                    done = work()
+                except DfoError as exc:
+                    done = ActionDone(watched.name, error=str(exc))
+                for item in done if isinstance(done, list) else [done]:
+                    self.queue.put(item)
+            finally:
+                action.ended.set()
 
-        thread = threading.Thread(target=body, name=f"act-{watched.name}", daemon=True)
-        self._actions.append((thread, what))
-        thread.start()
+        self._actions.append(action)
+        threading.Thread(target=body, name=f"act-{watched.name}", daemon=True).start()
 
     def _exit_awaited(self, wait: StopWait) -> None:
         """A stop under way (stop_waiting) waits for its run to exit after SIGTERM: for the view, until it exits."""

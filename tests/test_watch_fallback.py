@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 
 from rich.console import Console
 
+from orchestrator.chains import FallbacksLeft, Outcome
 from orchestrator.commands.runs import stop_command
 from orchestrator.connections import Connections
 from orchestrator.decide import DecideConfig
@@ -478,3 +481,87 @@ def test_the_batch_view_shows_a_cells_fallback_stop_waiting_for_its_run_to_check
     said = sorted({int(re.search(r"\(SIGTERM sent (\d+)s ago;", line).group(1)) for line in waits})
     assert said[0] <= 1 and said[-1] >= 4, said  # kept up with the wait
     assert cell.state == "done" and cell.outcome["runs"] == ["bw.ckpt.here.r1", "bw.ckpt.here.r1.2-nographs"], cell
+
+
+class StuckStop:
+    """Supervisor.stop standing in for a stop stuck in a remote call past every timeout: it ends only when the
+    test lets it go (`release`), saying which thread it ran on."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, name: str, reason: str) -> Outcome:
+        self.threads.append(threading.current_thread())
+        self.release.wait(60)
+        return Outcome(name, reason=reason, note="let go by the test")
+
+
+def stuck_stop_under_way(tmp_path, monkeypatch, name: str, **options) -> tuple[Session, Watcher, StuckStop]:
+    """A watch of run `name` whose stop (its action) is stuck: what `dfo watch` holds when Ctrl-C comes."""
+    inventory, _ = make_lab(tmp_path, monkeypatch)
+    lab = session(tmp_path, inventory)
+    lab.launch("mine", name)
+    watcher = lab.watcher(**options)
+    watcher.attach(name)
+    stuck = StuckStop()
+    monkeypatch.setattr(watcher.supervisor, "stop", stuck)
+    watcher.stop_run(name, "test")
+    deadline = time.monotonic() + 10
+    while not stuck.threads:
+        assert time.monotonic() < deadline, "the stop never started"
+        time.sleep(0.05)
+    return lab, watcher, stuck
+
+
+def test_a_second_ctrl_c_leaves_a_stuck_stop_at_once_whichever_thread_the_os_gives_it_to(
+        tmp_path, monkeypatch, pct_env) -> None:
+    # before: the first Ctrl-C's wait joined the action's thread with no timeout, which a SIGINT delivered to
+    # another thread (the OS may pick any) never woke: dfo waited for the stuck stop, here until the test let it go
+    lab, watcher, stuck = stuck_stop_under_way(tmp_path, monkeypatch, "k1", stop_grace_s=1)
+    let_go = threading.Timer(8, stuck.release.set)
+    let_go.start()
+    said: list[list[str]] = []
+    try:
+        threading.Timer(0.3, signal.pthread_kill, [stuck.threads[0].ident, signal.SIGINT]).start()  # Ctrl-C again
+        started = time.monotonic()
+        try:
+            left = watcher.finish_actions(said.append)  # what the first Ctrl-C does
+        except KeyboardInterrupt:
+            pytest.fail("the second Ctrl-C came through only once the stuck stop had ended")
+        assert time.monotonic() - started < 2, "the second Ctrl-C was taken only once the stuck stop had ended"
+        assert isinstance(left, FallbacksLeft) and left.overdue_s is None
+        assert said == [["k1 (a stop only: test)"]] and left.fallbacks == ["k1 (a stop only: test)"]
+    finally:
+        let_go.cancel()
+        stuck.release.set()
+        lab.close()
+
+
+def test_after_ctrl_c_a_stop_still_under_way_past_its_bound_is_left_half_done(
+        tmp_path, monkeypatch, pct_env, capfd) -> None:
+    # a stop takes its grace plus its remote calls' timeouts at most (runs.STOP_MARGIN_S, 1 s here): one stuck
+    # past that no longer keeps dfo waiting (before: for as long as it was stuck, here until the test let it go)
+    from orchestrator import chains
+    from orchestrator.commands import common
+    from orchestrator.commands.watch import stopped_watching
+
+    monkeypatch.setattr(chains, "STOP_MARGIN_S", 1.0, raising=False)  # (raising: before, chains had no bound)
+    lab, watcher, stuck = stuck_stop_under_way(tmp_path, monkeypatch, "k2", stop_grace_s=0.5)
+    let_go = threading.Timer(10, stuck.release.set)
+    let_go.start()
+    try:
+        started = time.monotonic()
+        left = watcher.finish_actions(lambda fallbacks: None)
+        assert time.monotonic() - started < 5
+        assert isinstance(left, FallbacksLeft) and left.fallbacks == ["k2 (a stop only: test)"] and left.overdue_s == 1.5
+        monkeypatch.setattr(common.os, "_exit", lambda code: sys.exit(code))  # dfo leaves at once: os._exit
+        with pytest.raises(SystemExit) as leaving:
+            stopped_watching(left)
+        assert leaving.value.code == 130
+        assert ("still under way after 1.5 s, longer than its remote calls can take: the fallback of k2 (a stop only: "
+                "test) is left half done; the next `dfo watch` finishes it; the runs go on") in capfd.readouterr().err
+    finally:
+        let_go.cancel()
+        stuck.release.set()
+        lab.close()

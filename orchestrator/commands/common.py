@@ -67,12 +67,13 @@ def say_finishing(fallbacks: Sequence[str], again: str) -> None:
     say(f"interrupted: finishing the fallback of {'; '.join(fallbacks)} first; Ctrl-C again leaves it to the next {again}")
 
 
-def leave_half_done(fallbacks: Sequence[str], again: str) -> NoReturn:
-    """A second Ctrl-C (chains.FallbacksLeft): say so and leave at once, exit 130. The fallbacks' threads may be
+def leave_half_done(fallbacks: Sequence[str], again: str, overdue_s: float | None = None) -> NoReturn:
+    """A second Ctrl-C, or fallbacks still under way `overdue_s` after they started, longer than their remote
+    calls can take (chains.FallbacksLeft): say so and leave at once, exit 130. The fallbacks' threads may be
     inside a remote call and cannot be interrupted: the process ends as a kill would (what they did is in the
     registry, their intents open; nothing remote is signalled)."""
-    say(f"interrupted again: the fallback of {'; '.join(fallbacks)} is left half done; the next {again} finishes "
-        "it; the runs go on")
+    why = "interrupted again" if overdue_s is None else f"still under way after {overdue_s:g} s, longer than its remote calls can take"
+    say(f"{why}: the fallback of {'; '.join(fallbacks)} is left half done; the next {again} finishes it; the runs go on")
     sys.stderr.flush()
     os._exit(130)
 

@@ -174,7 +174,7 @@ def stopped_watching(interrupted: KeyboardInterrupt | None) -> int:
     """Ctrl-C ends the watch (exit 130) once the fallbacks under way are finished; a second one (FallbacksLeft)
     left them half done: said, and the process leaves at once."""
     if isinstance(interrupted, FallbacksLeft):
-        leave_half_done(interrupted.fallbacks, AGAIN)
+        leave_half_done(interrupted.fallbacks, AGAIN, interrupted.overdue_s)
     err_console.print("stopped watching; the runs go on (dfo watch again to reattach)", highlight=False)
     return 130
 
