@@ -292,38 +292,43 @@ def attention_inputs(cfg):
     return q, k, v, grad, mask, 4 * pairs * t.hidden  # QK^T and PV over the visible pairs, all heads
 
 
+def flex_pair(q, k, v, grad, mask, options: dict | None):
+    """FlexAttention over (q, k, v) with the BlockMask, compiled on its own with these kernel_options:
+    (forward, forward + backward) callables."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    compiled = torch.compile(lambda q_, k_, v_: flex(q_, k_, v_, block_mask=mask, enable_gqa=True,
+                                                     kernel_options=options or None), dynamic=False)
+    return (lambda: compiled(q, k, v)), (lambda: compiled(q, k, v).backward(grad))
+
+
+def fwd_bwd_ms(fwd, fwd_bwd, steps: int) -> tuple[float, float]:
+    """Steady forward ms and backward ms (forward + backward less forward), medians past two warm steps."""
+    with torch.no_grad():
+        fwd_ms = statistics.median(timed(fwd, steps)[2:])
+    return fwd_ms, statistics.median(timed(fwd_bwd, steps)[2:]) - fwd_ms
+
+
 def probe_flash(args, cfg, out: Path) -> None:
     """The drafter's attention alone (forward + backward, compiled on its own) through FlexAttention's Triton
     kernels (the trainer's) and its FlashAttention-4 CuTe ones (kernel_options BACKEND=FLASH; needs
     flash-attn-4): cold first call, steady ms, TFLOP/s of counted work, and the output's and gradients' error
     against Triton."""
-    from torch.nn.attention.flex_attention import flex_attention as flex
-
     q, k, v, grad, mask, fwd_flops = attention_inputs(cfg)
     results: dict[str, list[torch.Tensor]] = {}
     for name, options in (("flex", None), ("flash", {"BACKEND": "FLASH"})):
         torch._dynamo.reset()
-        compiled = torch.compile(lambda q_, k_, v_, o=options: flex(q_, k_, v_, block_mask=mask, enable_gqa=True,
-                                                                     kernel_options=o), dynamic=False)
-
-        def fwd(fn=compiled):
-            return fn(q, k, v)
-
-        def fwd_bwd(fn=compiled) -> None:
-            fn(q, k, v).backward(grad)
-
+        fwd, fwd_bwd = flex_pair(q, k, v, grad, mask, options)
         try:
             start = time.perf_counter()
             for tensor in (q, k, v):
                 tensor.grad = None
-            output = fwd(compiled)
+            output = fwd()
             output.backward(grad)
             torch.cuda.synchronize()
             first = time.perf_counter() - start
             results[name] = [output.detach().float(), *(t.grad.float() for t in (q, k, v))]
-            with torch.no_grad():
-                fwd_ms = statistics.median(timed(fwd, args.steps)[2:])
-            both_ms = statistics.median(timed(fwd_bwd, args.steps)[2:])
+            fwd_ms, bwd_ms = fwd_bwd_ms(fwd, fwd_bwd, args.steps)
         except Exception as exc:  # noqa: BLE001 - a backend that cannot run is a result, not a failure
             emit(out, part="flash", variant=name, error=root_cause(exc)[:600])
             continue
@@ -331,7 +336,6 @@ def probe_flash(args, cfg, out: Path) -> None:
         if name != "flex" and "flex" in results:
             errors = {f"rel_err_{what}": round(rel_err(mine, ref), 5)
                       for what, mine, ref in zip(("out", "dq", "dk", "dv"), results[name], results["flex"])}
-        bwd_ms = both_ms - fwd_ms
         emit(out, part="flash", variant=name, first_s=round(first, 1), fwd_ms=round(fwd_ms, 3),
              bwd_ms=round(bwd_ms, 3), fwd_tflops=round(fwd_flops / fwd_ms / 1e9, 1),
              bwd_tflops=round(2.5 * fwd_flops / bwd_ms / 1e9, 1), **errors, kernels=cuda_kernels(fwd_bwd))
@@ -341,7 +345,6 @@ def probe_attention(args, cfg, out: Path) -> None:
     """The drafter's FlexAttention alone at its real shapes (queries A*B, keys T+A*B, GQA), forward +
     backward, compiled on its own: the default configs, hand-picked backward tiles, then max_autotune."""
     import torch._inductor.config as inductor_config
-    from torch.nn.attention.flex_attention import flex_attention as flex
 
     q, k, v, grad, mask, fwd_flops = attention_inputs(cfg)
     variants: list[tuple[str, dict, bool]] = [("default", {}, False)]
@@ -356,27 +359,16 @@ def probe_attention(args, cfg, out: Path) -> None:
     for name, options, autotune in variants:
         torch._dynamo.reset()
         inductor_config.max_autotune = autotune
-        compiled = torch.compile(lambda q_, k_, v_, o=options: flex(q_, k_, v_, block_mask=mask, enable_gqa=True,
-                                                                     kernel_options=o or None), dynamic=False)
-
-        def fwd(fn=compiled):
-            return fn(q, k, v)
-
-        def fwd_bwd(fn=compiled) -> None:
-            fn(q, k, v).backward(grad)
-
+        fwd, fwd_bwd = flex_pair(q, k, v, grad, mask, options)
         try:
             start = time.perf_counter()
             fwd_bwd()
             torch.cuda.synchronize()
             first = time.perf_counter() - start
-            with torch.no_grad():
-                fwd_ms = statistics.median(timed(fwd, args.steps)[2:])
-            both_ms = statistics.median(timed(fwd_bwd, args.steps)[2:])
+            fwd_ms, bwd_ms = fwd_bwd_ms(fwd, fwd_bwd, args.steps)
         except Exception as exc:  # noqa: BLE001 - a tile the kernel refuses is a result, not a failure
             emit(out, part="attention", variant=name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
             continue
-        bwd_ms = both_ms - fwd_ms
         emit(out, part="attention", variant=name, first_s=round(first, 1), fwd_ms=round(fwd_ms, 3),
              bwd_ms=round(bwd_ms, 3), fwd_tflops=round(fwd_flops / fwd_ms / 1e9, 1),
              bwd_tflops=round(2.5 * fwd_flops / bwd_ms / 1e9, 1))
@@ -413,8 +405,6 @@ def probe_ceiling(args, cfg, out: Path) -> None:
     drafter's FlexAttention (forward + backward, compiled alone) once per layer. Their sum is a floor for the
     step's time, so counted FLOPs / that sum is a ceiling for its MFU: no overlap or scheduling can beat it
     without faster kernels. Also each GEMM's TFLOP/s (which shapes and layouts run below cuBLAS's best)."""
-    from torch.nn.attention.flex_attention import flex_attention as flex
-
     device, b = ("cuda:0" if torch.cuda.is_available() else "cpu"), cfg.data.batch
     dtype = torch.bfloat16 if device != "cpu" else torch.float32
     gemm_ms, gemm_flops, rows = 0.0, 0.0, []
@@ -442,11 +432,9 @@ def probe_ceiling(args, cfg, out: Path) -> None:
              tflops=round(flops / ms / 1e9, 1))
     attention_ms = 0.0
     if device != "cpu" and cfg.drafter.layers:
-        q, kk, v, grad, mask, _ = attention_inputs(cfg)
-        compiled = torch.compile(lambda q_, k_, v_: flex(q_, k_, v_, block_mask=mask, enable_gqa=True), dynamic=False)
-        compiled(q, kk, v).backward(grad)
-        attention_ms = statistics.median(timed(lambda: compiled(q, kk, v).backward(grad), args.steps)[2:])
-        attention_ms = attention_ms * cfg.drafter.layers / b
+        _, fwd_bwd = flex_pair(*attention_inputs(cfg)[:5], None)
+        fwd_bwd()
+        attention_ms = statistics.median(timed(fwd_bwd, args.steps)[2:]) * cfg.drafter.layers / b
     counted = flops_per_sample(cfg)["total"]
     floor_ms = gemm_ms + attention_ms
     emit(out, part="ceiling", gemm_scale=scale, per_sample_gemm_ms=round(gemm_ms, 2), gemm_tflops=round(gemm_flops / gemm_ms / 1e9, 1),
