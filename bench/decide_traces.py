@@ -37,9 +37,10 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NamedTuple
+from unittest import mock
 
 import numpy as np
 
@@ -145,14 +146,9 @@ def timeline(path: Path, config: DecideConfig) -> None:
         print(f"  end: {decision.decision}: {decision.reason}")
 
 
-@contextmanager
 def shift_cap(cap: float):
     """The shift rule with another cap on 3 x precision (math.inf: the rule before the cap), for a baseline."""
-    saved, steady.SHIFT_REL_MAX = steady.SHIFT_REL_MAX, cap
-    try:
-        yield
-    finally:
-        steady.SHIFT_REL_MAX = saved
+    return mock.patch.object(steady, "SHIFT_REL_MAX", cap)
 
 
 def step_obs(lines: list[str]) -> list[StepObs]:
@@ -257,15 +253,10 @@ def shift_synthetic_table(seeds: range) -> None:
     print()
 
 
-@contextmanager
 def reach_rule(on: bool):
     """The out-of-reach answer on, or off (the rule before it: only max_undecided_s ends an undecided run)."""
-    saved = steady.REACH_MIN_SECONDS
-    steady.REACH_MIN_SECONDS = saved if on else math.inf  # a window never long enough: the rule never answers
-    try:
-        yield
-    finally:
-        steady.REACH_MIN_SECONDS = saved
+    # off: a window never long enough, so the rule never answers
+    return nullcontext() if on else mock.patch.object(steady, "REACH_MIN_SECONDS", math.inf)
 
 
 REACH_CONFIGS = {  # the default, and bench/h200-e2e.yaml's watch: (the live e2e chains)
@@ -337,16 +328,9 @@ def reach_synthetic_table(seed_sets: list[range]) -> None:
     print()
 
 
-@contextmanager
 def end_answer(on: bool):
     """The answer at the run's end on, or off (the rule before it: a run that ended undecided got no figure)."""
-    saved = SteadyDetector.conclude
-    if not on:
-        SteadyDetector.conclude = lambda self: False
-    try:
-        yield
-    finally:
-        SteadyDetector.conclude = saved
+    return nullcontext() if on else mock.patch.object(SteadyDetector, "conclude", lambda self: False)
 
 
 ENDED_AT_S = (30, 45, 60, 90, 120)  # real logs: the run stopped this many seconds after its first step line
