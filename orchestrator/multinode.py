@@ -219,26 +219,26 @@ def launch_nodes(
     return MultiLaunched(name, rendezvous, tuple(launched))
 
 
-def _undo_start(prepared: Sequence[runs_lib.Prepared], failed: int, store: Store, grace_s: float,
+def _undo_start(prepared: Sequence[runs_lib.Prepared], failed: int, store: Store, start_grace_s: float,
                 stop_grace_s: float) -> None:
     """Node `failed`'s start failed: the nodes after it are not started (kept `failed`: the run still names
     them), and what runs of those before it is stopped, node 0 first (_stop_if_started)."""
     for later in prepared[failed + 1:]:
         later.cancel(why=f"not started: the start of {prepared[failed].name} before it failed")
     for ready in prepared[:failed + 1]:
-        _stop_if_started(ready, store, grace_s, stop_grace_s)
+        _stop_if_started(ready, store, start_grace_s, stop_grace_s)
 
 
-def _stop_if_started(ready: runs_lib.Prepared, store: Store, grace_s: float, stop_grace_s: float) -> None:
-    """Stop node `ready` if it runs. One whose start got no answer (runs.start_unseen) may run all the same:
-    looked for by its exit file path first (runs.resolve_launch, through `grace_s`); none found, it is marked
-    failed."""
+def _stop_if_started(ready: runs_lib.Prepared, store: Store, start_grace_s: float, stop_grace_s: float) -> None:
+    """Stop node `ready` (`stop_grace_s` between SIGTERM and SIGKILL) if it runs. One whose start got no answer
+    (runs.start_unseen) may run all the same: looked for by its exit file path first (runs.resolve_launch,
+    through `start_grace_s`); none found, it is marked failed."""
     row = store.find_run(ready.name)
     if row is None:
         return
     if runs_lib.start_unseen(row):
         try:
-            row = runs_lib.resolve_launch(ready.target, store, row, grace_s=grace_s)
+            row = runs_lib.resolve_launch(ready.target, store, row, grace_s=start_grace_s)
         except DfoError:
             return  # its target went away: the row stays lost, and `dfo runs` looks again later
     if row.active:
