@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # dfo's test command (the README's): on a fresh Debian machine with Python 3.11 it installs what the tests
-# need (openssh-server, lxc, busybox-static, iproute2; service starts blocked while installing), makes
-# .venv, installs torch==2.13.0 and dfo with its trainer and dev extras, then runs pytest.
+# need (openssh-server, lxc, busybox-static, iproute2, chromium for the browser tests of `dfo ui`; service
+# starts blocked while installing), makes .venv, installs torch==2.13.0 and dfo with its trainer, ui and dev
+# extras (Playwright for Python among them: it drives the system chromium, never a browser of its own), then
+# runs pytest.
 # Idempotent and quick on a second run: each step checks first. Arguments go to pytest, after
 # `-n $DFO_TEST_WORKERS --dist loadgroup` (pytest-xdist; default 2 workers: much of the suite's time is spent
 # waiting on sshd, containers and watch leases, which a second worker overlaps; tests/conftest.py keeps the
@@ -13,7 +15,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-APT_PACKAGES=(openssh-server lxc busybox-static iproute2 procps)
+APT_PACKAGES=(openssh-server lxc busybox-static iproute2 procps chromium)
 TORCH_VERSION=2.13.0
 VENV=.venv
 STAMP=$VENV/.dfo-installed
@@ -73,8 +75,8 @@ install_python_packages() {
     local wanted
     wanted=$(sha256sum pyproject.toml | cut -d' ' -f1)
     if [[ ! -f $STAMP || $(cat "$STAMP") != "$wanted" ]]; then
-        log "installing dfo with extras trainer,dev"
-        "$VENV/bin/python" -m pip install -q -e '.[trainer,dev]'
+        log "installing dfo with extras trainer,ui,dev"
+        "$VENV/bin/python" -m pip install -q -e '.[trainer,ui,dev]'
         echo "$wanted" >"$STAMP"
     fi
 }
