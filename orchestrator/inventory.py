@@ -36,6 +36,7 @@ from .decide.config import DecideConfig
 from .errors import InvalidName, InventoryError, UnknownTarget, UnknownVariant
 from .logfmt import metrics_regex_problem
 from .names import check_name
+from .sanitize import is_visible, url_origin
 
 CTID_MIN, CTID_MAX = 100, 999_999_999
 BUILTIN_NAME = "default.yaml"
@@ -59,9 +60,14 @@ def _compiled_regex(pattern: str) -> str:
 
 
 def _http_url(value: Any) -> Any:
-    if isinstance(value, str) and re.fullmatch(r"https?://[^\s/]+\S*", value):
-        return value
-    raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    """An http(s) URL with a host, and no space or control character (urllib would refuse it only when sending,
+    quoting the secret path). A refused URL is named by its url_origin() alone."""
+    if not isinstance(value, str) or not re.match(r"https?://", value):
+        raise ValueError(f"expected an http:// or https:// URL, got {value!r}")
+    if not re.fullmatch(r"https?://[^\s/]+\S*", value) or not is_visible(value, keep_newlines=False):
+        raise ValueError(f"expected an http:// or https:// URL without spaces or control characters, got one for "
+                         f"{url_origin(value)} that has them (its path is not shown: it may hold a secret)")
+    return value
 
 
 def _metrics_regex(pattern: Any) -> Any:

@@ -19,6 +19,8 @@ This module must not decide anything: it is told about decisions (Notifier.decis
 
 from __future__ import annotations
 
+import base64
+import http.client
 import logging
 import os
 import subprocess
@@ -27,10 +29,10 @@ import time
 import urllib.error
 import urllib.request
 from typing import Any, Optional
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .inventory import Inventory, Notify
-from .sanitize import json_line
+from .sanitize import json_line, url_origin
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -158,21 +160,46 @@ class Notifier:
         return f"command exited {done.returncode}: {last[0][:200]}"
 
     def _webhook(self, settings: Notify, decision: dict, about: dict) -> Optional[str]:
-        """POST the decision; None on a 2xx answer. 4xx (but 408/429) is `permanent: ` (retrying cannot help)."""
+        """POST the decision; None on a 2xx answer. 4xx (but 408/429) is `permanent: ` (retrying cannot help).
+        Credentials in the URL (`https://user:pass@host/...`) go in an Authorization header; what comes back
+        names the receiver by url_origin() alone, whatever failed."""
         body = json_line(payload(decision, about)).encode()
-        request = urllib.request.Request(settings.webhook, data=body, method="POST",
-                                         headers={"Content-Type": "application/json", "User-Agent": "dfo"})
-        where = _safe_url(settings.webhook)
+        url, headers = _without_credentials(settings.webhook)
+        where = url_origin(settings.webhook)
         try:
+            request = urllib.request.Request(url, data=body, method="POST", headers={
+                "Content-Type": "application/json", "User-Agent": "dfo", **headers})
             with urllib.request.urlopen(request, timeout=settings.timeout_s) as answer:
                 answer.read(4096)
                 return None
         except urllib.error.HTTPError as exc:
             permanent = 400 <= exc.code < 500 and exc.code not in (408, 429)
             return f"{'permanent: ' if permanent else ''}{where} answered HTTP {exc.code} {exc.reason}"
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            return f"{where}: {reason}"
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            return f"{where}: {_scrubbed(str(getattr(exc, 'reason', exc)), settings.webhook)}"
+        except ValueError:  # http.client.InvalidURL and kin quote the URL: never shown
+            return f"permanent: {where}: the URL is not valid (fix notify.webhook)"
+
+
+def _without_credentials(url: str) -> tuple[str, dict[str, str]]:
+    """The URL without `user:password@`, and the Basic Authorization header that carries them instead."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, {}
+    netloc = parts.netloc.rpartition("@")[2]
+    pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}".encode()
+    return (urlunsplit(parts._replace(netloc=netloc)),
+            {"Authorization": "Basic " + base64.b64encode(pair).decode("ascii")})
+
+
+def _scrubbed(text: str, url: str) -> str:
+    """An error text with every secret part of `url` (credentials, path, query) taken out."""
+    parts = urlsplit(url)
+    secrets = [parts.netloc.rpartition("@")[0], parts.password, parts.path if len(parts.path) > 1 else "",
+               parts.query, url]
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, "...")
+    return text
 
 
 def payload(decision: dict[str, Any], about: dict[str, Any]) -> dict[str, Any]:
@@ -180,8 +207,3 @@ def payload(decision: dict[str, Any], about: dict[str, Any]) -> dict[str, Any]:
     return {**decision, "run": about["name"], "target": about["target"], "variant": about["variant"],
             "batch": about["batch"], "text": message(decision, about)}
 
-
-def _safe_url(url: str) -> str:
-    """The URL without its path and query (a Slack webhook's path is its secret)."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}"

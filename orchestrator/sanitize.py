@@ -22,6 +22,7 @@ import json
 import math
 import re
 from typing import Any, Iterable
+from urllib.parse import urlsplit
 
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.markup import escape
@@ -76,6 +77,18 @@ class SafeConsole(Console):
                 yield segment
             else:
                 yield Segment(visible(segment.text, keep_newlines=True), segment.style)
+
+
+def url_origin(url: str) -> str:
+    """A URL as it may be shown or stored: `scheme://host[:port]` only. A webhook's path and query are its
+    secret (Slack's /services/T/B/KEY), and `user:password@` is a credential; neither is ever shown."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "?", parts.port
+    except ValueError:  # an unreadable port or host: nothing of it is shown
+        return "(an unreadable URL)"
+    host = f"[{host}]" if ":" in host else host
+    return visible(f"{parts.scheme}://{host}" + (f":{port}" if port is not None else ""))
 
 
 def finite_json(value: Any) -> Any:

@@ -5,6 +5,7 @@ run's steady verdict exactly once even when it is watched again."""
 
 from __future__ import annotations
 
+import base64
 import json
 import textwrap
 import threading
@@ -39,7 +40,7 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.posts.append({"path": self.path, "type": self.headers["Content-Type"], "json": json.loads(body),
-                                      "raw": body})
+                                      "raw": body, "auth": self.headers.get("Authorization")})
                 time.sleep(receiver.delay_s)
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
                 self.send_response(status)
@@ -188,6 +189,37 @@ def test_failures_are_retried_within_bounds_recorded_and_never_raised(receiver, 
     assert results["b"][0] is False and "answered HTTP 500" in results["b"][1] and "secret" not in results["b"][1]
     assert results["c"][0] is False and "HTTP 404" in results["c"][1]
     assert failed_events and failed_events[0]["data"]["channel"] == "webhook"
+
+
+def test_a_webhook_with_credentials_sends_them_as_basic_auth_and_shows_only_its_scheme_and_host(receiver, tmp_path,
+                                                                                                caplog):
+    """`https://user:PASS@host/...` with a failing receiver: the credentials reach the receiver (Authorization
+    header), and nothing of them or of the secret path is in stderr, notifications.detail or the event."""
+    hook = receiver(statuses=[500])
+    origin = hook.url.split("/services")[0]
+    url = hook.url.replace("http://", "http://hook-user:PASS%40word@")
+    with registry(tmp_path / "dfo.db", ("r1", "trees")) as store:
+        send(Notifier(inventory_with(json.dumps({"webhook": url, "retries": 0})), store), "r1", STEADY)
+        [told] = store.notifications("r1")
+        [event] = store.events("r1", kind="notify_failed")
+    [post] = hook.posts
+    assert post["path"] == "/services/T000/B000/secret"
+    assert post["auth"] == "Basic " + base64.b64encode(b"hook-user:PASS@word").decode()
+    assert told["ok"] is False and told["detail"] == f"{origin} answered HTTP 500 Internal Server Error"
+    shown = told["detail"] + json.dumps(event["data"]) + caplog.text
+    assert origin in caplog.text
+    for secret in ("PASS", "hook-user", "secret", "T000"):
+        assert secret not in shown
+
+
+def test_a_webhook_url_with_a_control_character_is_refused_at_load_without_showing_its_path():
+    from orchestrator.errors import InventoryError
+
+    with pytest.raises(InventoryError) as info:
+        inventory_with(json.dumps({"webhook": "https://hooks.example.com/services/T0/B0/SECRET\x01key"}))
+    assert info.value.problems == [
+        "<memory>: notify.webhook: expected an http:// or https:// URL without spaces or control characters, got one "
+        "for https://hooks.example.com that has them (its path is not shown: it may hold a secret)"]
 
 
 def test_a_hung_receiver_or_a_closed_port_costs_a_bounded_time_off_the_watch(receiver, tmp_path):
