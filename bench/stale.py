@@ -2,6 +2,9 @@
 
     python bench/stale.py [--doc docs/benchmarks.md] [--path trainer/] [--rev HEAD]
 
+docs/benchmarks.md holds today's figures; docs/benchmarks-archive.md the history (`--doc` checks it too, where
+most rows are `history` or stale by design).
+
 Every Markdown table of the document with a `commit` column is a table of figures measured at that commit.
 A row is current when `git diff --quiet COMMIT REV -- PATH` holds (nothing the figure measures changed
 since); stale when it does not; unknown when git does not know the commit. A commit cell that is not a
