@@ -12,7 +12,7 @@
 #     bash bench/gpu_flash.sh ab        # then: bench/gpu_probe.py --part flash (the drafter's attention alone,
 #                                       # both kernels, at its real shapes)
 # The whole trainer with these kernels was run once, at 24b10ca (a drafter.attention=flash option since taken
-# out again: no gain; docs/benchmarks.md).
+# out again: no gain; docs/benchmarks-archive.md, "Session 9").
 # Output under $OUT as it comes (probe.jsonl, probe-flash.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."

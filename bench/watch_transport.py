@@ -48,7 +48,7 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 SEED_LOOK = "sleep 0; tail -n 80 {log}; nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader"
 
 SEED_PROCESSES = ("ssh", "sshd session", "remote shell", "pct (perl)", "lxc-attach", "bash -l", "sleep", "tail",
-                  "nvidia-smi")  # by construction of the seed's command line (DESIGN.md)
+                  "nvidia-smi")  # by construction of the seed's command line (docs/design.md)
 WRITER = """
 import sys, time
 logs = [open(p, "ab", buffering=0) for p in sys.argv[2:]]

@@ -1,7 +1,7 @@
 """Parse one log line of a training run into a typed record.
 
 Two extractors produce the same records:
-- the logfmt contract of DESIGN.md (`ts=2026-11-29T11:40:03.123Z event=step step=120 tok_s=153200.5 ...`,
+- the logfmt contract of docs/design.md (`ts=2026-11-29T11:40:03.123Z event=step step=120 tok_s=153200.5 ...`,
   quoted values allowed), and
 - a user-supplied regex with named groups (`step`, `tok_s`, optionally `ts`, `loss`, `acc`, `lr`, ...)
   for trainers that print their own format.

@@ -203,7 +203,7 @@ def _scrubbed(text: str, url: str) -> str:
 
 
 def payload(decision: dict[str, Any], about: dict[str, Any]) -> dict[str, Any]:
-    """What both channels send: the decision (DESIGN.md shape) plus the run's target/variant/batch and `text`."""
+    """What both channels send: the decision (docs/design.md shape) plus the run's target/variant/batch and `text`."""
     return {**decision, "run": about["name"], "target": about["target"], "variant": about["variant"],
             "batch": about["batch"], "text": message(decision, about)}
 

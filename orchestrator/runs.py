@@ -1,6 +1,6 @@
 """Runs on a target: launch one detached with a named log, stop it (identity-checked), tail its log.
 
-Launch follows DESIGN.md's "Detached launch" contract: `setsid nohup sh -c WRAPPER </dev/null >>LOG 2>&1 &`,
+Launch follows docs/design.md's "Detached launch" contract: `setsid nohup sh -c WRAPPER </dev/null >>LOG 2>&1 &`,
 so the run outlives the SSH session and `pct exec`; the wrapper traps TERM with a handler so it can write
 the run's exit status to LOG.exit. Secrets travel on the start script's stdin into a mode-0600 file that
 the wrapper sources and deletes before the run starts: they are never on a command line, in output, logs

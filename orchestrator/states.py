@@ -1,7 +1,7 @@
 """The words dfo's lifecycle is written in: a run's verdict, a run's state, a batch cell's state.
 
 StrEnums, so each member is also the plain string stored in the registry and printed in JSON
-(`Verdict.CRASH == "crash"`): the registry's contents and DESIGN.md's JSON shapes do not change. Every
+(`Verdict.CRASH == "crash"`): the registry's contents and docs/design.md's JSON shapes do not change. Every
 module that asks "does this verdict fall back?" or "has this run ended?" asks these enums, never a string
 list of its own. This module imports nothing of dfo's (decide/, the store and the CLI all use it).
 """
@@ -12,7 +12,7 @@ from enum import StrEnum
 
 
 class Verdict(StrEnum):
-    """What decide/ says of a run (DESIGN.md "Decisions")."""
+    """What decide/ says of a run (docs/design.md "Decisions")."""
 
     UNDECIDED = "undecided"
     STEADY = "steady"

@@ -70,7 +70,7 @@ def _m001_initial(db: sqlite3.Connection) -> None:
             batch TEXT,
             state TEXT NOT NULL DEFAULT 'launching',
             exit_code INTEGER,
-            decision TEXT,                -- JSON (DESIGN.md decision shape)
+            decision TEXT,                -- JSON (docs/design.md decision shape)
             log_offset INTEGER NOT NULL DEFAULT 0
         )"""
     )

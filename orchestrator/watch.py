@@ -301,7 +301,7 @@ class Watcher:
             return bool(self._chains) and all(self._chain_summary(s)["settled"] for s in self._chains.values())
 
     def final_decisions(self) -> list[dict[str, Any]]:
-        """The current decision of each chain, in DESIGN.md's JSON shape (plus reason, evidence, chain)."""
+        """The current decision of each chain, in docs/design.md's JSON shape (plus reason, evidence, chain)."""
         return [{**summary["decision"], "chain": summary["root"]} for summary in self.chains()]
 
     def stop_run(self, name: str, reason: str) -> None:

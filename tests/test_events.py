@@ -11,7 +11,7 @@ from orchestrator import events as ev
 
 AT = "2026-01-01T00:00:00.000Z"
 
-# The JSON contract of `dfo watch --json` event lines (DESIGN.md), key order included: what the dict events wrote.
+# The JSON contract of `dfo watch --json` event lines (docs/design.md), key order included: what the dict events wrote.
 CONTRACT = {
     "attached": ["at", "run", "chain", "target", "variant", "offset", "steps_stored", "owner", "claimed_by"],
     "stopping": ["at", "run", "chain", "reason"],

@@ -1,4 +1,4 @@
-"""The nvidia-smi stand-in reproduces the real tool's formats, error texts and exit codes (DESIGN.md)."""
+"""The nvidia-smi stand-in reproduces the real tool's formats, error texts and exit codes (docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The pct stand-in over real LXC containers: exec, push, pull, status, list, start, stop with the
-real pct's messages and exit codes (DESIGN.md), and container-own PIDs, hostname and nvidia-smi."""
+real pct's messages and exit codes (docs/design.md), and container-own PIDs, hostname and nvidia-smi."""
 
 from __future__ import annotations
 

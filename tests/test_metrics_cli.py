@@ -123,7 +123,7 @@ def test_compare_and_metrics_refuse_bad_names_in_one_line(home):
     assert missing.returncode == 2 and "no run named 'nope'" in missing.stderr and "Traceback" not in missing.stderr
 
 
-REAL_LOG = Path(__file__).resolve().parent / "data" / "real" / "e2p-ps2-trees.log"  # = shared/real-logs/
+REAL_LOG = Path(__file__).resolve().parent / "data" / "real" / "e2p-ps2-trees.log"  # labelled in tests/data/real/README.md
 
 
 def add_real_run(store: Store, name: str, log: Path) -> None:

@@ -163,7 +163,7 @@ def test_a_log_that_ends_while_a_shift_is_being_confirmed_shows_the_level_before
     assert suspected["from_tok_s"] == round(decision["steady_tok_s"], 1) and decision["level_shifts"] == []
 
 
-REAL_LOG = Path(__file__).resolve().parent / "data" / "real" / "e2p-ps2-trees.log"  # = shared/real-logs/
+REAL_LOG = Path(__file__).resolve().parent / "data" / "real" / "e2p-ps2-trees.log"  # labelled in tests/data/real/README.md
 
 
 def test_a_warm_up_cut_moved_after_the_declaration_is_shown_with_the_declaration_as_it_was():

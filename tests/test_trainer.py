@@ -28,7 +28,7 @@ def test_presets_have_the_documented_shapes():
     assert (qwen.target.heads, qwen.target.kv_heads, qwen.target.vocab_size) == (32, 8, 151936)
     assert qwen.drafter.layers == 5 and qwen.run.dtype == "bf16"
     assert qwen.drafter.loss_chunk == 4096  # the head's 2 x 7,680 rows in 4 chunks (issue 16, ~2% of the head)
-    # counted like ../shared/perf-notes.md: ~100 TFLOP a 2048-token sample (34 of 36 target layers run)
+    # counted like docs/design.md, "Throughput facts": ~100 TFLOP a 2048-token sample (34 of 36 target layers run)
     assert 95e12 < flops_per_sample(qwen)["total"] < 101e12
 
 

@@ -48,7 +48,7 @@ for step in range(1, steps + 1):
     time.sleep(every)
 """
 
-# crash-signatures.md's cudagraph_tls, as a threaded trainer prints it when one drafter thread dies; the
+# The cudagraph_tls crash (docs/design.md, "Crash signatures"), as a threaded trainer prints it when one drafter thread dies; the
 # process then stays alive (the other threads go on, the GPU of the dead one idles).
 CUDAGRAPH_TLS_CRASH = """\
 import sys, time

@@ -5,7 +5,7 @@ module (kept for checkpoints and optimizers), the exact settings made (logged in
 hooks a worker must call: `thread_init` once at the start of each worker thread, `step_begin` before each
 step. This module knows nothing about threads, queues or devices beyond those hooks.
 
-Strategies (see ../shared/crash-signatures.md for how they fail under worker threads):
+Strategies (see docs/design.md, "Crash signatures" for how they fail under worker threads):
     eager      no compilation
     nographs   torch.compile(dynamic=False, options={"triton.cudagraphs": False})
     notrees    torch.compile(mode="reduce-overhead") with inductor triton.cudagraph_trees = False

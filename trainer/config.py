@@ -311,7 +311,7 @@ def _qwen3_8b_shape() -> Config:
         # (bench/gpu_probe.py --part head-variants)
         drafter=DrafterConfig(layers=5, taps=5, anchors=512, compile_scope="layers", loss_chunk=4096),
         # two samples a step: the optimizer step (~12 ms on 1.05 B fp32 parameters) and, across GPUs, the
-        # gradient all_reduce are paid once per two samples (docs/benchmarks.md: 1 -> 2 GPUs 1.86x -> 1.93x)
+        # gradient all_reduce are paid once per two samples (docs/benchmarks-archive.md: 1 -> 2 GPUs 1.86x -> 1.93x)
         data=DataConfig(seq_len=2048, batch=2, markov_tokens=LEARNABLE_CHAIN),
         optim=OptimConfig(lr=6e-4, warmup_steps=50),
         run=RunConfig(dtype="bf16", targets="cuda:0", drafters="cuda:0", log_every=5, warmup_log_steps=5),

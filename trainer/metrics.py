@@ -1,4 +1,4 @@
-"""Metric lines and sinks: logfmt lines on stdout (the contract in docs/ and DESIGN.md) and W&B.
+"""Metric lines and sinks: logfmt lines on stdout (the contract in docs/design.md) and W&B.
 
 `MetricLog.emit(event, **fields)` writes one line `ts=<RFC 3339 UTC> event=<event> key=value ...`, flushed
 at once, serialised across threads. Values with spaces, quotes or `=` are double-quoted. W&B is imported

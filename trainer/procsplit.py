@@ -1,7 +1,7 @@
 """The procsplit topology: each drafter replica in its own process, target producers in their own processes.
 
 Why: CUDA graphs (CUDAGraph Trees and the non-tree path) break when the capturing code runs in a plain
-worker thread (../shared/crash-signatures.md); here every drafter trains in its process's MAIN thread.
+worker thread (docs/design.md, "Crash signatures"); here every drafter trains in its process's MAIN thread.
 
     supervisor (python -m trainer)        spawns, watches, forwards SIGTERM, ends the run
       +-- target<i>  process              frozen target on its device; batches -> torch.multiprocessing

@@ -45,7 +45,7 @@ GIB = 2**30  # memory is compared in GiB: nvidia-smi's MiB / 1024, the trainer's
 
 @dataclass
 class Decision:
-    """DESIGN.md's decision JSON plus `reason`, `evidence`, `next_variant`, `ended` and `exit_code`.
+    """docs/design.md's decision JSON plus `reason`, `evidence`, `next_variant`, `ended` and `exit_code`.
 
     `next_run` stays None here: the caller names the next run after `next_variant`. `ended` says how the
     run ended (exited | stopped | crashed, None while it runs) beside the verdict it holds: a run steady at

@@ -16,7 +16,7 @@ FAILED = ("crash", "stall", "too_slow")
 
 @dataclass(frozen=True)
 class NodeOutcome:
-    """One node's decision as the registry holds it (the DESIGN.md decision shape, fields that matter here)."""
+    """One node's decision as the registry holds it (the docs/design.md decision shape, fields that matter here)."""
 
     rank: int
     target: str

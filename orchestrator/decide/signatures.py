@@ -1,4 +1,4 @@
-"""The crash catalogue (crash-signatures.md) as data, and a matcher over a run's free-text lines.
+"""The crash catalogue (docs/design.md, "Crash signatures") as data, and a matcher over a run's free-text lines.
 
 A Signature is {id, pattern, meaning, next, fatal, scope}: `scope="line"` patterns are searched in each
 line; `scope="traceback"` patterns are searched in the text of one whole traceback (from `Traceback (most

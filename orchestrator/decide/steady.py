@@ -547,7 +547,7 @@ class SteadyDetector:
         lo, hi = stats["trend_rel_interval"]
         level: Level = stats["level"]
         # "no trend beyond p over trend_horizon_steps" is judged on a window that long, never projected from a
-        # shorter one: a flat stretch inside a slow leak looks level (docs/benchmarks.md, Round 4, V4); unless
+        # shorter one: a flat stretch inside a slow leak looks level (docs/benchmarks-archive.md, Round 4, V4); unless
         # the projected interval is itself at most p wide (a run that steps slowly with little noise: two-sample
         # qwen3-8b-shape steps ~2.8 times a second, 150 steps are ~55 s after its warm-up; the leak V4 stopped
         # had a wide interval)

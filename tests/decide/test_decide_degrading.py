@@ -70,7 +70,7 @@ def test_a_leak_starting_after_the_declaration_re_opens_the_verdict_and_says_how
 @pytest.mark.parametrize("seed", [1005, 1011, 1012, 1022, 1027])
 def test_fast_leaks_declared_steady_early_do_not_stay_steady(seed):
     """tracegen's fast_leak (a step every 0.02-0.05 s, -0.05..-0.2% a second under 5-12% noise) is declared steady
-    on a 30-40-s window where the leak moves the level 1-4% (a known gap, docs/benchmarks.md Round 5). These five
+    on a 30-40-s window where the leak moves the level 1-4% (a known gap, docs/benchmarks-archive.md Round 5). These five
     seeds (150-250 s of steps) stayed `steady` to their end (18 of 30 on seeds 1000-1029 did); now the decline
     re-opens them and they end as labelled: undecided (max_undecided_s not reached)."""
     trace = make_trace("fast_leak", seed)

@@ -86,7 +86,7 @@ def test_a_log_ending_with_the_trainers_checkpointed_stop_stays_steady_and_says_
 @pytest.mark.parametrize("name", ["e2e2-thr-nographs", "e2p2-ps-trees"])
 def test_the_e2e_logs_undecided_at_5_percent_are_steady_at_the_label_at_10_percent(name):
     """What a user gets from `watch: {precision: 0.10}` on the two logs the default precision left undecided
-    while their chains ran (docs/benchmarks.md, the e2e timeline of 2026-12-01). e2e2-thr-nographs is first declared at ~31 s at its
+    while their chains ran (docs/benchmarks-archive.md, the e2e timeline of 2026-12-01). e2e2-thr-nographs is first declared at ~31 s at its
     level before the shift (43.6k), then re-declared at the level after it (the next test). Noisy as labelled:
     e2p2's regimes are; e2e2's level is not (its last 4 s at ~27k, "too short to call a new level", are a
     shift suspected at the log's end, not part of the level's noise)."""

@@ -6,7 +6,7 @@ Throughput is level x warm-up shape x (1 + AR(1) noise); shapes: exponential, ra
 plateau of a few dozen steps before the real level (above or below it), periodic eval/checkpoint dips
 (marked by phase, or unmarked single-step dips), slow runs against a baseline, never-settling drift, and
 launch-bound runs whose steady state is 8-15% noise from one step to the next (steady, flagged noisy).
-Failures use the real texts of crash-signatures.md in multi-line tracebacks.
+Failures use the real texts of docs/design.md ("Crash signatures") in multi-line tracebacks.
 Tests and the bench import this file; it does no I/O.
 """
 
@@ -503,7 +503,7 @@ KINDS = {
     **{f"crash_{sig}": kind_crash(sig) for sig in CRASH_TEXTS},
 }
 # Kinds today's rule gets wrong, labelled honestly and kept out of suite() (whose tests hold the rule to every
-# label): bench/decide_traces.py scores them in a table of their own (docs/benchmarks.md, Round 5).
+# label): bench/decide_traces.py scores them in a table of their own (docs/benchmarks-archive.md, Round 5).
 GAP_KINDS = {
     "fast_leak": kind_fast_leak,
 }

@@ -1,4 +1,4 @@
-"""Real, privileged LXC containers for tests, built the way DESIGN.md records: no template, a hand-made
+"""Real, privileged LXC containers for tests, built the way docs/design.md records: no template, a hand-made
 rootfs, busybox init, the host's /usr (and /etc/alternatives) bound read-only, no network. The `pct` stand-in (bin/pct) drives them
 exactly as Proxmox's pct drives its containers (`lxc-attach -n VMID --keep-env`).
 
