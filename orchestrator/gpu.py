@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .agent.protocol import read_number
 from .errors import CommandTimeout, RemoteError
 from .remote.base import Target
 
@@ -117,9 +118,26 @@ def parse_value(text: str) -> Optional[str]:
     return None if text in MISSING_VALUES else text
 
 
+MAX_VALUE = 2**40  # MiB, %, PIDs, indices: no real figure comes near
+
+
 def parse_int(text: str) -> Optional[int]:
+    """A figure of nvidia-smi's csv (through read_number: ASCII digits, finite, 0..MAX_VALUE); None when it says
+    [N/A]; ValueError for anything else (`inf`, `1e999`, garbage), which the parsers report as unparsable."""
     value = parse_value(text)
-    return None if value is None else int(float(value))
+    if value is None:
+        return None
+    number = read_number(value, 0, MAX_VALUE)
+    if number is None:
+        raise ValueError(f"{value[:40]!r} is not a number in 0..{MAX_VALUE}")
+    return int(number)
+
+
+def _index(text: str) -> int:
+    index = parse_int(text)
+    if index is None:
+        raise ValueError(f"{text[:40]!r} is not a GPU index")
+    return index
 
 
 def split_rows(output: str, width: int, *, where: str | None = None) -> list[list[str]]:
@@ -139,7 +157,7 @@ def parse_gpus(output: str, *, where: str | None = None) -> list[Gpu]:
     """Parse `index, name, memory.used, memory.total, utilization.gpu` rows."""
     try:
         return [
-            Gpu(int(index), name, parse_int(used), parse_int(total), parse_int(util))
+            Gpu(_index(index), name, parse_int(used), parse_int(total), parse_int(util))
             for index, name, used, total, util in split_rows(output, len(QUERY_FIELDS), where=where)
         ]
     except ValueError as exc:

@@ -20,10 +20,12 @@ the time the watcher received it, passed in by the caller.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from .agent.protocol import read_number
 from .errors import UsageError
 
 PAIR_RE = re.compile(r'([A-Za-z_][\w.\-/]*)=("(?:[^"\\]|\\.)*"|[^\s"]*)')
@@ -36,6 +38,7 @@ MIN_TS = 0.0
 MAX_TS = 253402300799.0  # 9999-12-31T23:59:59Z, the last second datetime can show
 MAX_STEP = 2**63 - 1  # SQLite's INTEGER
 MAX_TOK_S = 1e12  # a trillion tokens per second: beyond any machine, so a garbled figure
+EVENT_COUNTS = ("steps",)  # numeric fields of other events (start's steps=): checked as a step is
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,11 @@ class EventRecord:
     ts: float
     event: str
     fields: dict[str, str]
+
+    def count(self, name: str) -> int | None:
+        """One of EVENT_COUNTS (start's `steps`) as an int; None when the line has none (parse_logfmt made a
+        line whose count is out of range a MalformedLine)."""
+        return read_number(self.fields.get(name), 0, MAX_STEP, integer=True)
 
 
 @dataclass(frozen=True)
@@ -104,11 +112,10 @@ def parse_ts(value: str) -> float | None:
     """RFC 3339 / ISO 8601 (naive means UTC) or epoch seconds -> epoch seconds; None if unreadable or outside
     1970..9999."""
     value = value.strip()
-    if not value:
+    if not value or not value.isascii():
         return None
-    try:
-        number = float(value)
-    except ValueError:
+    number = read_number(value, MIN_TS, MAX_TS)
+    if number is None:
         try:
             moment = datetime.fromisoformat(value.replace(",", "."))
             if moment.tzinfo is None:
@@ -116,7 +123,7 @@ def parse_ts(value: str) -> float | None:
             number = moment.timestamp()
         except (ValueError, OverflowError):
             return None
-    return number if ts_problem(number) is None else None
+    return number if number is not None and ts_problem(number) is None else None
 
 
 def format_ts(epoch: float | None) -> str | None:
@@ -137,23 +144,17 @@ def logfmt_pairs(text: str) -> dict[str, str]:
     return pairs
 
 
+NONFINITE = frozenset({"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
+
+
 def _float(value: str | None) -> float | None:
+    """An optional figure (loss, acc, ...): a finite number through read_number, or NaN/Infinity written as such
+    (a NaN loss is something the judge must see); None when absent or unreadable."""
     if value is None:
         return None
-    try:
-        return float(value)  # "nan" and "inf" stay: a NaN loss is something the judge must see
-    except ValueError:
-        return None
-
-
-def _int(value: str | None) -> int | None:
-    if value is None or len(value) > 40:  # int() of a huge digit string is slow, and out of range anyway
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        number = _float(value)
-        return int(number) if number is not None and number.is_integer() else None
+    if value.strip().lower() in NONFINITE:
+        return float(value)
+    return read_number(value, -math.inf, math.inf)
 
 
 def step_from_fields(fields: dict[str, str], received_ts: float | None) -> StepRecord | str | None:
@@ -161,7 +162,7 @@ def step_from_fields(fields: dict[str, str], received_ts: float | None) -> StepR
     when one of them is there but unreadable or out of range."""
     if fields.get("step") is None or fields.get("tok_s") is None:
         return None
-    step, tok_s = _int(fields["step"]), _float(fields["tok_s"])
+    step, tok_s = read_number(fields["step"], 0, MAX_STEP, integer=True), read_number(fields["tok_s"], 0, MAX_TOK_S)
     if fields.get("ts"):
         ts = parse_ts(fields["ts"])
         if ts is None:
@@ -205,6 +206,9 @@ def parse_logfmt(text: str, received_ts: float | None = None) -> Record:
         ts = received_ts
     if ts is None:
         return TextLine(received_ts, line)
+    for name in EVENT_COUNTS:
+        if name in fields and EventRecord(ts, event, fields).count(name) is None:
+            return MalformedLine(received_ts, line, f"{name}={fields[name][:40]} is not an integer in 0..{MAX_STEP}")
     return EventRecord(ts=ts, event=event, fields=fields)
 
 

@@ -21,12 +21,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from orchestrator.agent.protocol import FrameDecoder, ProtocolError, Record
+from orchestrator.agent.protocol import MAX_OFFSET, FrameDecoder, ProtocolError, Record, gpu_sample, read_number
+from orchestrator.logfmt import MAX_TS
 from orchestrator.errors import CommandTimeout, DfoError
 from orchestrator.remote.base import Stream, Target
 
 MAX_PARTIAL_LINE = 1024 * 1024  # a "line" with no newline after this many bytes is reported as it is
 READ_SLICE_S = 0.5  # how long one read waits, so close() and heartbeat checks are prompt
+
+GPU_KEYS = ("index", "mem_used_mib", "mem_total_mib", "util_pct")
+EXIT_CODES = (-(2**31), 2**31 - 1)
 
 KINDS = ("connected", "lines", "truncated", "proc", "gpu", "gpu_error", "disconnected", "gap", "error")
 
@@ -206,14 +210,14 @@ class ObserverBase:
         try:
             with self.lock:
                 handler(record.header, record.payload)
-        except (KeyError, TypeError, ValueError) as exc:  # a malformed record must not end the watch
-            self._emit("error", data={"text": f"unreadable {record.type} record {record.header!r}: {exc!r}"})
+        except (KeyError, TypeError, ValueError, ArithmeticError) as exc:  # a malformed record must not end the watch
+            self._emit("error", data={"text": f"unreadable {record.type} record {str(record.header)[:300]}: {exc!r}"})
 
     def _on_hello(self, header: dict, payload: bytes | None) -> None:
         if self.connected:
             return
         self.connected = True
-        self._emit("connected", data={k: v for k, v in header.items() if k != "t"})
+        self._emit("connected", data={**{k: v for k, v in header.items() if k != "t"}, "ts": _ts(header)})
         if self.lost_at is not None:
             self._emit("gap", data={"duration_s": round(self.last_news - self.lost_at, 3)})
             self.lost_at = None
@@ -222,7 +226,10 @@ class ObserverBase:
         tracker = self.runs.get(header.get("run"))
         if tracker is None:
             return  # unfollowed while the record was on its way
-        lines, complaint = tracker.take(int(header["off"]), payload or b"")
+        off = read_number(header.get("off"), 0, MAX_OFFSET, integer=True)
+        if off is None:
+            raise ValueError(f"off={str(header.get('off'))[:40]} is not an offset")
+        lines, complaint = tracker.take(off, payload or b"")
         if isinstance(header.get("ident"), dict):
             tracker.ident = header["ident"]
         if complaint:
@@ -235,21 +242,23 @@ class ObserverBase:
         tracker = self.runs.get(header.get("run"))
         if tracker is not None:
             tracker.restart()
-            self._emit("truncated", tracker.spec.run, data={"size": header.get("size"), "why": header.get("why"),
-                                                            "was": header.get("was")})
+            self._emit("truncated", tracker.spec.run, data={"size": _offset(header, "size"), "why": header.get("why"),
+                                                            "was": _offset(header, "was")})
 
     def _on_proc(self, header: dict, payload: bytes | None) -> None:
         tracker = self.runs.get(header.get("run"))
-        alive, exit_code = bool(header.get("alive")), header.get("exit_code")
+        alive, exit_code = bool(header.get("alive")), read_number(header.get("exit_code"), *EXIT_CODES, integer=True)
         if tracker is not None and tracker.proc_changed(alive, exit_code):
             self._emit("proc", tracker.spec.run, data={"alive": alive, "exit_code": exit_code})
 
     def _on_gpu(self, header: dict, payload: bytes | None) -> None:
         self.gpu_error = None
-        self._emit("gpu", data={"ts": header.get("ts"), "gpus": header.get("gpus") or []})
+        gpus = header.get("gpus") if isinstance(header.get("gpus"), list) else []
+        samples = [gpu_sample([gpu.get(key) for key in GPU_KEYS]) for gpu in gpus if isinstance(gpu, dict)]
+        self._emit("gpu", data={"ts": _ts(header), "gpus": [gpu for gpu in samples if gpu is not None]})
 
     def _on_gpu_error(self, header: dict, payload: bytes | None) -> None:
-        error = {"text": header.get("text"), "code": header.get("code")}
+        error = {"text": header.get("text"), "code": read_number(header.get("code"), *EXIT_CODES, integer=True)}
         if error != self.gpu_error:  # poll mode repeats it every round trip; say it once
             self.gpu_error = error
             self._emit("gpu_error", data=error)
@@ -372,6 +381,15 @@ class PollObserver(ObserverBase):
                     self._handle(record)
         if decoder.pending:
             raise ProtocolError(f"agent --once ended inside a record ({decoder.pending} bytes left over)")
+
+
+def _ts(header: dict) -> float | None:
+    """A record's `ts`, through the one numeric check (None unless a time in 1970..9999)."""
+    return read_number(header.get("ts"), 0, MAX_TS)
+
+
+def _offset(header: dict, key: str) -> int | None:
+    return read_number(header.get(key), 0, MAX_OFFSET, integer=True)
 
 
 def encode_command(command: dict) -> bytes:

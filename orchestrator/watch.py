@@ -623,8 +623,8 @@ class Watcher:
                 self._emit(watched, ev.Malformed, reason=record.reason, count=watched.malformed)
         else:
             watched.lines.append(line[:300])
-            if isinstance(record, EventRecord) and record.event == "start" and record.fields.get("steps", "").isdigit():
-                watched.steps_total = int(record.fields["steps"])
+            if isinstance(record, EventRecord) and record.event == "start" and record.count("steps") is not None:
+                watched.steps_total = record.count("steps")
             if isinstance(record, EventRecord) and record.event == "wandb":  # where its W&B record is: kept
                 self._emit(watched, ev.Wandb, **{k: record.fields[k] for k in ("mode", "url", "dir") if k in record.fields})
         watched.judge.observe(observation_from_record(record, received))

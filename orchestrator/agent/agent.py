@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -45,6 +47,36 @@ GPU_SAMPLER = ["nvidia-smi", "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,
 GPU_ONCE = ["nvidia-smi", "--query-gpu=" + GPU_QUERY, "--format=csv,noheader,nounits"]
 
 
+NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+MAX_NUMBER_CHARS = 100  # no meaningful figure is longer; int() of thousands of digits is slow or refused
+
+
+def read_number(value, low: float, high: float, integer: bool = False):
+    """The one numeric check for figures from outside dfo: a log line's fields (step, tok_s, ts, steps=),
+    nvidia-smi's values, the agent protocol's numbers. `value` is text (ASCII digits only: no `²`, no other
+    script's digits, no `_`; at most MAX_NUMBER_CHARS) or a JSON number; the result is finite, within
+    low..high, and an int when `integer` (a float with no fraction counts). None for anything else: the
+    caller counts the line as malformed, or the figure as unknown. Never raises."""
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > MAX_NUMBER_CHARS or not NUMBER_RE.fullmatch(text):
+            return None
+        number = int(text) if integer and text.lstrip("+-").isdigit() else float(text)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = value
+    else:
+        return None
+    if isinstance(number, float):
+        if not math.isfinite(number) or (integer and not number.is_integer()):
+            return None
+        number = int(number) if integer else number
+    elif not integer:
+        if abs(number) > 2**1023:  # beyond any float: float() would raise
+            return None
+        number = float(number)
+    return number if low <= number <= high else None
+
+
 def encode_record(header: dict, payload: bytes | None = None) -> bytes:
     """One record: a JSON header line, then exactly header["len"] raw bytes when there is a payload."""
     if payload is not None:
@@ -56,8 +88,18 @@ def encode_record(header: dict, payload: bytes | None = None) -> bytes:
 # ---------------------------------------------------------------- process identity
 
 
-def optional_int(value) -> int | None:
-    return None if value is None else int(value)
+MAX_PID = 2**22  # Linux's pid_max ceiling
+MAX_OFFSET = 2**63 - 1  # a file offset (off_t)
+
+
+def optional_int(value, high: int) -> int | None:
+    """A command's optional integer field (pid, starttime): None when absent, ValueError when not 0..high."""
+    if value is None:
+        return None
+    number = read_number(value, 0, high, integer=True)
+    if number is None:
+        raise ValueError("expected an integer in 0..%d, got %.40r" % (high, value))
+    return number
 
 
 def read_proc_stat(pid: int) -> tuple[str, int] | None:
@@ -90,10 +132,7 @@ def read_exit_code(path: str | None) -> int | None:
             text = f.read().strip()
     except OSError:
         return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
+    return read_number(text.decode("ascii", "replace"), -(2**31), 2**31 - 1, integer=True)
 
 
 # ---------------------------------------------------------------- following one run
@@ -132,9 +171,9 @@ class Follow:
         self.run = str(cmd["run"])
         self.log = str(cmd["log"])
         self.exit = cmd.get("exit")
-        self.pid = optional_int(cmd.get("pid"))
-        self.starttime = optional_int(cmd.get("starttime"))
-        self.offset = int(cmd.get("offset") or 0)
+        self.pid = optional_int(cmd.get("pid"), MAX_PID)
+        self.starttime = optional_int(cmd.get("starttime"), MAX_OFFSET)
+        self.offset = optional_int(cmd.get("offset"), MAX_OFFSET) or 0
         ident = cmd.get("ident")
         self.ident: dict | None = ident if isinstance(ident, dict) else None  # of the file read up to offset
         self.fd: int | None = None  # that file, open
@@ -241,23 +280,24 @@ class Follow:
 # ---------------------------------------------------------------- GPU sampling
 
 
-def parse_gpu_value(text: str) -> int | None:
-    """A number from nvidia-smi's csv, None for [N/A] / [Not Supported] / anything else unreadable."""
-    try:
-        return int(float(text.strip()))
-    except ValueError:
+GPU_RANGES = {"index": 1023, "mem_used_mib": 2**40, "mem_total_mib": 2**40, "util_pct": 100}  # 0..this
+
+
+def gpu_sample(values) -> dict | None:
+    """{index, mem_used_mib, mem_total_mib, util_pct} from four raw values (nvidia-smi's text or the agent's
+    JSON numbers), each through read_number: a value out of range or unreadable ([N/A], `inf`, garbage) is
+    None (unknown); None for the whole sample when its index is, or when there are not four values."""
+    if len(values) != len(GPU_RANGES):
         return None
+    gpu = {key: read_number(value, 0, high) for (key, high), value in zip(GPU_RANGES.items(), values)}
+    if gpu["index"] is None or not gpu["index"].is_integer():
+        return None
+    return {key: None if value is None else int(value) for key, value in gpu.items()}
 
 
 def parse_gpu_line(line: str) -> dict | None:
     """`0, 1024, 143771, 37` -> {index, mem_used_mib, mem_total_mib, util_pct}; None if not such a line."""
-    parts = line.split(",")
-    if len(parts) != 4:
-        return None
-    values = [parse_gpu_value(p) for p in parts]
-    if values[0] is None:
-        return None
-    return {"index": values[0], "mem_used_mib": values[1], "mem_total_mib": values[2], "util_pct": values[3]}
+    return gpu_sample(line.split(","))
 
 
 def gpu_record(gpus: list) -> bytes:
@@ -330,7 +370,7 @@ class GpuSampler:
             return []
         gpu = parse_gpu_line(line)
         if gpu is None:
-            self.junk.append(line.strip())
+            self.junk = self.junk[-4:] + [line.strip()[:200]]  # what it said last, for the gpu_error
             return []
         records = []
         if self.group and gpu["index"] <= self.group[-1]["index"]:

@@ -3,7 +3,8 @@
 One record is a header line of JSON ending in `\\n`, then exactly `len` raw payload bytes when the header
 has `"len"`. Record types (`"t"`) are listed in RECORD_TYPES; docs/architecture.md ("Agent protocol") is
 the contract. The encoder is defined in agent.py, because the agent ships into containers as one file, and
-re-exported here so that dfo imports framing from one place.
+re-exported here so that dfo imports framing from one place; so are the one numeric check of outside figures
+(`read_number`) and the GPU sample's (`gpu_sample`), which the log parser and nvidia-smi's parser share.
 
 This module is stdlib only, does no I/O and keeps no clock: it turns bytes into records and back.
 """
@@ -13,10 +14,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from orchestrator.agent.agent import AGENT_VERSION, MAX_LOG_CHUNK, encode_record
+from orchestrator.agent.agent import AGENT_VERSION, MAX_LOG_CHUNK, MAX_OFFSET, encode_record, gpu_sample, read_number
 
 __all__ = [
-    "AGENT_VERSION", "MAX_LOG_CHUNK", "RECORD_TYPES", "FrameDecoder", "ProtocolError", "Record", "encode_record",
+    "AGENT_VERSION", "MAX_LOG_CHUNK", "MAX_OFFSET", "RECORD_TYPES", "FrameDecoder", "ProtocolError", "Record",
+    "encode_record", "gpu_sample", "read_number",
 ]
 
 RECORD_TYPES = frozenset({"hello", "log", "truncated", "gpu", "gpu_error", "proc", "hb", "error"})

@@ -1,0 +1,154 @@
+"""Hostile input, round 3 (issue 29): a tenant of a container, or an unlucky operator, cannot blind dfo with
+one number, one odd file at a log's path, one bad registry row or one YAML file. Each test is one attack."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from harness import STANDIN_BIN
+from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
+from orchestrator import gpu
+from orchestrator.cli import app
+from orchestrator.logfmt import EventRecord, MalformedLine, StepRecord, parse_logfmt
+from orchestrator.observe import Observer
+from orchestrator.remote.local import LocalTarget
+from orchestrator.view import render
+
+from test_agent import NO_NVIDIA_PATH, of_type, start_agent  # noqa: F401  (the agent process fixture)
+from test_hostile import assert_no_raw_controls, local_inventory, watch_script
+from test_observe import Collected, observe  # noqa: F401  (the observer fixture)
+from test_watch import lab, run_until  # noqa: F401  (the local lab fixture)
+
+T0 = "2026-11-29T11:40:00Z"
+DIGITS_5000 = "9" * 5000
+DIGITS_400 = "9" * 400
+
+
+# ------------------------------------------------------------------ one numeric check for every parsed figure
+
+
+@pytest.mark.parametrize("line, why", [
+    ("event=start steps=\u00b2", "steps="),  # isdigit() is True for a superscript two; int() refuses it
+    (f"event=start steps={DIGITS_5000}", "steps="),  # int() refuses 5,000 digits (and is slow on 4,000)
+    (f"event=start steps={DIGITS_400}", "steps="),  # a 400-digit total overflowed the live view's ETA
+    (f"ts={T0} event=step step=\u0661\u0662 tok_s=5", "step="),  # Arabic-Indic digits: int() takes them as 12
+    (f"ts={T0} event=step step=1_000 tok_s=5", "step="),  # int() takes 1_000 as 1000
+    (f"ts={T0} event=step step=5 tok_s=\u0661\u0660\u0660", "tok_s="),
+    ("ts=\uff11\uff17\uff10\uff10\uff10\uff10\uff10\uff10\uff10\uff10 event=step step=1 tok_s=5", "ts="),  # fullwidth
+    (f"ts={T0} event=step step={DIGITS_5000} tok_s=5", "step="),
+    (f"ts={T0} event=step step=5 tok_s={DIGITS_5000}", "tok_s="),
+])
+def test_a_number_that_is_not_ascii_digits_finite_and_in_range_makes_the_line_malformed(line, why):
+    record = parse_logfmt(line, 1.0)
+    assert isinstance(record, MalformedLine) and record.reason.startswith(why), record
+    assert len(record.reason) < 120  # the reason names the field, not its 5,000 digits
+
+
+def test_a_good_start_line_still_gives_its_step_count_and_a_nan_loss_stays():
+    record = parse_logfmt("event=start steps=3000 run=r1", 1.0)
+    assert isinstance(record, EventRecord) and record.count("steps") == 3000
+    step = parse_logfmt(f"ts={T0} event=step step=7 tok_s=1.5e5 loss=nan", None)
+    assert isinstance(step, StepRecord) and step.step == 7 and step.tok_s == 150000.0 and step.loss != step.loss
+
+
+def test_a_start_line_with_a_hostile_step_count_is_counted_and_the_watch_and_its_eta_go_on(lab):
+    """`steps=²` and 5,000 digits killed the watch (at the same offset on every restart); 400 digits killed the
+    live view's ETA."""
+    watcher, watched = watch_script(lab, "n1",
+        "import time\nfrom datetime import datetime, timezone\n"
+        "def now(): return datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%S.%f')[:-3] + 'Z'\n"
+        "print('event=start steps=100', flush=True)\n"
+        "print('event=start steps=\\u00b2', flush=True)\n"
+        f"print('event=start steps={DIGITS_5000}', flush=True)\n"
+        f"print('event=start steps={DIGITS_400}', flush=True)\n"
+        "for step in range(1, 31):\n"
+        "    print(f'ts={now()} event=step step={step} tok_s=1000.0', flush=True)\n"
+        "    time.sleep(0.02)\n"
+        "time.sleep(600)\n")
+    run_until(watcher, lambda w: len(lab.store.samples("n1")) >= 30)
+    assert watched.malformed == 3 and watched.steps_total == 100
+    out = io.StringIO()
+    Console(file=out, width=250).print(render(watcher))
+    assert "step 30 of 100" in out.getvalue() and "3 malformed metric line(s) ignored" in out.getvalue()
+
+
+# ------------------------------------------------------------------ nvidia-smi's figures
+
+
+@pytest.mark.parametrize("value", ["inf", "1e999", "nan", "\u00b2", "-5"])
+def test_a_hostile_nvidia_smi_figure_is_an_unparsable_error_not_an_overflow(value):
+    with pytest.raises(gpu.NvidiaSmiError) as info:
+        gpu.parse_gpus(f"0, NVIDIA H200, {value}, 143771, 5\n", where="ct200")
+    assert info.value.kind == "unparsable" and "nvidia-smi" in str(info.value)
+
+
+def test_preflight_names_a_hostile_nvidia_smi_figure_and_never_says_overflow(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{STANDIN_BIN}:{os.environ['PATH']}")
+    monkeypatch.setenv(STATE_ENV, str(tmp_path / "smi.json"))
+    NvidiaSmiState(tmp_path / "smi.json", gpus=[Gpu(0, memory_used_mib="inf")])
+    inventory = local_inventory(tmp_path, str(tmp_path / "ws"))
+    result = CliRunner().invoke(app, ["preflight", "--host", "here", "-i", str(inventory)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "OverflowError" not in result.output and "unexpected nvidia-smi value" in result.output
+
+
+def test_the_agent_survives_nvidia_smi_printing_inf_and_garbage_and_goes_on_sampling(start_agent, tmp_path):  # noqa: F811
+    state = NvidiaSmiState(tmp_path / "smi.json", [Gpu(0, memory_used_mib="inf", utilization_pct="\u00b2"),
+                                                   Gpu(1, memory_total_mib=DIGITS_400, utilization_pct="garbage")])
+    agent = start_agent({"PATH": f"{STANDIN_BIN}:{NO_NVIDIA_PATH}", **state.env()})
+    records = agent.read_until(lambda rs: len(of_type(rs, "gpu")) >= 3, timeout=8)
+    assert of_type(records, "gpu")[-1].header["gpus"] == [
+        {"index": 0, "mem_used_mib": None, "mem_total_mib": 143771, "util_pct": None},
+        {"index": 1, "mem_used_mib": 0, "mem_total_mib": None, "util_pct": None}]
+    assert agent.proc.poll() is None
+
+
+def test_a_follow_command_with_a_hostile_number_gets_an_error_record_and_the_agent_keeps_going(start_agent, tmp_path):  # noqa: F811
+    log = tmp_path / "r.log"
+    log.write_text("one\n")
+    agent = start_agent()
+    for field, value in (("offset", "1e400"), ("pid", DIGITS_400), ("starttime", "\u00b2"), ("offset", -5)):
+        agent.proc.stdin.write(f'{{"cmd": "follow", "run": "bad", "log": "{log}", "{field}": {json.dumps(value)}}}\n'
+                               .replace('"1e400"', "1e400").encode())
+    agent.proc.stdin.flush()
+    agent.follow("good", log)
+    records = agent.read_until(lambda rs: len(of_type(rs, "error")) == 4 and of_type(rs, "log", "good"))
+    assert all("expected an integer" in r.header["text"] for r in of_type(records, "error"))
+    assert agent.proc.poll() is None
+
+
+def test_an_agent_sending_hostile_numbers_gets_error_observations_and_the_observer_goes_on(observe, tmp_path):  # noqa: F811
+    """A tenant can replace dfo_agent.py: records with `off` 1e400, a 400-digit exit code or `inf` GPU figures
+    are errors or unknowns, never a dead observer thread."""
+    fake = tmp_path / "fake_agent.py"
+    fake.write_text(
+        "import sys, time\n"
+        "w = sys.stdout.buffer.write\n"
+        "w(b'{\"t\":\"hello\",\"version\":1,\"ts\":1e400}\\n')\n"
+        "w(b'{\"t\":\"log\",\"run\":\"r1\",\"off\":1e400,\"len\":2}\\nx\\n')\n"
+        f"w(b'{{\"t\":\"proc\",\"run\":\"r1\",\"alive\":false,\"exit_code\":{DIGITS_400}}}\\n')\n"
+        "w(b'{\"t\":\"gpu\",\"ts\":1.0,\"gpus\":[{\"index\":0,\"mem_used_mib\":1e400,\"util_pct\":\"inf\"},7]}\\n')\n"
+        "w(b'{\"t\":\"log\",\"run\":\"r1\",\"off\":0,\"len\":5}\\ngood\\n')\n"
+        "sys.stdout.flush()\n"
+        "while True:\n"
+        "    w(b'{\"t\":\"hb\",\"ts\":1.0}\\n'); sys.stdout.flush(); time.sleep(0.2)\n")
+    observer = Observer(LocalTarget("here"), [sys.executable, str(fake)])
+    observer.follow("r1", str(tmp_path / "r1.log"))
+    seen = observe(observer)
+    seen.until(lambda c: c.lines("r1") == ["good"])
+    [connected] = seen.kinds("connected")
+    [proc] = seen.kinds("proc")
+    [sample] = seen.kinds("gpu")
+    assert connected.data["ts"] is None and proc.data["exit_code"] is None
+    assert sample.data["gpus"] == [{"index": 0, "mem_used_mib": None, "mem_total_mib": None, "util_pct": None}]
+    assert any("off=inf is not an offset" in o.data["text"] for o in seen.kinds("error"))
+    assert observer.thread.is_alive()
