@@ -4,12 +4,14 @@ Each line's timestamp (or, for lines without one, the last timestamp seen) is th
 lines the watcher's ticks are re-created every `tick_s` seconds, so a stall is declared when the watcher
 would have declared it. The result is the verdict held at the log's end; a crash or too-slow anywhere
 overrides an earlier steady, and `at_step` is the step at which the held verdict was first reached.
-Pure: takes lines, returns a Decision; reading the file is the CLI's job.
+`replay_timeline` gives every change of verdict on the way there (what a watcher would have acted on, and
+when), the final verdict last.
+Pure: takes lines, returns Decisions; reading the file is the CLI's job.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from ..logfmt import make_parser
 from .config import DecideConfig
@@ -43,24 +45,64 @@ def replay(
     end_ts: float | None = None,
     line_interval_s: float | None = None,
     tick_s: float = 1.0,
+    after_each: Callable[[RunJudge], None] | None = None,
 ) -> Decision:
     """Judge a whole log; `exit_code`/`end_ts` add the run's exit status and the clock after its last line.
 
     `line_interval_s` gives a log without any timestamps a clock (each line that many seconds after the
-    previous one); without it such a log cannot pass the minimum-seconds rule and stays undecided."""
+    previous one); without it such a log cannot pass the minimum-seconds rule and stays undecided.
+    `after_each(judge)` is called after each line and each tick past the last line (replay_timeline's hook)."""
     judge = RunJudge(config, baseline, run=run, variant=variant, chain=chain, fallback=fallback, catalogue=catalogue)
+    look = after_each or (lambda _: None)
     clock = None
     for clock, _ in judged_lines(judge, lines, regex=regex, line_interval_s=line_interval_s, tick_s=tick_s):
+        look(judge)
         if judge.settled:
             break  # the watcher acts on it; what follows in the log cannot change the verdict
     if end_ts is not None and clock is not None and end_ts > clock:
         for tick in _ticks_between(clock, end_ts, tick_s):
             judge.observe(tick)
+            look(judge)
         judge.observe(TickObs(end_ts))
         clock = end_ts
     if exit_code is not None:
         judge.observe(ExitObs(clock if clock is not None else 0.0, exit_code))
     return judge.end_of_log()
+
+
+def replay_timeline(lines: Iterable[str], **options) -> list[Decision]:
+    """`replay(lines, **options)`'s verdict and every change of verdict before it, oldest first: each the
+    Decision as it stood when the verdict changed (its `at_step`, `at_ts`, `steady_tok_s` and `interval` are
+    those of that moment). A change is a new verdict, signature, action or ending, or a new steady level
+    declared (a shift re-opened the verdict and the new level was declared); the figure refining under a held
+    declaration is not one. The first entry is the verdict at the log's first line; the last is exactly what
+    `replay` returns, in place of the change before it when that is the same verdict (none is listed twice)."""
+    changes: list[Decision] = []
+    seen: list[tuple] = [()]  # the judge's state when last looked at: a Decision is built only when it moved
+
+    def look(judge: RunJudge) -> None:
+        estimate = judge.steady.estimate
+        held = estimate.steady or estimate.drifting
+        state = (judge.settled, estimate.steady, estimate.drifting, estimate.declared_step if held else None,
+                 judge.last_step is None)
+        if state == seen[0]:
+            return
+        seen[0] = state
+        decision = judge.decision()
+        if not changes or verdict_key(changes[-1]) != verdict_key(decision):
+            changes.append(decision)
+
+    final = replay(lines, **options, after_each=look)
+    if changes and verdict_key(changes[-1]) == verdict_key(final):
+        changes.pop()
+    return [*changes, final]
+
+
+def verdict_key(decision: Decision) -> tuple:
+    """What makes two decisions the same verdict in a timeline: the verdict, signature, action and ending, and
+    the step the steady (or drifting) level held was declared at."""
+    declared = decision.evidence.get("steady_declared_step") if decision.decision in ("steady", "drifting") else None
+    return decision.decision, decision.signature, decision.action, decision.ended, declared
 
 
 def judged_lines(

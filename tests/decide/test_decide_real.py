@@ -1,11 +1,13 @@
 """Real trainer logs (tests/data/real/, labelled from plots before the detector saw them): each gets the
 verdict a person reads, at the level a person reads, soon after its first step."""
 
+import math
 import re
+import statistics
 from pathlib import Path
 
 import pytest
-from reallogs import LEVEL_TOLERANCE, labelled, judge, score
+from reallogs import LEVEL_TOLERANCE, labelled, judge, score, timeline
 
 from orchestrator.decide import DecideConfig, RunJudge, StepObs
 from orchestrator.decide.replay import judged_lines
@@ -45,6 +47,57 @@ def test_each_labelled_real_log_gets_its_verdict_at_its_level(log):
 def steady_rows() -> tuple[list[dict], list[dict]]:
     rows = [score(log, judge(log)) for log in LOGS if log.verdict == "steady"]
     return rows, [row for row in rows if row["verdict_ok"] and row["level_ok"]]
+
+
+# The first verdict (issue 27's goals): what `launch --watch --until-decided`, `stop_when: steady` and `notify`
+# act on. Per steady-labelled log the first steady within 5% of the label and <= 60 s after the first step
+# line, a median <= 30 s. Today's misses are strict xfails (each names what the rule does there, measured at
+# d811f8e): they fail once the rule gets them right, and then leave these lists.
+FIRST_WITHIN_S, FIRST_MEDIAN_S = 60, 30
+FIRST_LEVEL_MISSES = {
+    "small-thr-eager": "declared at the level before the shift at 37 s: 56,567 (+39.7%) at 35.6 s, re-declared "
+                       "at 40,626 at 58.6 s",
+    "e2p2-ps-trees": "declared at 64,080 (+6.8%) at 75.4 s by the precision out of reach, on its ~75-88k regime",
+    "small-ps-eager-1g": "never steady (the 23% drop 16 s before the log's end)",
+}
+FIRST_LATE = {  # seconds from the first step line to the first steady, today
+    "small-ps-trees": 68.4, "qwen-thr-eager-g0": 110.8, "small-thr-nographs-g1": 97.8, "small-ps-notrees-g1": 64.9,
+    "tiny-thr-trees-cpu": 81.4, "tiny-thr-eager-cpu": 122.6, "e2e2-thr-nographs": 92.2, "e2p2-ps-trees": 75.4,
+    "e2e3-thr-nographs": 64.1, "e2p3-ps-trees": 82.5, "small-ps-eager-1g": None,
+}
+STEADY_LOGS = [log for log in LOGS if log.verdict == "steady"]
+
+
+def first_params(misses: dict, why):
+    for log in STEADY_LOGS:
+        marks = [pytest.mark.xfail(strict=True, reason=why(misses[log.name]))] if log.name in misses else []
+        yield pytest.param(log, id=log.name, marks=marks)
+
+
+def first_row(log) -> dict:
+    changes = timeline(log)
+    return score(log, changes[-1], changes)
+
+
+@pytest.mark.parametrize("log", list(first_params(FIRST_LEVEL_MISSES, str)))
+def test_the_first_steady_verdict_is_at_the_labelled_level(log):
+    row = first_row(log)
+    assert row["first_level"] is not None, row["reason"]
+    assert abs(row["first_level_error"]) <= LEVEL_TOLERANCE, row
+
+
+@pytest.mark.parametrize("log", list(first_params(
+    FIRST_LATE, lambda s: f"first steady {s} s after the first step line" if s else "never steady")))
+def test_the_first_steady_verdict_comes_within_a_minute_of_the_first_step(log):
+    row = first_row(log)
+    assert row["first_s"] is not None and row["first_s"] <= FIRST_WITHIN_S, row
+
+
+@pytest.mark.xfail(strict=True, reason="median 44 s after the first step line (28 logs; a log never steady "
+                                       "counts as never)")
+def test_the_first_steady_verdicts_come_a_median_30_s_after_the_first_step():
+    delays = sorted(math.inf if row["first_s"] is None else row["first_s"] for row in map(first_row, STEADY_LOGS))
+    assert statistics.median(delays) <= FIRST_MEDIAN_S, delays
 
 
 def test_the_corpus_is_steady_on_90_percent():  # 26 of 27 with the answer at the run's end (24 before)

@@ -3,7 +3,7 @@
 import numpy as np
 from tracegen import CRASH_TEXTS, step_line, thread_traceback
 
-from orchestrator.decide import replay
+from orchestrator.decide import replay, replay_timeline
 
 T0 = 1_795_000_000.0
 CHAIN = ("trees", "notrees", "nographs", "eager")
@@ -44,3 +44,35 @@ def test_a_log_without_timestamps_needs_a_line_interval():
 def test_the_end_clock_turns_silence_after_the_last_line_into_a_stall():
     assert replay(steady_log(20), end_ts=T0 + 20 + 60).decision == "undecided"
     assert replay(steady_log(20), end_ts=T0 + 20 + 200).decision == "stall"
+
+
+def shifted_log(drop=0.3, at=300, steps=600):
+    """100k tok/s, a step a second, then `drop` of it from step `at` on (a neighbour took half the GPU)."""
+    rng = np.random.default_rng(4)
+    return [step_line(T0 + s, s, 100_000 * (1 - drop * (s >= at)) * (1 + rng.normal(0, 0.01)), 2.0)
+            for s in range(1, steps + 1)]
+
+
+def test_the_timeline_lists_each_verdict_as_a_watcher_saw_it_and_ends_on_the_final_one():
+    """A 30% drop at step 300 of a quiet run: steady at ~100k, re-opened, steady at ~70k; each entry is the
+    decision as it stood then (its step, time and figure), the last the one replay() returns."""
+    changes = replay_timeline(shifted_log(), run="r")
+    final = replay(shifted_log(), run="r")
+    assert changes[-1].to_json() == final.to_json()
+    assert changes[0].decision == "undecided"
+    steady = [d for d in changes if d.decision == "steady"]
+    assert len(steady) == 2 and steady[0].at_step < 300 <= steady[1].at_step
+    assert abs(steady[0].steady_tok_s / 100_000 - 1) < 0.02 and abs(steady[1].steady_tok_s / 70_000 - 1) < 0.02
+    assert steady[0].interval[0] <= steady[0].steady_tok_s <= steady[0].interval[1]
+    assert [d.at_ts for d in steady] == sorted(d.at_ts for d in steady)
+    keys = [(d.decision, d.at_step if d.decision == "steady" else None) for d in changes]
+    assert all(a != b for a, b in zip(keys, keys[1:]))  # no verdict listed twice in a row
+
+
+def test_a_figure_refining_under_one_declaration_is_not_a_change_but_a_crash_and_an_ending_are():
+    frames, exception = CRASH_TEXTS["cudagraph_overwritten"]
+    lines = steady_log(400) + thread_traceback(frames, exception, "Thread-2 (drafter)")
+    assert [d.decision for d in replay_timeline(steady_log(400))] == ["undecided", "steady"]
+    assert [d.decision for d in replay_timeline(lines)] == ["undecided", "steady", "crash"]
+    ended = replay_timeline(steady_log(400), exit_code=0)
+    assert [(d.decision, d.ended) for d in ended] == [("undecided", None), ("steady", None), ("steady", "exited")]

@@ -522,8 +522,9 @@ def suite(seeds) -> list[Trace]:
 LEVEL_TOLERANCE = 0.05  # the steady figure must be within 5% of the true level (noise up to 4%, AR(1))
 
 
-def score(trace: Trace, decision) -> dict:
-    """How a decision on `trace` fares: verdict right, premature steady, false fallback, delay, errors."""
+def score(trace: Trace, decision, changes: list | None = None) -> dict:
+    """How a decision on `trace` fares: verdict right, premature steady, false fallback, delay, errors. With
+    the trace's timeline (`changes`, replay_timeline's), its first steady verdict too (score_first)."""
     declared = decision.evidence.get("steady_declared_step")
     level_error = None
     if decision.steady_tok_s is not None and trace.level:
@@ -552,4 +553,38 @@ def score(trace: Trace, decision) -> dict:
         "truncation_error": truncation_error,
         "level_error": level_error,
         "level_ok": level_error is None or abs(level_error) <= LEVEL_TOLERANCE,
+        "false_crash": decision.decision == "crash" and trace.expect != "crash",
+        **(score_first(trace, changes, premature) if changes is not None else {}),
+    }
+
+
+def first_steady(changes: list):
+    """The first steady verdict of a timeline (replay_timeline's): the first `steady`, or a `too_slow` (declared
+    on the step the level was, with the steady figure) when none came before it; None if neither came."""
+    return next((d for d in changes if d.decision in ("steady", "too_slow")), None)
+
+
+def score_first(trace: Trace, changes: list, premature: bool) -> dict:
+    """The first steady verdict of a timeline (what --until-decided, stop_when: steady and notify act on): its
+    level error against the true level, its delay in seconds after the first step line and in steps after
+    the true warm-up end, and `first_ok`: no premature declaration, and, where the trace has a steady level,
+    the first steady within 5% of it (required on the kinds labelled steady or too_slow, whose verdict comes
+    after a steady one; a crash or stall may come first)."""
+    first = first_steady(changes)
+    step = first.at_step if first is not None else None
+    error = first.steady_tok_s / trace.level - 1 if first is not None and trace.level else None
+    t0 = min(trace.step_ts.values()) if trace.step_ts else None
+    ok = not premature and (error is None or abs(error) <= LEVEL_TOLERANCE)
+    if trace.expect in ("steady", "too_slow"):
+        ok = ok and error is not None
+    elif trace.level is None:
+        ok = ok and first is None
+    return {
+        "first_step": step,
+        "first_level_error": error,
+        "first_s": trace.step_ts[step] - t0 if step in trace.step_ts and t0 is not None else None,
+        "first_delay_steps": step - trace.warmup_end_step if step is not None and trace.warmup_end_step is not None
+        and not premature else None,
+        "first_ok": ok,
+        "changes": len(changes) - 1,
     }
