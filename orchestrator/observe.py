@@ -82,6 +82,7 @@ class RunTracker:
         self.consumed = offset  # byte offset just past the last complete line reported
         self.ident = ident  # the agent's identity of the file those bytes came from (device, inode, head hash)
         self.partial = b""  # bytes after `consumed` that do not yet end in a newline
+        self.after_hole = False  # the agent skipped a hole: zeros that follow it are skipped too
         self.proc_state: tuple | None = None
 
     def follow_command(self) -> dict:
@@ -99,7 +100,18 @@ class RunTracker:
         elif off > expected:
             complaint = f"{self.spec.run}: {off - expected} log bytes at offset {expected} were never received"
             self.consumed, self.partial = off, b""
+        if self.after_hole and payload:  # the zeros that pad a hole's last block are no text
+            zeros = len(payload) - len(payload.lstrip(b"\0"))
+            self.consumed, payload, self.after_hole = self.consumed + zeros, payload[zeros:], zeros == len(payload)
         return self.split_lines(self.partial + payload), complaint
+
+    def skip(self, start: int, end: int) -> list[str]:
+        """The agent skipped a hole from `start` to `end`: the partial line before it is a line of its own (when
+        the hole began where reading had got to), and reading goes on at `end`."""
+        before = self.partial.rstrip(b"\0") if start == self.consumed + len(self.partial) else b""
+        lines = [before.decode("utf-8", errors="replace").rstrip("\r")] if before else []
+        self.consumed, self.partial, self.after_hole = end, b"", True
+        return lines
 
     def split_lines(self, data: bytes) -> list[str]:
         *complete, rest = data.split(b"\n")
@@ -110,7 +122,7 @@ class RunTracker:
         return [line.decode("utf-8", errors="replace").rstrip("\r") for line in complete]
 
     def restart(self) -> None:
-        self.consumed, self.partial, self.ident = 0, b"", None
+        self.consumed, self.partial, self.ident, self.after_hole = 0, b"", None, False
 
     def proc_changed(self, alive: bool, exit_code: int | None) -> bool:
         changed = (alive, exit_code) != self.proc_state
@@ -229,6 +241,16 @@ class ObserverBase:
         off = read_number(header.get("off"), 0, MAX_OFFSET, integer=True)
         if off is None:
             raise ValueError(f"off={str(header.get('off'))[:40]} is not an offset")
+        skipped = _offset(header, "skipped")
+        if skipped:  # a hole (sparse region) the agent skipped: it ends the line before it
+            lines = tracker.skip(off - skipped, off)
+            self._emit("error", tracker.spec.run, data={"text": (
+                f"{tracker.spec.run}: a hole of {skipped:,} bytes (a sparse region of zeros) at offset "
+                f"{off - skipped:,} of the log was skipped, not read")})
+            if lines:
+                self._emit("lines", tracker.spec.run, lines=tuple(lines), offset=tracker.consumed,
+                           data={"ident": tracker.ident})
+            return
         lines, complaint = tracker.take(off, payload or b"")
         if isinstance(header.get("ident"), dict):
             tracker.ident = header["ident"]
@@ -264,7 +286,8 @@ class ObserverBase:
             self._emit("gpu_error", data=error)
 
     def _on_error(self, header: dict, payload: bytes | None) -> None:
-        self._emit("error", data={"text": header.get("text")})
+        tracker = self.runs.get(header.get("run"))  # about one run's log (no regular file), else the channel
+        self._emit("error", tracker.spec.run if tracker else None, data={"text": header.get("text")})
 
 
 class Observer(ObserverBase):

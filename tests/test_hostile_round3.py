@@ -152,3 +152,74 @@ def test_an_agent_sending_hostile_numbers_gets_error_observations_and_the_observ
     assert sample.data["gpus"] == [{"index": 0, "mem_used_mib": None, "mem_total_mib": None, "util_pct": None}]
     assert any("off=inf is not an offset" in o.data["text"] for o in seen.kinds("error"))
     assert observer.thread.is_alive()
+
+
+# ------------------------------------------------------------------ what lies at a log's path
+
+
+def log_bytes(records, run: str) -> bytes:
+    return b"".join(r.payload or b"" for r in of_type(records, "log", run))
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a directory", "a character device"])
+def test_a_log_path_that_is_no_regular_file_is_named_once_and_blocks_nothing(start_agent, tmp_path, kind):  # noqa: F811
+    """A tenant replaced the log by a FIFO: open() blocked the agent, so no step of any run of the container
+    arrived. Now the agent names it once and goes on with the other runs and its heartbeat."""
+    odd = tmp_path / "odd.log"
+    if kind == "a FIFO":
+        os.mkfifo(odd)
+    elif kind == "a directory":
+        odd.mkdir()
+    else:
+        odd.symlink_to("/dev/zero")
+    good = tmp_path / "good.log"
+    good.write_text("step 1\n")
+    agent = start_agent()
+    agent.follow("odd", odd)
+    agent.follow("good", good)
+    records = agent.read_until(lambda rs: log_bytes(rs, "good") == b"step 1\n" and len(of_type(rs, "hb")) >= 3)
+    [error] = of_type(records, "error")
+    assert error.header == {"t": "error", "run": "odd", "text": f"odd: the log is {kind}, not a regular file: not read"}
+    assert not of_type(records, "log", "odd") and agent.proc.poll() is None
+
+
+def test_a_sparse_hole_appended_to_a_log_is_skipped_not_read(start_agent, tmp_path):  # noqa: F811
+    """3 GB of hole were read at 15 MB/s: the steps after it stayed invisible for minutes (a false stall)."""
+    log = tmp_path / "r.log"
+    log.write_bytes(b"step 1\n")
+    os.truncate(log, 3 * 2**30)
+    with log.open("ab") as f:
+        f.write(b"step 2\n")
+    agent = start_agent()
+    agent.follow("r", log)
+    records = agent.read_until(lambda rs: log_bytes(rs, "r").endswith(b"step 2\n"))
+    [skip] = [r for r in of_type(records, "log", "r") if r.header.get("skipped")]
+    assert skip.header["off"] == 3 * 2**30 and skip.header["skipped"] >= 3 * 2**30 - 4096
+    assert len(log_bytes(records, "r")) < 2 * 4096  # the hole's bytes never crossed the channel
+
+
+def test_dfo_sees_the_lines_around_a_hole_and_the_problem_of_a_fifo_and_leaves_no_agent_behind(observe, tmp_path):  # noqa: F811
+    from test_observe import AGENT_CMD
+
+    log, fifo = tmp_path / "r.log", tmp_path / "f.log"
+    log.write_bytes(b"step 1\n")
+    os.truncate(log, 3 * 2**30 + 100)  # the zeros of the hole's last block are not a line either
+    with log.open("ab") as f:
+        f.write(b"step 2\n")
+    os.mkfifo(fifo)
+    observer = Observer(LocalTarget("here"), AGENT_CMD)
+    observer.follow("r", str(log))
+    observer.follow("f", str(fifo))
+    seen = observe(observer)
+    seen.until(lambda c: c.lines("r") == ["step 1", "step 2"] and len(c.kinds("error")) >= 2)
+    texts = {o.run: o.data["text"] for o in seen.kinds("error")}
+    assert texts["f"] == "f: the log is a FIFO, not a regular file: not read"
+    assert texts["r"] == (f"r: a hole of {3 * 2**30 - 4096:,} bytes (a sparse region of zeros) at offset 4,096 "
+                          "of the log was skipped, not read")
+    [connected] = seen.kinds("connected")
+    agent_pid = connected.data["pid"]
+    observer.close()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{agent_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{agent_pid}").exists() or "Z" in Path(f"/proc/{agent_pid}/stat").read_text().split(")")[1][:3]

@@ -8,7 +8,9 @@ with ONE long-lived `nvidia-smi -lms 1000`, and sends a heartbeat every second. 
 one JSON object per line: {"cmd": "follow", "run", "log", "exit", "pid", "starttime", "offset", "ident"}
 and {"cmd": "unfollow", "run"}. `ident` is the file identity the agent last reported with the bytes up to
 `offset` (device, inode, hash of the first bytes): a log copytruncated, rotated or truncated and regrown
-since is read again from 0 after a `truncated` record, never resumed at a stale offset. `--once CMD...` prints one snapshot for the follow commands given as arguments
+since is read again from 0 after a `truncated` record, never resumed at a stale offset. Only a regular file is
+read (opened non-blocking: a FIFO at the path is named in an `error` record, never waited on), and a hole
+(sparse region) in it is skipped, not read as zeros. `--once CMD...` prints one snapshot for the follow commands given as arguments
 (`--once -`: read them from stdin) and exits: that is poll mode's single round trip.
 
 What it must not do: import anything outside the standard library (it runs on whatever python3 the
@@ -21,6 +23,7 @@ re-exports `encode_record` and holds the decoder.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -28,6 +31,7 @@ import os
 import re
 import selectors
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -35,6 +39,8 @@ import time
 AGENT_VERSION = 1
 MAX_LOG_CHUNK = 64 * 1024  # bytes per `log` record: a flood arrives as many small records
 HEAD_BYTES = 4096  # a log is identified by device, inode and the hash of (up to) this many first bytes
+HOLE_MIN = MAX_LOG_CHUNK  # a sparse region this long (or longer) is skipped, never read as zeros
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY  # a FIFO at the log's path must not block the agent
 FLOOD_BUDGET = 1024 * 1024  # bytes per run per tick: the rest waits a tick, so heartbeats keep flowing
 ONCE_BUDGET = 8 * 1024 * 1024  # bytes per run in one --once snapshot; the next poll continues
 TICK_S = 0.25
@@ -156,6 +162,13 @@ def log_ident(fd: int, offset: int) -> dict:
     return {"dev": st.st_dev, "ino": st.st_ino, "head": head, "sha": head_digest(fd, head) if head else None}
 
 
+def file_kind(mode: int) -> str:
+    """`a FIFO`, `a directory`, ...: what a path that is no regular file is."""
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "not a file")
+
+
 def same_file(fd: int, st: os.stat_result | None) -> bool:
     if st is None:
         return False
@@ -178,6 +191,7 @@ class Follow:
         self.ident: dict | None = ident if isinstance(ident, dict) else None  # of the file read up to offset
         self.fd: int | None = None  # that file, open
         self.reported: tuple | None = None
+        self.problem: str | None = None  # why the log's path cannot be read now (said once, in an `error`)
 
     def __del__(self) -> None:
         self.close()
@@ -219,9 +233,11 @@ class Follow:
             if records or st is None or st.st_size == 0:
                 return records
             self.close()
-        if st is None or not self.open(st):
+        if st is None:
             return []
-        records = []
+        records = self.problem_records(st)
+        if records or not self.open(st):
+            return records
         why = self.changed(st)
         if why:
             records.append(encode_record({"t": "truncated", "run": self.run, "size": st.st_size, "why": why,
@@ -233,25 +249,55 @@ class Follow:
             records.extend(self.read_chunks(min(st.st_size - self.offset, budget)))
         return records
 
+    def problem_records(self, st: os.stat_result) -> list[bytes]:
+        """An `error` record naming the problem when the log's path is no regular file (a FIFO would block
+        open(), a device or a directory is no log), once per change of it; nothing is read from it."""
+        problem = None if stat.S_ISREG(st.st_mode) else "is %s, not a regular file: not read" % file_kind(st.st_mode)
+        if problem == self.problem:
+            return []
+        self.problem = problem
+        if problem is None:
+            return []
+        return [encode_record({"t": "error", "run": self.run, "text": "%s: the log %s" % (self.run, problem)})]
+
     def open(self, st: os.stat_result) -> bool:
-        """Hold the file the path names (the one `st` describes); False if it cannot be opened as that file."""
+        """Hold the file the path names (the one `st` describes); False if it cannot be opened as that file.
+        Opened non-blocking, and checked to be a regular file again once open (the path may change between)."""
         if self.fd is not None:
             return True
         try:
-            fd = os.open(self.log, os.O_RDONLY)
+            fd = os.open(self.log, OPEN_FLAGS)
         except OSError:
             return False  # unreadable for now (permissions, removed meanwhile): the next tick retries
-        if not same_file(fd, st):
+        if not same_file(fd, st) or not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)  # replaced between stat and open: the next tick sees the new one
             return False
         self.fd = fd
         return True
 
+    def next_data(self) -> int:
+        """Where the next bytes worth reading begin: the offset, or past a hole (a sparse region, which reads
+        as zeros) of at least HOLE_MIN bytes; a filesystem that cannot tell (no SEEK_DATA) has none."""
+        try:
+            data = os.lseek(self.fd, self.offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                return self.offset
+            data = os.fstat(self.fd).st_size  # a hole from here to the end
+        except AttributeError:  # no SEEK_DATA on this platform
+            return self.offset
+        return data if data - self.offset >= HOLE_MIN else self.offset
+
     def read_chunks(self, want: int) -> list[bytes]:
         records = []
         try:
             while want > 0:
-                data = os.pread(self.fd, min(want, MAX_LOG_CHUNK), self.offset)
+                data_at = self.next_data()
+                if data_at > self.offset:  # said in a record of its own, and not counted against `want`
+                    records.append(encode_record({"t": "log", "run": self.run, "off": data_at, "ident": self.ident,
+                                                  "skipped": data_at - self.offset}, b""))
+                    self.offset = data_at
+                data = os.pread(self.fd, min(want, MAX_LOG_CHUNK, self.data_end()), self.offset)
                 if not data:
                     break
                 self.offset += len(data)
@@ -263,6 +309,14 @@ class Follow:
         except OSError:
             pass  # an I/O error: the next tick retries
         return records
+
+    def data_end(self) -> int:
+        """How many bytes from the offset are data before the next hole (a large number where unknown)."""
+        try:
+            hole = os.lseek(self.fd, self.offset, os.SEEK_HOLE)
+        except (OSError, AttributeError):
+            return MAX_LOG_CHUNK
+        return hole - self.offset if hole > self.offset else MAX_LOG_CHUNK
 
     def proc_record(self, always: bool = False) -> bytes | None:
         """A `proc` record when the run's state changed since the last one (or always, for a snapshot)."""
