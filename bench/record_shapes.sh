@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Record real trainer logs whose throughput moves the way the verdict rule must follow (issue 27's shapes),
+# on a single-GPU H200 machine (device kind nvidia-h200), from the repository root:
+#     bash bench/record_shapes.sh gpu1|gpu2
+# Each run is `python -m trainer ... > LOG 2>&1` under `timeout -s TERM` (the trainer checkpoints and exits
+# 75), with bench/gpu_cotenant.py on the same GPU following a schedule (seconds since the run's launch),
+# or for the CPU runs busy loops pinned to the run's cores. GPU runs go one after another (on cores 0-7);
+# CPU runs go beside them on their own cores (8-11, 12-15). Each log, its co-tenant's output and the commands
+# land in $OUT as soon as the run ends, so a call that runs out of time returns what it finished.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+BIG=10000000
+W=/tmp/shapes; mkdir -p "$W"
+
+# gpu NAME SECONDS "COTENANT ARGS" -- trainer args...
+gpu() {
+    local name=$1 secs=$2 co=$3; shift 4
+    echo "$name: taskset -c 0-7 timeout -s TERM $secs python3 -m trainer $* --run-name $name --wandb off; co-tenant: python3 bench/gpu_cotenant.py $co" >>"$OUT/COMMANDS.txt"
+    # shellcheck disable=SC2086
+    taskset -c 0-7 python3 bench/gpu_cotenant.py $co >"$W/$name.cotenant" 2>&1 &
+    local co_pid=$!
+    taskset -c 0-7 timeout -s TERM "$secs" python3 -m trainer "$@" --run-name "$name" --wandb off --out "$W/runs" \
+        >"$OUT/$name.log" 2>&1
+    echo "$name exit=$?" >>"$OUT/COMMANDS.txt"
+    kill "$co_pid" 2>/dev/null; wait "$co_pid" 2>/dev/null
+    tail -n 3 "$OUT/$name.log" | cut -c1-200
+}
+
+# cpu NAME SECONDS CORES BUSY_CORE FROM_S PATTERN -- trainer args...   (BUSY: a comma list of cores; PATTERN: hold | pulse)
+cpu() {
+    local name=$1 secs=$2 cores=$3 busy=$4 from=$5 pattern=$6; shift 7
+    echo "$name: taskset -c $cores timeout -s TERM $secs python3 -m trainer $* --run-name $name --wandb off; co-tenant: $pattern busy loop on core $busy from t=$from s" >>"$OUT/COMMANDS.txt"
+    # one busy loop per core of BUSY (a comma list)
+    ( sleep "$from"
+      if [[ $pattern == hold ]]; then
+          for c in ${busy//,/ }; do timeout $((secs - from)) taskset -c "$c" python3 -c 'while True: pass' & done; wait
+      else  # pulse: 3 s busy in every 20 s
+          end=$((SECONDS + secs - from))
+          while ((SECONDS < end)); do
+              for c in ${busy//,/ }; do timeout 3 taskset -c "$c" python3 -c 'while True: pass' & done; wait; sleep 17
+          done
+      fi ) >/dev/null 2>&1 &
+    ( export OMP_NUM_THREADS=4
+      taskset -c "$cores" timeout -s TERM "$secs" python3 -m trainer "$@" --run-name "$name" --wandb off \
+          --out "$W/cruns" >"$OUT/$name.log" 2>&1
+      echo "$name exit=$?" >>"$OUT/COMMANDS.txt" ) &
+}
+
+{ date -u +%FT%TZ; nproc; nvidia-smi -L; python3 -c 'import torch; print(torch.__version__)'; git log -1 --format=%h 2>/dev/null; } >"$OUT/HOST.txt" 2>&1
+case "${1:-}" in
+    gpu1)
+        cpu tiny-thr-eager-cpudrop 400 8-11 11 90 hold -- --preset tiny-cpu --variant eager --steps $BIG
+        cpu tiny-thr-eager-cpupulse 400 12-15 12,13,14,15 60 pulse -- --preset tiny-cpu --variant eager --steps $BIG
+        # qwen3-8b-shape eager: quiet; a 15% co-tenant from 70 s (a 10-15% drop after the first verdict)
+        gpu qwen-thr-eager-drop15 150 "hold --at 70 --duty 0.15 --until 150" -- --preset qwen3-8b-shape --variant eager --steps $BIG
+        # h200-small eager procsplit: launch-bound, noisy; the whole GPU 2 s in every 12 s from 30 s (periodic dips)
+        gpu small-ps-eager-pulse 120 "pulse --at 30 --on 2 --every 12 --until 120" -- --preset h200-small --variant eager --topology procsplit --drafters cuda:0 --steps $BIG
+        # h200-small eager threads: fast steps; a co-tenant rising 0 -> 35% from 40 s to 160 s (a slow leak)
+        gpu small-thr-eager-ramp 160 "ramp --at 40 --duty 0.35 --until 160" -- --preset h200-small --variant eager --steps $BIG
+        wait ;;
+    gpu2)
+        # qwen3-8b-shape eager: a 30% co-tenant from 45 s (a 20-40% drop some 35 s after the first step)
+        gpu qwen-thr-eager-drop30 130 "hold --at 45 --duty 0.30 --until 130" -- --preset qwen3-8b-shape --variant eager --steps $BIG
+        # h200-small nographs threads: a 15% co-tenant from 75 s on a noisy run
+        gpu small-thr-nographs-drop15 150 "hold --at 75 --duty 0.15 --until 150" -- --preset h200-small --variant nographs --steps $BIG
+        wait ;;
+    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2" >&2; exit 2 ;;
+esac
