@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from .decide import Catalogue, next_variant, rest_of_chain
 from .errors import DfoError, RefusedError, UsageError
-from .inventory import Inventory, TargetSpec, load_inventory
+from .inventory import Inventory, TargetSpec, chain_problems, load_inventory
 from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
@@ -110,6 +110,8 @@ def chain_from_option(text: str | None, variant: str | None = None, inventory: I
         names.insert(0, variant)
     for name in names if inventory is not None else ():
         inventory.variant(name)
+    for problem in chain_problems(names, names, where="entry"):
+        raise UsageError(f"--chain {text}: {problem}", hint=f"e.g. --chain {','.join(dict.fromkeys(names))}")
     return names
 
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from . import runs
 from .errors import InvalidName, InventoryError, UnknownTarget
-from .inventory import Inventory, _name_problem, describe_validation_error, read_yaml_file
+from .inventory import Inventory, _name_problem, chain_problems, describe_validation_error, read_yaml_file
 
 SLUG_MAX = 40
 
@@ -183,9 +183,7 @@ def _cross_checks(experiments: Experiments, inventory: Inventory, targets: list[
             problems.append(f"matrix.variant.{index}: unknown variant {name!r}; known variants: {', '.join(inventory.variants) or 'none'}")
         elif inventory.variants[name].command is not None and (any(matrix.set) or matrix.args):
             problems.append(f"matrix.variant.{index}: variant {name!r} runs its own command; set/args apply to built-in trainer variants")
-    for index, name in enumerate(experiments.fallback or []):
-        if name not in inventory.variants:
-            problems.append(f"fallback.{index}: unknown variant {name!r}; known variants: {', '.join(inventory.variants) or 'none'}")
+    problems += chain_problems(experiments.fallback or [], inventory.variants)
     for index, settings in enumerate(matrix.set):
         problems += [f"matrix.set.{index}: argument name {key!r} must be letters, digits, '_', '.', '-'"
                      for key in settings if not runs.SET_KEY_RE.fullmatch(key)]

@@ -18,7 +18,7 @@ import typing
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Iterable, Literal, Optional, Sequence
 
 import yaml
 from pydantic import (
@@ -481,10 +481,21 @@ def _cross_checks(inventory: Inventory) -> list[str]:
             seen.setdefault(name, host_name)
     for name in inventory.variants:
         problems += _name_problem(f"variants.{name}", name, "variant")
-    for index, name in enumerate(inventory.fallback):
-        if name not in inventory.variants:
-            known = ", ".join(inventory.variants) or "none"
-            problems.append(f"fallback.{index}: unknown variant {name!r}; known variants: {known}")
+    return problems + chain_problems(inventory.fallback, inventory.variants)
+
+
+def chain_problems(chain: Sequence[str], variants: Iterable[str], where: str = "fallback") -> list[str]:
+    """A fallback chain's problems (the inventory's `fallback:`, an experiments file's, `--chain`): a variant the
+    inventory lacks, or one named twice (a chain runs each of its entries once, in order, so a repeat is a typo
+    that would otherwise relaunch the first one again)."""
+    known, problems, first = list(variants), [], {}
+    for index, name in enumerate(chain):
+        if name not in known:
+            problems.append(f"{where}.{index}: unknown variant {name!r}; known variants: {', '.join(known) or 'none'}")
+        elif name in first:
+            problems.append(f"{where}.{index}: variant {name!r} is already {where}.{first[name]}; a chain runs each "
+                            f"variant once, in order: remove the repeat")
+        first.setdefault(name, index)
     return problems
 
 

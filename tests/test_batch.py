@@ -89,6 +89,17 @@ def test_cross_check_errors_list_the_known_names():
     assert not any("GPUs" in p for p in problems)  # ct200 lists 4: enough for `gpus: 3`
 
 
+def test_an_experiments_chain_naming_a_variant_twice_is_refused():
+    problems = problems_of("""
+        batch: sweep
+        targets: [ct200]
+        matrix: {variant: [trees]}
+        fallback: [trees, eager, trees]
+    """)
+    assert problems == ["sweep.yaml: fallback.2: variant 'trees' is already fallback.0; a chain runs each variant once, "
+                        "in order: remove the repeat"]
+
+
 def test_gpu_counts_are_checked_against_each_targets_listed_gpus():
     problems = problems_of("""
         batch: sweep

@@ -90,6 +90,23 @@ def test_fallback_naming_an_unknown_variant(tmp_path: Path) -> None:
     assert "fallback.1: unknown variant 'trees'; known variants: eager" in problem
 
 
+def test_a_chain_naming_a_variant_twice_is_refused_with_the_fix(tmp_path: Path) -> None:
+    text = with_hosts("ct200: {ctid: 200}") + "variants:\n  qa: {compile: eager}\n  qb: {compile: eager}\n  ok: {compile: eager}\nfallback: [qa, qb, qa, qb, ok]\n"
+    problems = problems_of(text, tmp_path)
+    assert problems == [f"{tmp_path}/lab.yaml: fallback.2: variant 'qa' is already fallback.0; a chain runs each variant once, in order: remove the repeat",
+                        f"{tmp_path}/lab.yaml: fallback.3: variant 'qb' is already fallback.1; a chain runs each variant once, in order: remove the repeat"]
+
+
+def test_chain_option_naming_a_variant_twice_is_refused() -> None:
+    from orchestrator.chains import chain_from_option
+    from orchestrator.errors import UsageError
+
+    inventory = parse_inventory(with_hosts("ct200: {ctid: 200}") + "variants:\n  qa: {compile: eager}\n  qb: {compile: eager}\n")
+    with pytest.raises(UsageError, match=r"--chain qa,qb,qa: entry.2: variant 'qa' is already entry.0") as caught:
+        chain_from_option("qa,qb,qa", "qa", inventory)
+    assert caught.value.hint == "e.g. --chain qa,qb"
+
+
 def test_container_names_are_unique_across_hosts(tmp_path: Path) -> None:
     text = "hosts:\n  a: {address: h1, containers: {ct: {ctid: 200}}}\n  b: {address: h2, containers: {ct: {ctid: 300}}}\n"
     (problem,) = problems_of(text, tmp_path)

@@ -12,8 +12,11 @@ from .signatures import Signature
 
 
 def rest_of_chain(chain: Sequence[str], variant: str | None) -> tuple[str, ...]:
-    """What is left of `chain` after `variant` (empty: it was the last one, or is not in the chain)."""
-    return tuple(chain[chain.index(variant) + 1:]) if variant in chain else ()
+    """What is left of `chain` after `variant` (empty: it was the last one, or is not in the chain). Each entry
+    counts once, at its first place: a chain recorded with a repeat ([qa, qb, qa, ok], before the loaders refused
+    one) goes qa, qb, ok, never back to qa."""
+    once = tuple(dict.fromkeys(chain))
+    return once[once.index(variant) + 1:] if variant in once else ()
 
 
 def next_variant(

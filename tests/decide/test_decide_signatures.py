@@ -92,3 +92,12 @@ def test_a_thread_bound_crash_falls_back_to_the_next_topology_before_the_preferr
     assert next_variant(["trees", "notrees", "ps-trees", "nographs"], "trees", tls, topologies) == "ps-trees"
     assert next_variant(["trees", "notrees", "nographs"], "trees", tls, topologies) == "nographs"
     assert next_variant(["trees", "ps-trees", "nographs"], "trees", tls) == "nographs"  # topology unknown: same
+
+
+def test_a_chain_recorded_with_a_repeat_runs_each_variant_once_in_order():
+    chain = ["qa", "qb", "qa", "qb", "ok"]  # a registry row from before the loaders refused repeats
+    walked, current = [], "qa"
+    while current is not None and len(walked) < 10:
+        walked.append(current)
+        current = next_variant(chain, current, None)
+    assert walked == ["qa", "qb", "ok"]
