@@ -29,6 +29,7 @@ from .agent import stopper
 from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
 from .inventory import START_GRACE_S, STOP_GRACE_S
 from .launchplan import PROBE_TIMEOUT_S, SECRETS_FROM_STDIN, Gate, Opened, open_plan
+from .logfmt import format_ts
 from .names import check_name
 from .package import PUSH_MARGIN_S, Package, PushResult, build_package, parse_probe, pkg_dir, probe_script, push
 from .preflight import TargetReport, inside_timeout
@@ -938,13 +939,18 @@ def _ended_before_stop(store: Store, run: Run, exit_text: str) -> Run:
     return _record_end(store, run, exit_text, "exited on its own before stop signalled it", state=state)
 
 
-def _record_end(store: Store, run: Run, exit_text: str, why: str, *, state: str | None = None) -> Run:
-    """Record the end of a run from its exit file's text ('' when there is none)."""
+def _record_end(store: Store, run: Run, exit_text: str, why: str, *, state: str | None = None,
+                exit_mtime: str | None = None) -> Run:
+    """Record the end of a run from its exit file's text ('' when there is none). `exit_mtime`: the exit file's
+    mtime (Unix seconds, as text), which is when the run ended (ended_from exit_file); without it ended_at is
+    now (ended_from noticed: right for a stop dfo just made, late for a run that ended while nobody looked)."""
     code = int(exit_text) if exit_text.strip().lstrip("-").isdigit() else None
     if state is None:
         state = "lost" if code is None else ("exited" if code == 0 else "crashed")
+    ended_at = format_ts(float(exit_mtime)) if exit_mtime and exit_mtime.strip().isdigit() else None
     store.add_event(run.name, "ended", {"state": state, "exit_code": code, "why": why})
-    return store.update_run(run.name, state=state, exit_code=code, ended_at=utc_now())
+    return store.update_run(run.name, state=state, exit_code=code, ended_at=ended_at or utc_now(),
+                            ended_from="exit_file" if ended_at else "noticed")
 
 
 def follow_script(run: Run, lines: int) -> str:
@@ -974,6 +980,7 @@ def look_script(runs: Sequence[Run]) -> str:
     for index, run in enumerate(runs):
         exit_file = shlex.quote(run.exit_path)
         lines.append(f'echo "@{index} exit=$(cat {exit_file} 2>/dev/null)"')
+        lines.append(f'echo "@{index} mtime=$(stat -c %Y {exit_file} 2>/dev/null)"')  # when it ended
         if run.pid is not None:
             lines.append(f'echo "@{index} stat=$(cat /proc/{int(run.pid)}/stat 2>/dev/null)"')
             continue
@@ -1019,11 +1026,12 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> 
             store.add_event(run.name, "launch_resolved", {"pid": int(pid), "how": "found by its exit file path" + late})
             run = store.update_run(run.name, state=RunState.RUNNING, pid=int(pid), proc_starttime=stopper.starttime(stat),
                                    started_at=run.started_at or utc_now(), ended_at=None, owner=None)
-            return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked")
+            return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked",
+                                                                 exit_mtime=seen.get("mtime"))
         if exit_text.strip():  # it started and ended before anyone looked: resolved as a late start is, then its end
             store.add_event(run.name, "launch_resolved", {"pid": None, "how": "found ended by its exit file" + late})
             run = store.update_run(run.name, owner=None)
-            return _record_end(store, run, exit_text, "ended before dfo looked")
+            return _record_end(store, run, exit_text, "ended before dfo looked", exit_mtime=seen.get("mtime"))
         if run.state == RunState.FAILED or start_grace_left(run, grace_s) > 0:
             return run  # a slow start may bring it up yet: not judged until its grace is over (or again, failed)
         return mark_failed(store, run.name, "its start got no answer; no process found" if run.state == RunState.LOST
@@ -1032,8 +1040,9 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> 
     if not gone(stat, run.proc_starttime):
         return run
     if run.stop_requested_at and exit_text.strip():
-        return _record_end(store, run, exit_text, "stopped on request", state=RunState.STOPPED)
-    return _record_end(store, run, exit_text, "ended while nobody watched")
+        return _record_end(store, run, exit_text, "stopped on request", state=RunState.STOPPED,
+                           exit_mtime=seen.get("mtime"))
+    return _record_end(store, run, exit_text, "ended while nobody watched", exit_mtime=seen.get("mtime"))
 
 
 # ---------------------------------------------------------------------------------------------- logs

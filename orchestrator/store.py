@@ -202,6 +202,15 @@ def _m008_claim_since(db: sqlite3.Connection) -> None:
     db.execute("UPDATE claims SET since = renewed_at")
 
 
+def _m009_history(db: sqlite3.Connection) -> None:
+    """Where a run's ended_at came from (`ended_from`: exit_file, its mtime; last_line, the last log line's ts;
+    noticed, when dfo noticed, as every row before this had it), and whether its stored history reached its
+    log's end after it ended (`history_complete`: history.sync_history need not look at it again)."""
+    db.execute("ALTER TABLE runs ADD COLUMN ended_from TEXT")
+    db.execute("ALTER TABLE runs ADD COLUMN history_complete INTEGER NOT NULL DEFAULT 0")
+    db.execute("UPDATE runs SET ended_from = 'noticed' WHERE ended_at IS NOT NULL")
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
@@ -211,6 +220,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("run_nodes: the nodes of a multi-node run", _m006_multinode),
     ("runs.checked_at: when a start never seen answered was last looked for", _m007_checked_at),
     ("claims.since: when the claim's owner took it", _m008_claim_since),
+    ("runs.ended_from, runs.history_complete: where ended_at came from; history read to the log's end", _m009_history),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 
@@ -247,6 +257,8 @@ class Run:
     owner: str | None = None  # `host:pid` of the dfo that launches it, while state is launching
     stop_requested_at: str | None = None  # dfo was asked to stop it: its exit is no verdict of its own
     checked_at: str | None = None  # a start never seen answered: when dfo last tried to look for it (_m007)
+    ended_from: str | None = None  # what ended_at is: exit_file (its mtime) | last_line (its ts) | noticed (_m009)
+    history_complete: bool = False  # its stored steps reached its log's end after it ended (history.sync_history)
     id: int | None = None
 
     @property
@@ -303,6 +315,7 @@ def _decode_run(row: sqlite3.Row) -> Run:
     values["chain"] = json.loads(values["chain"]) if values["chain"] else None
     values["decision"] = json.loads(values["decision"]) if values["decision"] else None
     values["log_ident"] = json.loads(values["log_ident"]) if values["log_ident"] else None
+    values["history_complete"] = bool(values.get("history_complete"))
     return Run(**values)
 
 

@@ -38,6 +38,7 @@ from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, UnknownRun
 from .gpu import failure_kind
+from .history import SAMPLE_FIELDS, sample_of
 from .inventory import Inventory
 from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_parser, parse_ts, step_problem
 from .notify import Notifier
@@ -55,7 +56,6 @@ RECENT_LINES = 6
 ACTION_JOIN_S = 5.0
 MALFORMED_EVENTS = 20  # malformed-line events per run; after these the view's count goes on alone
 UNSAVED_MAX = 100_000  # steps an observing (not owning) watcher keeps for the day it takes over
-SAMPLE_FIELDS = ("step", "ts", "tok_s", "loss", "phase", "acc", "lr", "q_fill", "active", "mem_gb")
 
 
 @dataclass
@@ -924,9 +924,3 @@ def decision_key(decision: Decision) -> tuple:
     climbs = [(d or {}).get(key) for d in (decision.degrading, decision.degrading_at_end) for key in ("what", "gpu")]
     return decision.decision, decision.action, decision.next_run, decision.signature, suspected, *climbs
 
-
-def sample_of(record: StepRecord) -> dict[str, Any]:
-    """A metric line as a store sample (None fields left out; unknown keys kept as extras)."""
-    sample = {name: getattr(record, name) for name in SAMPLE_FIELDS}
-    sample = {k: v for k, v in sample.items() if v is not None}
-    return {**record.extra, **sample}

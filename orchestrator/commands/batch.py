@@ -28,8 +28,8 @@ from ..inventory import load_inventory
 from ..sanitize import text
 from ..store import Store
 from ..view import duration, exit_wait_text, step_text
-from .common import (InventoryOpt, JsonOpt, basis_label, console, fit_table, leave_half_done, number, print_basis_note,
-                     print_json, say, say_finishing)
+from .common import (InventoryOpt, JsonOpt, basis_label, bring_up_to_date, console, fit_table, leave_half_done, number,
+                     print_basis_note, print_json, say, say_finishing)
 
 EXAMPLES = {
     "batch": "Example: dfo batch inventory/compile-sweep.example.yaml -i inventory/lab.yaml --dry-run   (then without --dry-run)",
@@ -144,6 +144,7 @@ def report_command(
     as_json: bool = JsonOpt,
 ) -> None:
     with Store() as store:
+        bring_up_to_date(store, [run.name for run in store.list_runs(batch=batch)])
         rows = report_lib.cell_rows(store, batch)
         if plot is not None:
             report_lib.plot(store, batch, rows, plot)

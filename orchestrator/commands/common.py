@@ -41,6 +41,18 @@ def verdicts_exit_status(verdicts: Iterable[str | None]) -> int:
     return 1 if any(Verdict.of(verdict).is_failure() for verdict in verdicts) else 0
 
 
+def bring_up_to_date(store, names: Sequence[str]) -> None:
+    """The runs' stored history up to their logs' end first (history.sync_runs; a run whose history is complete is
+    not looked at); a target that cannot be read is named on stderr and its runs are shown as stored."""
+    from ..history import needs_sync, sync_runs
+
+    runs = [store.get_run(name) for name in names]
+    behind = [run for run in runs if needs_sync(run)]
+    for target, why in (sync_runs(store, behind) if behind else {}).items():
+        err_console.print(f"note: could not read the logs on {target} ({why}); showing the history as stored",
+                          highlight=False, markup=False, soft_wrap=True)
+
+
 def say(line: str) -> None:
     """One line on stderr, as it is (no markup, no highlighting)."""
     err_console.print(line, highlight=False, markup=False, soft_wrap=True)

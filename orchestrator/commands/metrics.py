@@ -18,7 +18,8 @@ from ..errors import UsageError
 from ..report import LAST_WINDOW_S, STEADY
 from ..sanitize import text
 from ..store import Store
-from .common import JsonOpt, basis_label, complete_runs, console, fit_table, number, print_basis_note, print_json
+from .common import (JsonOpt, basis_label, bring_up_to_date, complete_runs, console, fit_table, number, print_basis_note,
+                     print_json)
 
 EXAMPLES = {
     "metrics": "Example: dfo metrics train_trees_20261129-1140 --plot trees.png",
@@ -47,6 +48,7 @@ def metrics_command(
     as_json: bool = JsonOpt,
 ) -> None:
     with Store() as store:
+        bring_up_to_date(store, [name])
         metrics = metrics_lib.run_metrics(store, name)
     if plot is not None:
         metrics_lib.plot_run(metrics, plot)
@@ -121,6 +123,7 @@ def compare_command(
     if len(names) < 2:
         raise UsageError("dfo compare needs at least two run names", hint="e.g. dfo compare RUN_A RUN_B (see `dfo runs`)")
     with Store() as store:
+        bring_up_to_date(store, list(dict.fromkeys(names)))
         runs = [metrics_lib.run_metrics(store, name) for name in dict.fromkeys(names)]
     if plot is not None:
         metrics_lib.plot_compare(runs, plot)

@@ -218,6 +218,8 @@ def runs_command(
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
+    from ..history import needs_sync
+
     def due(run: Run) -> bool:
         return runs_lib.look_due(run, recheck=recheck)
 
@@ -229,8 +231,9 @@ def runs_command(
             show_nodes(store, name, as_json)
             return
         runs = [store.get_run(name)] if name is not None else store.list_runs(batch=batch, active=True if active else None)
-        if not no_refresh and any(map(due, runs)):
-            _refresh(store, runs, inventory, recheck)
+        behind = [run for run in runs if due(run) or (name is not None and needs_sync(run))]
+        if not no_refresh and behind:  # the active runs' rows and histories, a named run's history
+            _refresh(store, runs, inventory, recheck, history_of=behind)
         if not no_refresh:
             _say_not_looked_for(store, [run for run in runs if runs_lib.needs_look(run) and not due(run)])
         if name is not None:
@@ -310,22 +313,14 @@ def show_run(name: str, as_json: bool) -> None:
             console.print(f"{key + ':':10}{value}", highlight=False, markup=False, soft_wrap=True)
 
 
-def _refresh(store: Store, runs: list[Run], given: Optional[Path], recheck: bool = False) -> None:
-    """One look at each target holding an active run, all at once (chains.refresh), with the inventory each
-    run came from; a target that cannot be looked at is named, its runs shown as last recorded."""
-    from contextlib import ExitStack
+def _refresh(store: Store, runs: list[Run], given: Optional[Path], recheck: bool = False,
+             history_of: Optional[list[Run]] = None) -> None:
+    """One look at each target holding an active run, all at once, with the inventory each run came from, and
+    their stored history brought up to their logs' end (history.sync_runs); a target that cannot be looked at
+    is named, its runs shown as last recorded."""
+    from ..history import sync_runs
 
-    from ..chains import inventory_for, refresh
-
-    opened: dict[str, Connections] = {}
-    with ExitStack() as stack:
-        def connections_for(run: Run) -> Connections:
-            inv, _ = inventory_for(run, given)
-            if inv.source not in opened:
-                opened[inv.source] = stack.enter_context(Connections(inv))
-            return opened[inv.source]
-
-        problems = refresh(store, runs, connections_for, recheck=recheck)
+    problems = sync_runs(store, runs, given, recheck=recheck, history_of=history_of)
     for target, why in problems.items():
         _warn(f"note: could not look at {target} ({why}); its runs show their last recorded state")
     for run in filter(runs_lib.may_start_late, runs):  # marked failed, yet its run came up after all: said loudly
