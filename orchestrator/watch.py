@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import events as ev
+from .agent.protocol import ProtocolError
 from .chains import (GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy, Supervisor, batch_command,
                      catalogue_for, chain_key, chain_variants, fallback_text, finish_under_way, wait_until)
 from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, UnknownRun
 from .gpu import failure_kind
-from .history import SAMPLE_FIELDS, sample_of
+from .history import SAMPLE_FIELDS, catch_up, sample_of
 from .inventory import Inventory
 from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_parser, parse_ts, step_problem
 from .notify import Notifier
@@ -109,6 +110,7 @@ class WatchedRun:
     exit_wait: "ExitWait | None" = None  # dfo's stop of it sent SIGTERM and waits for it to checkpoint and exit
     lost: bool = False  # its container was unreachable for longer than unreachable_s: the watch gave up on it
     dirty: bool = False  # fed since the decision was last read
+    ended: bool = False  # no longer followed: dfo stopped it and read its log to the end (Watcher._read_to_end)
     malformed: int = 0  # metric lines with a field out of range (ts=1e20 ...): shown, never stored or judged
     last_malformed: str | None = None  # why the last one was refused
 
@@ -273,13 +275,14 @@ class Watcher:
             self._renew_claims()
             writes = Writes()
             for item in items:
+                if isinstance(item, StopWait):
+                    self._exit_awaited(item)
+                elif not isinstance(item, ActionDone):
+                    self._observed(item, writes)
+            self._persist(writes)  # first: a stopped run's log is read to its end from what is stored
+            for item in items:
                 if isinstance(item, ActionDone):
                     self._action_done(item)
-                elif isinstance(item, StopWait):
-                    self._exit_awaited(item)
-                else:
-                    self._observed(item, writes)
-            self._persist(writes)
             self._tick()
             self._judge()
             events, self._events = self._events, []
@@ -555,7 +558,7 @@ class Watcher:
     def _observed(self, obs: Observation, writes: "Writes") -> None:
         if obs.run is not None:
             watched = self.watched.get(obs.run)
-            if watched is not None:
+            if watched is not None and not watched.ended:
                 self._run_observed(watched, obs, writes)
         elif obs.source in self.links:
             self._link_observed(self.links[obs.source], obs, writes)
@@ -843,7 +846,7 @@ class Watcher:
                 self.attach(done.launched.name)
             return
         watched.acting, watched.exit_wait = False, None
-        self.observers[watched.source].unfollow(watched.name)
+        self._read_to_end(watched)
         refreshed = self.store.find_run(watched.name)
         watched.run = refreshed or watched.run
         if not watched.run.active:
@@ -865,6 +868,25 @@ class Watcher:
                 self.attach(done.launched.name)
             except DfoError as exc:  # it runs; `dfo watch` can pick it up once the target answers
                 self._emit(watched, ev.ActionError, error=f"cannot follow {done.launched.name}: {exc}")
+
+    def _read_to_end(self, watched: WatchedRun) -> None:
+        """A run this watch stopped (a fallback, a stop of its own or a batch's stop_when) is no longer followed;
+        what it logged on its way out (its last steps, its `done` line), written after the agent's last read, is
+        read to its log's end once it has exited (history.catch_up over the same channel's target, from the
+        offset stored with its steps): never lost. Lines of it still on their way are dropped (ended)."""
+        observer = self.observers[watched.source]
+        observer.unfollow(watched.name)
+        watched.ended = True
+        run = self.store.find_run(watched.name)
+        if watched.root not in self.owned or run is None or run.active or run.pid is None:
+            return  # an observer stores nothing; a run still going (its stop failed) is read by the next look
+        try:
+            catch_up(observer.target, observer.agent_cmd, self.store, [run], lambda _: watched.parse)
+        except (DfoError, ProtocolError) as exc:
+            self._emit(watched, ev.ActionError, error=f"the end of {watched.name}'s log was not read ({exc}); "
+                                                      f"`dfo metrics {watched.name}` reads it")
+            return
+        watched.last_stored_step = self.store.last_step(watched.name)
 
     # ------------------------------------------------------------------ chains and events
 

@@ -197,3 +197,26 @@ def test_a_claim_held_by_a_dead_dfo_of_this_workstation_is_taken_in_one_write(tm
         assert (store.claim_of("chain:c1").owner, store.claim_of("chain:c1").pid) == (claims.owner, os.getpid())
         assert not claims.holds("chain:c2") and writes == ["gone-dfo", None]  # one of another workstation: waited out
         assert claims.holder("chain:c2").host == "another-workstation"
+
+
+# A trainer that logs its way out on SIGTERM: five more step lines and its `done` line, then exit 75.
+LOGS_ON_THE_WAY_OUT = CHECKPOINTING.replace(
+    '''    print(f"ts={now()} event=checkpoint step={step}", flush=True)''',
+    '''    for extra in range(1, 6):
+        print(f"ts={now()} event=step step={step + extra} tok_s=1000.0 loss=1.0", flush=True)
+    print(f"ts={now()} event=checkpoint step={step + 5}", flush=True)''')
+
+
+def test_a_run_stopped_while_logging_has_every_step_it_logged_stored(lab, tmp_path) -> None:
+    (tmp_path / "out.py").write_text(LOGS_ON_THE_WAY_OUT)
+    lab.inventory.variants["out"] = lab.inventory.variants["nographs"].model_copy(update={"command": f"{PY} {tmp_path}/out.py"})
+    lab.launch("out", "o1")
+    watcher = lab.watcher(poll=3.0)  # a poll every 3 s: the lines of the way out come after the last one
+    watcher.attach("o1")
+    run_until(watcher, lambda w: (lab.store.last_step("o1") or 0) >= 3)
+    watcher.stop_run("o1", "stop_when: steady")  # as a batch's stop_when does
+    run_until(watcher, lambda w: w.runs()[0].alive is False and w.settled(), timeout=60)
+    assert lab.store.get_run("o1").exit_code == 75
+    logged = lab.log_steps("o1")
+    assert [s["step"] for s in lab.store.samples("o1")] == logged  # the five after SIGTERM too, each once
+    assert "event=done reason=sigterm" in (lab.workspace / "logs" / "o1.log").read_text()
