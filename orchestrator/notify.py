@@ -20,6 +20,7 @@ This module must not decide anything: it is told about decisions (Notifier.decis
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import logging
 import os
@@ -28,7 +29,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .inventory import Inventory, Notify
@@ -130,14 +131,26 @@ class Notifier:
                 break
             if detail.startswith("permanent: "):
                 break
-        try:
-            self.store.finish_notification(run_name, key, channel, ok=detail is None, detail=detail)
-            if detail is not None:
-                self.store.add_event(run_name, "notify_failed", {"channel": channel, "key": key, "error": detail})
-        except Exception as exc:  # the registry closed under us (dfo exiting): the log line still says it
+        try:  # on a connection of its own: the watch that asked may have ended and closed its Store meanwhile
+            with self._registry() as store:
+                store.finish_notification(run_name, key, channel, ok=detail is None, detail=detail)
+                if detail is not None:
+                    store.add_event(run_name, "notify_failed", {"channel": channel, "key": key, "error": detail})
+        except Exception as exc:  # the registry cannot be written (its disk): the log line still says it
             log.warning("recording notification of %s failed: %s", run_name, exc)
         if detail is not None:
             log.warning("notify %s of %s (%s) failed: %s", channel, run_name, key, detail)
+
+    @contextlib.contextmanager
+    def _registry(self) -> Iterator[Store]:
+        """The registry for a worker's result: a connection of its own to the Notifier's file (closed after),
+        so a watch that ends (closing its Store) before the send does cannot leave the row claimed and unsent;
+        the shared Store for a private in-memory one (tests), which another connection cannot see."""
+        if self.store.path == ":memory:":
+            yield self.store
+            return
+        with Store(self.store.path) as own:
+            yield own
 
     def _command(self, settings: Notify, decision: dict, about: dict) -> Optional[str]:
         """Run the command; None when it exited 0, else why not."""

@@ -294,3 +294,18 @@ def test_the_watcher_announces_a_real_runs_verdict_once_across_two_watches(recei
             stop(connections.container("here"), store, "s1", grace_s=2)
     assert [post["json"]["decision"] for post in hook.posts] == ["steady"]
     assert hook.posts[0]["json"]["text"].startswith("dfo: s1 on here (nographs): steady at step")
+
+
+def test_a_notification_failing_after_the_watch_closed_its_registry_is_still_recorded(receiver, tmp_path):
+    slow_and_broken = receiver(statuses=[500, 500], delay_s=0.5)
+    store = registry(tmp_path / "dfo.db", ("a", "trees"))
+    notifier = Notifier(inventory_with(json.dumps({"webhook": slow_and_broken.url, "retries": 1})), store)
+    workers = notifier.decision("a", STEADY)
+    store.close()  # the watch ended (its `with Store()` closed) while the webhook was still being tried
+    for worker in workers:
+        worker.join(30)
+    with Store(tmp_path / "dfo.db") as reopened:
+        [row] = reopened.notifications("a")
+        failed = reopened.events("a", kind="notify_failed")
+    assert row["ok"] is False and "answered HTTP 500" in row["detail"]  # finished, not left claimed forever
+    assert len(slow_and_broken.posts) == 2 and failed and failed[0]["data"]["channel"] == "webhook"
