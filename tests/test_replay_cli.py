@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from orchestrator.cli import app
 from orchestrator.commands.common import verdicts_exit_status
+from orchestrator.commands.replay import COLOURS
 from orchestrator.errors import UsageError
 from orchestrator.logfmt import format_ts
 
@@ -185,3 +186,59 @@ def test_a_warm_up_cut_moved_after_the_declaration_is_shown_with_the_declaration
     assert (decision["at_step"], decision["warmup_end_step"]) == (920, 1161)
     assert decision["evidence"]["steady_declared_warmup_end_step"] == 521
     assert decision["evidence"]["steady"]["figure_steps"] == [1161, 3180]
+
+
+SHIFT_LOG = Path(__file__).resolve().parent / "data" / "real" / "small-thr-eager.log"  # a shift at ~37 s (labels.csv)
+
+
+def test_timeline_json_is_one_decision_per_change_of_verdict_ending_with_the_plain_json():
+    """`dfo replay LOG --json --timeline` on small-thr-eager: one decision JSON line per change of verdict,
+    each as the decision stood then (when, at what step, at what figure), and last exactly what `--json` alone
+    prints; the exit status is the final verdict's."""
+    result = invoke(SHIFT_LOG, "--json", "--timeline")
+    plain = invoke(SHIFT_LOG, "--json")
+    assert result.exit_code == plain.exit_code == 0, result.output
+    changes = [json.loads(line) for line in result.output.splitlines()]
+    assert len(changes) >= 2 and changes[-1] == json.loads(plain.output)
+    assert changes[0]["decision"] == "undecided" and changes[0]["at_ts"] is not None
+    for change in changes[:-1]:
+        assert set(change) == set(changes[-1]) - {"malformed_lines"}  # the decision object, as today
+    for change in changes:
+        assert {"at_ts", "at_step", "steady_tok_s", "interval"} <= set(change)
+        if change["decision"] == "steady":
+            lo, hi = change["interval"]
+            assert lo <= change["steady_tok_s"] <= hi and change["at_step"] is not None
+    times = [change["at_ts"] for change in changes]
+    assert times == sorted(times)
+    verdicts = [(c["decision"], c["ended"], c["at_step"] if c["decision"] == "steady" else None) for c in changes]
+    assert all(a != b for a, b in zip(verdicts, verdicts[1:]))  # each line a change
+    assert changes[-1]["decision"] == "steady" and abs(changes[-1]["steady_tok_s"] / 40_500 - 1) < 0.05
+
+
+def test_timeline_table_has_a_row_per_change_with_its_time_step_and_figure():
+    changes = [json.loads(line) for line in invoke(SHIFT_LOG, "--json", "--timeline").output.splitlines()]
+    result = invoke(SHIFT_LOG, "--timeline")
+    assert result.exit_code == 0, result.output
+    assert f"{len(changes) - 1} change(s) of verdict" in result.output
+    rows = [line.split() for line in result.output.splitlines() if re.match(r"\s*\d+\s+\d\d:\d\d:\d\d\.\d{3}\s", line)]
+    assert [int(row[0]) for row in rows] == list(range(1, len(changes) + 1))
+    for row, change in zip(rows, changes):
+        assert row[1] == change["at_ts"][11:23] and change["decision"] in row
+        if change["decision"] == "steady":
+            assert str(change["at_step"]) in row and f"{change['steady_tok_s']:,.0f}" in row
+    for number, change in enumerate(changes, start=1):
+        assert f"#{number} {change['at_ts']}: {change['reason'][:40]}" in result.output.replace("\n", "")
+
+
+def test_timeline_on_a_crash_shows_the_crash_last_and_its_line_escaped(tmp_path):
+    log = write_log(tmp_path / "run-x.log", extra=["Exception in thread Thread-2 (drafter\x1b[31m):", *TLS_CRASH[1:]])
+    result = invoke(log, "--timeline")
+    assert result.exit_code == 1 and "\x1b[31m" not in result.output
+    assert "(drafter\\x1b[31m)" in result.output.replace("\n", "")  # the thread's name, its escape made visible
+    rows = [line.split() for line in result.output.splitlines() if re.match(r"\s*\d+\s+\d\d:\d\d:\d\d", line)]
+    assert [[word for word in row if word in COLOURS] for row in rows] == [["undecided"], ["steady"], ["crash"]]
+
+
+def test_help_names_the_timeline():
+    result = CliRunner().invoke(app, ["replay", "--help"])
+    assert result.exit_code == 0 and "--timeline" in result.output and "change of verdict" in result.output

@@ -11,17 +11,20 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich import box
+from rich.table import Table
 
 from ..chains import catalogue_for
-from ..decide import DecideConfig, Decision, figure_span, replay
+from ..decide import DecideConfig, Decision, figure_span, replay, replay_timeline
 from ..errors import UsageError
 from ..events import LevelShift
 from ..inventory import load_inventory
-from ..logfmt import MalformedLine, make_parser
-from ..sanitize import markup
+from ..logfmt import MalformedLine, make_parser, parse_ts
+from ..sanitize import markup, text
 from .common import InventoryOpt, JsonOpt, console, err_console, print_json, verdicts_exit_status
 
-EXAMPLE = "Example: dfo replay logs/run-trees.log --baseline 150000 --variant trees -i inventory/lab.yaml --json"
+EXAMPLE = ("Example: dfo replay logs/run-trees.log --baseline 150000 --variant trees -i inventory/lab.yaml --json; "
+           "dfo replay logs/run-trees.log --timeline (when each verdict a watcher would have acted on came)")
 COLOURS = {"steady": "green", "exited": "green", "stopped": "cyan", "undecided": "yellow", "drifting": "yellow",
            "crash": "red", "stall": "red", "too_slow": "magenta"}
 
@@ -31,7 +34,9 @@ def register(app: typer.Typer) -> None:
         "replay",
         help=(
             "Judge a recorded log with the watcher's rules and its own timestamps: prints the verdict held at "
-            "the log's end. Exit status 1 for crash/stall/too_slow/undecided/drifting (as dfo watch), else 0."
+            "the log's end. Exit status 1 for crash/stall/too_slow/undecided/drifting (as dfo watch), else 0. "
+            "--timeline: every change of verdict on the way (a table; with --json one JSON line each, the final "
+            "verdict last, as without --timeline)."
         ),
         epilog=EXAMPLE,
     )(replay_command)
@@ -57,6 +62,10 @@ def replay_command(
     line_interval: Optional[float] = typer.Option(
         None, "--line-interval", help="Seconds between lines, for logs with no timestamps at all.", metavar="S",
     ),
+    timeline: bool = typer.Option(
+        False, "--timeline", help="Every change of verdict, when it came (at_ts, at_step) and at what figure; the "
+        "final verdict last. With --json: one decision JSON line per change.",
+    ),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -71,8 +80,7 @@ def replay_command(
     lines = read_log_lines(log)
     metrics = regex or (spec.metrics if spec else None)
     malformed = malformed_lines(lines, metrics)
-    decision = replay(
-        lines,
+    options = dict(
         run=log.stem,
         config=DecideConfig.from_mapping(watch),
         baseline=baseline or (spec.baseline_tok_s if spec else None) or watch.get("baseline_tok_s"),
@@ -83,8 +91,15 @@ def replay_command(
         exit_code=exit_code if exit_code is not None else read_exit_code(log),
         line_interval_s=line_interval,
     )
+    changes = replay_timeline(lines, **options) if timeline else [replay(lines, **options)]
+    decision = changes[-1]
     if as_json:
+        for change in changes[:-1]:
+            print_json(change.to_json())
         print_json({**decision.to_json(), "malformed_lines": len(malformed)})
+    elif timeline:
+        render_timeline(changes, first_step_ts(lines, metrics))
+        show_malformed(malformed)
     else:
         render(decision)
         show_malformed(malformed)
@@ -116,6 +131,38 @@ def show_malformed(malformed: list[tuple[int, MalformedLine]]) -> None:
         number, first = malformed[0]
         err_console.print(f"  {len(malformed)} malformed metric line(s) ignored; first, line {number}: "
                           f"{markup(first.reason)}", highlight=False, soft_wrap=True)
+
+
+def first_step_ts(lines: list[str], regex: str | None) -> float | None:
+    """The clock of the log's first step line (the timeline's seconds count from it), None if it has none."""
+    parse = make_parser(regex)
+    for line in lines:
+        record = parse(line, None)
+        if getattr(record, "step", None) is not None and getattr(record, "ts", None) is not None:
+            return record.ts
+    return None
+
+
+def render_timeline(changes: list[Decision], t0: float | None) -> None:
+    """One row per change of verdict, oldest first, the final verdict last (the one `dfo replay` prints without
+    --timeline); under the table, each row's time in full and its reason (which says how the run ended, if it did)."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False,
+                  title=f"{len(changes) - 1} change(s) of verdict (s: seconds after the first step line)")
+    for column in ("#", "at (UTC)", "s", "step", "verdict", "tok/s", "95% interval", "action"):
+        table.add_column(column, justify="left" if column in ("at (UTC)", "verdict", "action") else "right",
+                         no_wrap=True)
+    for number, change in enumerate(changes, start=1):
+        at = parse_ts(change.at_ts) if change.at_ts else None
+        seconds = f"{at - t0:,.1f}" if at is not None and t0 is not None else ""
+        figure = f"{change.steady_tok_s:,.0f}" if change.steady_tok_s is not None else ""
+        interval = f"{change.interval[0]:,.0f}..{change.interval[1]:,.0f}" if change.interval else ""
+        table.add_row(str(number), text((change.at_ts or "")[11:23]), seconds,
+                      text(change.at_step if change.at_step is not None else ""),
+                      text(change.decision, style=COLOURS.get(change.decision, "white")), figure, interval, change.action)
+    console.print(table)
+    for number, change in enumerate(changes, start=1):
+        console.print(f"  #{number} {markup(change.at_ts or '')}: {markup(change.reason)}",
+                      highlight=False, soft_wrap=True)
 
 
 def render(decision: Decision) -> None:
