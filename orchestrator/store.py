@@ -260,6 +260,7 @@ class Run:
     ended_from: str | None = None  # what ended_at is: exit_file (its mtime) | last_line (its ts) | noticed (_m009)
     history_complete: bool = False  # its stored steps reached its log's end after it ended (history.sync_history)
     id: int | None = None
+    unreadable: str | None = None  # why part of the row could not be read (that part is None): shown, not a column
 
     @property
     def active(self) -> bool:
@@ -295,7 +296,7 @@ class Intent:
     done_at: str | None = None
 
 
-RUN_COLUMNS = tuple(f.name for f in fields(Run) if f.name != "id")
+RUN_COLUMNS = tuple(f.name for f in fields(Run) if f.name not in ("id", "unreadable"))
 BATCH_CELL_COLUMNS = frozenset({"state", "root_run", "gpu_ids", "started_at", "ended_at", "outcome"})
 JSON_COLUMNS = ("chain", "decision", "log_ident")
 
@@ -310,13 +311,46 @@ def _encode_run_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: (str(v) if k == "state" else v) for k, v in encoded.items()}
 
 
+JSON_SHAPES = {"chain": list, "decision": dict, "log_ident": dict}
+DECISION_SHAPES = {"decision": str, "action": str, "reason": str, "steady_tok_s": float, "level_shifts": list}
+
+
 def _decode_run(row: sqlite3.Row) -> Run:
+    """A Run from its row; never raises on a damaged JSON column (not JSON, or not the shape its readers rely on):
+    that column is None and `unreadable` says which, so one bad row hides no other."""
     values = dict(row)
-    values["chain"] = json.loads(values["chain"]) if values["chain"] else None
-    values["decision"] = json.loads(values["decision"]) if values["decision"] else None
-    values["log_ident"] = json.loads(values["log_ident"]) if values["log_ident"] else None
+    problems = []
+    for column, shape in JSON_SHAPES.items():
+        values[column], problem = _json_column(values[column], shape)
+        if column == "decision" and problem is None:
+            problem = _decision_problem(values[column])
+        if problem:
+            values[column] = None
+            problems.append(f"runs.{column} {problem}")
     values["history_complete"] = bool(values.get("history_complete"))
-    return Run(**values)
+    return Run(**values, unreadable="; ".join(problems) or None)
+
+
+def _decision_problem(decision: dict[str, Any] | None) -> str | None:
+    """Why a decoded decision has not the shape its readers rely on (DECISION_SHAPES), or None."""
+    for key, kind in DECISION_SHAPES.items():
+        value = (decision or {}).get(key)
+        if value is None or isinstance(value, bool):
+            continue
+        if not isinstance(value, (int, float) if kind is float else kind):
+            return f"has a {key} that is not a {'number' if kind is float else kind.__name__}"
+    return None
+
+
+def _json_column(text: Any, shape: type) -> tuple[Any, str | None]:
+    """A JSON column's value when it is JSON of `shape` (None when empty), else (None, why not)."""
+    if not text:
+        return None, None
+    try:
+        value = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        return None, "is not JSON"
+    return (value, None) if isinstance(value, shape) else (None, f"is not a JSON {'list' if shape is list else 'object'}")
 
 
 SAMPLE_COLUMNS = ("step", "ts", "tok_s", "loss", "phase")
@@ -443,7 +477,7 @@ class Store:
 
     def add_run(self, run: Run) -> Run:
         """Insert a run. Raises RefusedError if the name is taken (names are never reused)."""
-        values = _encode_run_fields({k: v for k, v in run.as_dict().items() if k != "id"})
+        values = _encode_run_fields({k: v for k, v in run.as_dict().items() if k in RUN_COLUMNS})
         cols = ", ".join(values)
         marks = ", ".join("?" for _ in values)
         try:

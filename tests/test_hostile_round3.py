@@ -223,3 +223,43 @@ def test_dfo_sees_the_lines_around_a_hole_and_the_problem_of_a_fifo_and_leaves_n
     while Path(f"/proc/{agent_pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not Path(f"/proc/{agent_pid}").exists() or "Z" in Path(f"/proc/{agent_pid}/stat").read_text().split(")")[1][:3]
+
+
+# ------------------------------------------------------------------ registry rows
+
+
+def damage_decision(store, name: str, text: str) -> None:
+    store.query("UPDATE runs SET decision = ? WHERE name = ?", (text, name))
+
+
+@pytest.mark.parametrize("text, why", [("{not json", "runs.decision is not JSON"),
+                                       ("[1, 2]", "runs.decision is not a JSON object"),
+                                       ('{"decision": "steady", "steady_tok_s": "fast"}',
+                                        "runs.decision has a steady_tok_s that is not a number")])
+def test_a_run_whose_decision_cannot_be_read_is_shown_unreadable_and_the_rest_listed(tmp_path, text, why):
+    from orchestrator.store import Run, Store
+    from test_hostile import dfo
+
+    home = tmp_path / "state"
+    with Store(home / "dfo.db") as store:
+        store.add_run(Run(name="good", target="here", state="exited", exit_code=0,
+                          decision={"decision": "steady", "steady_tok_s": 1000.0}))
+        store.add_run(Run(name="bad", target="here", state="exited", exit_code=0))
+        damage_decision(store, "bad", text)
+    listed = dfo("runs", home=home)
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line.split()[-1] for line in listed.stdout.splitlines()[2:]}
+    assert rows == {"good": "steady", "bad": "(unreadable)"}
+    shown = dfo("runs", "bad", home=home)
+    assert shown.returncode == 0 and f"registry: unreadable: {why} (shown as empty)" in shown.stdout, shown.stderr
+    as_json = json.loads(dfo("runs", "--json", home=home).stdout)
+    assert [(run["name"], run["unreadable"]) for run in as_json] == [("good", None), ("bad", why)]
+
+
+def test_a_watch_of_a_run_whose_decision_cannot_be_read_judges_it_afresh(lab):
+    lab.launch("short", "d1")
+    damage_decision(lab.store, "d1", "{not json")
+    watcher = lab.watcher(fallback=False)
+    watcher.attach("d1")
+    run_until(watcher, lambda w: lab.store.find_run("d1").decision is not None)  # the watch wrote it anew
+    assert lab.store.find_run("d1").unreadable is None and len(lab.store.samples("d1")) > 0

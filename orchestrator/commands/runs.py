@@ -305,6 +305,8 @@ def show_run(name: str, as_json: bool) -> None:
                         if runs_lib.start_unsettled(run) and run.checked_at else ""),
             ("log", run.log_path or ""), ("batch", run.batch or ""), ("after", run.parent or ""),
             ("decision", verdict), ("why", decision.get("reason") or not_started or ""),
+            ("registry", f"unreadable: {run.unreadable} (shown as empty)"
+                         if run.unreadable else ""),
             *(("shift", LevelShift.describe(shift)) for shift in decision.get("level_shifts") or ()),
             ("W&B", where.get("url") or (f"offline: {where['dir']} (upload: wandb sync {where['dir']})" if where.get("dir")
                                           else ""))]
@@ -348,7 +350,7 @@ def _run_row(run: Run, now: datetime) -> dict[str, str]:
         state += f", checked {_local_time(run.checked_at, now, seconds=True)}"
     return {"name": run.name, "target": run.target, "variant": run.variant or "", "state": state,
             "started": _local_time(run.started_at, now), "PID": _text(run.pid),
-            "decision": (run.decision or {}).get("decision", "")}
+            "decision": "(unreadable)" if run.unreadable else (run.decision or {}).get("decision", "")}
 
 
 def _local_time(utc_text: str | None, now: datetime, *, seconds: bool = False) -> str:
