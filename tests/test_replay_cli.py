@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from orchestrator.cli import app
 from orchestrator.commands.common import verdicts_exit_status
 from orchestrator.commands.replay import COLOURS
+from orchestrator.decide import replay
 from orchestrator.errors import UsageError
 from orchestrator.logfmt import format_ts
 
@@ -211,7 +212,8 @@ def test_timeline_json_is_one_decision_per_change_of_verdict_ending_with_the_pla
     times = [change["at_ts"] for change in changes]
     assert times == sorted(times)
     verdicts = [(c["decision"], c["ended"], c["at_step"] if c["decision"] == "steady" else None) for c in changes]
-    assert all(a != b for a, b in zip(verdicts, verdicts[1:]))  # each line a change
+    assert all(a != b for a, b in zip(verdicts[:-1], verdicts[1:-1]))  # each line a change (the final may repeat
+    # the last change's verdict with the figure the log's end gives)
     assert changes[-1]["decision"] == "steady" and abs(changes[-1]["steady_tok_s"] / 40_500 - 1) < 0.05
 
 
@@ -242,3 +244,18 @@ def test_timeline_on_a_crash_shows_the_crash_last_and_its_line_escaped(tmp_path)
 def test_help_names_the_timeline():
     result = CliRunner().invoke(app, ["replay", "--help"])
     assert result.exit_code == 0 and "--timeline" in result.output and "change of verdict" in result.output
+
+
+QUIET_LOG = Path(__file__).resolve().parent / "data" / "real" / "qwen-thr-nographs-cold.log"  # flat, refines after
+
+
+def test_timeline_row_of_a_declaration_has_the_figure_it_was_declared_at_not_the_final_one():
+    """The steady row is what --until-decided would have exited on: its figure is the one a replay of the log
+    up to that line gives; the refined figure of the log's end comes after it, as the final line."""
+    changes = [json.loads(line) for line in invoke(QUIET_LOG, "--json", "--timeline").output.splitlines()]
+    declared = next(c for c in changes if c["decision"] == "steady")
+    lines = QUIET_LOG.read_text().splitlines()
+    upto = next(i for i, line in enumerate(lines) if line.startswith(f"ts={declared['at_ts']}"))
+    then = replay(lines[: upto + 1], run=QUIET_LOG.stem)
+    assert then.decision == "steady" and declared["steady_tok_s"] == pytest.approx(then.steady_tok_s)
+    assert changes[-1]["steady_tok_s"] != declared["steady_tok_s"]  # the log's end refined it: both are listed

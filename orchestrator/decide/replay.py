@@ -76,7 +76,9 @@ def replay_timeline(lines: Iterable[str], **options) -> list[Decision]:
     those of that moment). A change is a new verdict, signature, action or ending, or a new steady level
     declared (a shift re-opened the verdict and the new level was declared); the figure refining under a held
     declaration is not one. The first entry is the verdict at the log's first line; the last is exactly what
-    `replay` returns, in place of the change before it when that is the same verdict (none is listed twice)."""
+    `replay` returns. When that is the verdict of the change before it (a steady level declared and then
+    refined), both are listed: the change with the figure it was declared at (what `--until-decided`,
+    `stop_when: steady` and a notification acted on), the final with the figure the log's end gives."""
     changes: list[Decision] = []
     seen: list[tuple] = [()]  # the judge's state when last looked at: a Decision is built only when it moved
 
@@ -93,8 +95,8 @@ def replay_timeline(lines: Iterable[str], **options) -> list[Decision]:
             changes.append(decision)
 
     final = replay(lines, **options, after_each=look)
-    if changes and verdict_key(changes[-1]) == verdict_key(final):
-        changes.pop()
+    if changes and changes[-1].to_json() == final.to_json():
+        changes.pop()  # the log ended on the change itself: listed once
     return [*changes, final]
 
 
