@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
-import yaml
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import runs
 from .errors import InvalidName, InventoryError, UnknownTarget
-from .inventory import Inventory, _name_problem, chain_problems, describe_validation_error, read_yaml_file
+from .inventory import Inventory, _name_problem, chain_problems, describe_validation_error
+from .yamlfile import load_mapping, read_yaml_file
 
 SLUG_MAX = 40
 
@@ -129,14 +129,7 @@ def load_experiments(path: Path, inventory: Inventory) -> Plan:
 
 
 def parse_experiments(text: str, inventory: Inventory, *, source: str = "<memory>") -> Plan:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise InventoryError([f"{source}: {where}YAML syntax error: {getattr(exc, 'problem', None) or exc}"]) from None
-    if not isinstance(data, dict):
-        raise InventoryError([f"{source}: expected a mapping with batch:, targets: and matrix:, got {type(data).__name__}"])
+    data = load_mapping(text, source, expected="batch:, targets: and matrix:")
     try:
         experiments = Experiments.model_validate(data)
     except ValidationError as exc:

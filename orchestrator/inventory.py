@@ -20,7 +20,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal, Optional, Sequence
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -37,6 +36,7 @@ from .errors import InvalidName, InventoryError, UnknownTarget, UnknownVariant
 from .logfmt import metrics_regex_problem
 from .names import check_name
 from .sanitize import is_visible, url_origin
+from .yamlfile import load_mapping, read_yaml_file
 
 CTID_MIN, CTID_MAX = 100, 999_999_999
 BUILTIN_NAME = "default.yaml"
@@ -322,22 +322,9 @@ def load_inventory(path: Optional[Path] = None) -> Inventory:
     return parse_inventory(text, source=str(path))
 
 
-def read_yaml_file(path: Path, *, missing: str, unreadable: str) -> str:
-    """The UTF-8 text of a YAML file the user named; InventoryError (one line naming the file and the fix) if
-    it is missing, unreadable or not UTF-8. `missing`/`unreadable`: the fix to suggest."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InventoryError([f"{path}: file not found ({missing})"]) from None
-    except OSError as exc:
-        raise InventoryError([f"{path}: cannot read: {exc.strerror} ({unreadable})"]) from None
-    except UnicodeDecodeError as exc:
-        raise InventoryError([f"{path}: not UTF-8 text (byte {exc.start}): expected a YAML file"]) from None
-
-
 def parse_inventory(text: str, *, source: str = "<memory>") -> Inventory:
     """Validate YAML text; InventoryError carries one `SOURCE: key.path: problem` line per problem."""
-    data = _parse_yaml(text, source)
+    data = load_mapping(text, source, expected="at least 'hosts:'")
     try:
         inventory = Inventory.model_validate(data)
     except ValidationError as exc:
@@ -347,36 +334,6 @@ def parse_inventory(text: str, *, source: str = "<memory>") -> Inventory:
     if problems:
         raise InventoryError([f"{source}: {line}" for line in problems])
     return inventory
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one silently,
-    which would drop a container or a setting without a word)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: set = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (each key may appear once per mapping)", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _parse_yaml(text: str, source: str) -> Any:
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise InventoryError([f"{source}: {where}YAML syntax error: {problem}"]) from None
-    if not isinstance(data, dict):
-        got = "an empty file" if data is None else type(data).__name__
-        raise InventoryError([f"{source}: expected a mapping with at least 'hosts:', got {got}"])
-    return data
 
 
 def describe_validation_error(exc: ValidationError, root: type[BaseModel] | None = None) -> list[str]:

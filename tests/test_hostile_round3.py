@@ -263,3 +263,74 @@ def test_a_watch_of_a_run_whose_decision_cannot_be_read_judges_it_afresh(lab):
     watcher.attach("d1")
     run_until(watcher, lambda w: lab.store.find_run("d1").decision is not None)  # the watch wrote it anew
     assert lab.store.find_run("d1").unreadable is None and len(lab.store.samples("d1")) > 0
+
+
+# ------------------------------------------------------------------ one YAML loader for the files a user writes
+
+HOSTS = "hosts: {pve1: {address: 10.0.0.1, containers: {ct200: {ctid: 200}}}}\n"
+
+
+def yaml_bomb(levels: int = 9) -> str:
+    """Anchors of anchors: `i` expands to 9**9 (387 million) strings in a file of 600 bytes."""
+    names = "abcdefghij"[:levels + 1]
+    text = f"      {names[0]}: &{names[0]} [x, x, x, x, x, x, x, x, x]\n"
+    for before, name in zip(names, names[1:]):
+        text += f"      {name}: &{name} [{', '.join(['*' + before] * 9)}]\n"
+    return text
+
+
+def test_a_yaml_bomb_in_a_variants_args_is_refused_by_inventory_check_in_one_line(tmp_path):
+    """It passed `inventory check`; then `launch` spent 1.8 GB and died with MemoryError."""
+    from test_hostile import assert_clean_error, dfo
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(HOSTS + "variants:\n  v:\n    compile: trees\n    preset: tiny-cpu\n    args:\n" + yaml_bomb())
+    done = dfo("inventory", "check", "-i", str(path), home=tmp_path / "state")
+    assert_clean_error(done, 2, f"{path}: line 12, column 18: more than 100,000 values once its aliases are expanded")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_yaml_nested_20000_deep_is_one_line_not_a_recursion_error(tmp_path):
+    from test_hostile import assert_clean_error, dfo
+
+    path = tmp_path / "deep.yaml"
+    path.write_text(HOSTS + "variants: {v: {compile: trees, preset: tiny-cpu, args: {x: "
+                    + "[" * 20_000 + "]" * 20_000 + "}}}\n")
+    done = dfo("inventory", "check", "-i", str(path), home=tmp_path / "state")
+    assert_clean_error(done, 2, f"{path}: line 2, column 120: nested deeper than 64 levels (flatten it)")
+    assert "RecursionError" not in done.stderr
+
+
+def test_yaml_merge_keys_work_and_a_key_beside_them_overrides_while_a_repeated_key_is_still_refused():
+    from orchestrator.errors import InventoryError
+    from orchestrator.inventory import parse_inventory
+
+    inventory = parse_inventory(HOSTS + "variants:\n"
+                                "  trees: &base {compile: trees, preset: tiny-cpu, args: {steps: 50}}\n"
+                                "  eager: {<<: *base, compile: eager}\n")
+    assert inventory.variants["eager"].compile == "eager" and inventory.variants["eager"].args == {"steps": 50}
+    with pytest.raises(InventoryError) as info:
+        parse_inventory(HOSTS + "variants:\n  trees: &base {compile: trees, preset: tiny-cpu}\n"
+                        "  eager: {<<: *base, compile: eager, compile: trees}\n")
+    assert info.value.problems == ["<memory>: line 4, column 38: YAML syntax error: duplicate key 'compile' (each key "
+                                   "may appear once per mapping)"]
+
+
+def test_the_experiments_file_refuses_a_key_given_twice_and_a_yaml_bomb_as_the_inventory_does():
+    """`dfo batch` kept the last of two `targets:` silently."""
+    from orchestrator.errors import InventoryError
+    from orchestrator.experiments import parse_experiments
+    from orchestrator.inventory import parse_inventory
+
+    inventory = parse_inventory(HOSTS + "variants: {trees: {compile: trees, preset: tiny-cpu}}\n")
+    twice = "batch: s\ntargets: [ct200]\nmatrix: {variant: [trees]}\ntargets: [all]\n"
+    bomb = "batch: s\ntargets: [ct200]\nmatrix: {variant: [trees]}\nx:\n" + yaml_bomb()
+    problems = []
+    for text in (twice, bomb):
+        with pytest.raises(InventoryError) as info:
+            parse_experiments(text, inventory, source="sweep.yaml")
+        problems += info.value.problems
+    assert problems == [
+        "sweep.yaml: line 4, column 1: YAML syntax error: duplicate key 'targets' (each key may appear once per mapping)",
+        "sweep.yaml: line 10, column 18: more than 100,000 values once its aliases are expanded (a YAML bomb? write "
+        "the values out, or use fewer aliases)"]
