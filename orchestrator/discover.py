@@ -12,6 +12,7 @@ This module reaches the host only through the Target it is given; it writes no f
 
 from __future__ import annotations
 
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,16 +20,18 @@ from typing import Any, Optional
 
 import yaml
 
+from .agent.protocol import read_number
 from .errors import CommandFailed, DfoError, InvalidName, RemoteError, UsageError
 from .gpu import Gpu, NvidiaSmiError, query_gpus
 from .names import check_name
 from .remote.base import Target
 from .remote.pct import PctTarget
+from .sanitize import visible
 
 PCT_TIMEOUT_S = 30.0
 NVIDIA_SMI_TIMEOUT_S = 15.0
 PARALLEL = 8  # containers looked at at once (one SSH channel each)
-GPU_DEVICE_RE = re.compile(r"^/dev/nvidia(\d+)$")
+GPU_DEVICE_RE = re.compile(r"^/dev/nvidia([0-9]+)$")
 
 
 @dataclass(frozen=True)
@@ -48,11 +51,12 @@ def parse_pct_list(text: str) -> list[Listed]:
         parts = line.split()
         if not parts or parts[0] == "VMID":
             continue
-        if not parts[0].isdigit() or len(parts) not in (2, 3, 4):
-            raise DfoError(f"unexpected `pct list` line {line.strip()!r}", hint="is this a Proxmox VE host?")
+        vmid = read_number(parts[0], 0, 2**31, integer=True)
+        if vmid is None or not parts[0].isdigit() or len(parts) not in (2, 3, 4):
+            raise DfoError(f"unexpected `pct list` line {visible(line.strip()[:200])!r}", hint="is this a Proxmox VE host?")
         lock = parts[2] if len(parts) == 4 else ""
         name = parts[-1] if len(parts) >= 3 else ""
-        rows.append(Listed(int(parts[0]), parts[1], lock, name))
+        rows.append(Listed(vmid, parts[1], lock, name))
     return rows
 
 
@@ -104,10 +108,7 @@ def parse_pct_config(text: str) -> PveConfig:
 
 
 def _int(value: Optional[str]) -> Optional[int]:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
+    return None if value is None else read_number(value, 0, 2**40, integer=True)
 
 
 @dataclass
@@ -260,9 +261,20 @@ def host_name_for(address: str) -> str:
     return name or "pve"
 
 
+YAML12_NOT_A_STRING = re.compile(
+    r"[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?|0o[0-7_]+|0x[0-9a-fA-F_]+|0b[01_]+"
+    r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)|null|Null|NULL|~|true|True|TRUE|false|False|FALSE")
+"""Plain scalars a YAML 1.2 reader (ruamel, which --merge uses) takes for a number, bool or null: PyYAML (YAML 1.1)
+writes `0o17` and `1e3` plain, as strings to it."""
+
+
 def scalar(value: Any) -> str:
-    """`value` as a YAML plain or quoted scalar that reads back as the same string/number."""
-    return yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+    """`value` as a YAML plain or quoted scalar that reads back as the same string/number under YAML 1.1 (PyYAML)
+    and 1.2 (ruamel): a container named `0o17` or `1e3` stays a string for both."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip().removesuffix("...").strip()
+    if isinstance(value, str) and YAML12_NOT_A_STRING.fullmatch(text):
+        return json.dumps(value)  # a double-quoted JSON string is a YAML string to every reader
+    return text
 
 
 def render(discovery: Discovery, *, when: str) -> str:
@@ -293,9 +305,12 @@ def host_lines(host: str, address: str, port: Optional[int], user: Optional[str]
 
 
 def comment(item: Found) -> str:
+    """The container's YAML comment: what dfo guessed and found. It quotes remote text (GPU names, nvidia-smi's
+    and pct's words), so it goes through the display boundary: an ESC or U+202E is written as an escape (a raw
+    one is no YAML at all, or reorders what the reader sees), a newline too."""
     guesses = item.guesses()
     parts = ([f"guessed: {'; '.join(guesses)}"] if guesses else []) + item.facts()
-    return "; ".join(parts).replace("\n", " ")
+    return visible("; ".join(parts))
 
 
 # ---------------------------------------------------------------------------------------------- merge

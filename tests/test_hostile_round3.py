@@ -334,3 +334,47 @@ def test_the_experiments_file_refuses_a_key_given_twice_and_a_yaml_bomb_as_the_i
         "sweep.yaml: line 4, column 1: YAML syntax error: duplicate key 'targets' (each key may appear once per mapping)",
         "sweep.yaml: line 10, column 18: more than 100,000 values once its aliases are expanded (a YAML bomb? write "
         "the values out, or use fewer aliases)"]
+
+
+# ------------------------------------------------------------------ discover: remote names into YAML
+
+
+def discovered(*containers: tuple[str, int, str]):
+    """A Discovery of running containers (name, vmid, GPU name), as discover() would make from a host."""
+    from orchestrator.discover import Discovery, Found, Listed, PveConfig
+    from orchestrator.gpu import Gpu as SeenGpu
+
+    found = [Found(Listed(vmid, "running", "", name), PveConfig({"hostname": name, "cores": "8"}, []),
+                   gpus_seen=[SeenGpu(0, gpu_name, 0, 143771, 0)], name=name) for name, vmid, gpu_name in containers]
+    return Discovery("pve1", "10.0.0.1", None, None, found)
+
+
+def test_discover_merge_keeps_containers_named_like_numbers_as_names():
+    """`0o17` and `1e3` are strings to PyYAML (YAML 1.1) but numbers to ruamel (YAML 1.2), which --merge uses."""
+    from orchestrator.discover import merge_inventory, render
+    from orchestrator.inventory import parse_inventory
+
+    text = render(discovered(("0o17", 117, "NVIDIA H200"), ("1e3", 118, "NVIDIA H200"), ("gpu-a", 119, "NVIDIA H200")),
+                  when="2026-12-03T09:00Z")
+    existing = "hosts:\n  pve1:\n    address: 10.0.0.1\n    containers:\n      gpu-a: {ctid: 119}  # by hand\n"
+    merged = merge_inventory(existing, text, source="lab.yaml")
+    assert merged.added == ["0o17", "1e3"] and merged.kept == ["gpu-a"]
+    containers = parse_inventory(merged.text).hosts["pve1"].containers
+    assert {name: c.ctid for name, c in containers.items()} == {"gpu-a": 119, "0o17": 117, "1e3": 118}
+    assert "# by hand" in merged.text
+    assert merge_inventory(merged.text, text, source="lab.yaml").added == []  # merging again adds nothing
+
+
+def test_hostile_gpu_names_go_escaped_into_discovers_yaml_comments_and_the_inventory_still_loads():
+    """An ESC in a GPU name made the YAML unreadable (the whole discovery failed); U+202E reordered the line."""
+    from orchestrator.discover import merge_inventory, render
+    from orchestrator.inventory import parse_inventory
+
+    text = render(discovered(("gpu-a", 117, "H200 \x1b[2J\x1b]52;c;aGFja2Vk\x07"), ("gpu-b", 118, "H200 \u202eevil[bold]x[/]")),
+                  when="2026-12-03T09:00Z")
+    assert_no_raw_controls(text) and "\u202e" not in text
+    assert "nvidia-smi: 1 x H200 \\x1b[2J\\x1b]52;c;aGFja2Vk\\x07" in text
+    assert "nvidia-smi: 1 x H200 \\u202eevil[bold]x[/]" in text
+    assert set(parse_inventory(text).hosts["pve1"].containers) == {"gpu-a", "gpu-b"}
+    merged = merge_inventory("hosts: {}\n", text, source="lab.yaml")
+    assert "\u202e" not in merged.text and set(parse_inventory(merged.text).hosts["pve1"].containers) == {"gpu-a", "gpu-b"}
