@@ -2,19 +2,43 @@
 
 No SSH, SQL or decision logic lives in the CLI: commands parse options, call the library and render.
 DfoError becomes a one-line message on stderr and its exit code (2 usage/inventory, 1 everything else).
+Only typer's public API is used (`typer.Typer(cls=...)` with a `typer.core.TyperGroup`, `typer.Exit`), so the
+CLI runs on every typer from the floor pyproject.toml declares (scripts/floor.sh checks it) to the newest.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
-from typer.core import TyperArgument, TyperOption
+from typer.core import TyperGroup
 
 from .errors import DfoError
 
+
+class DfoGroup(TyperGroup):
+    """The root command: a DfoError raised by any command becomes its one-line message and exit code, and
+    Ctrl-C says that remote runs were left running (exit 130). Both are taken here, inside click's own
+    handling, so that `dfo` and typer's CliRunner behave alike."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DfoError as err:
+            from .commands.common import print_error
+
+            print_error(err)
+            raise typer.Exit(err.exit_code) from None
+        except KeyboardInterrupt:
+            # Ctrl-C stops dfo, never a remote run: nothing remote is signalled on the way out.
+            sys.stderr.write("interrupted: remote runs were left running\n")
+            raise typer.Exit(130) from None
+
+
 app = typer.Typer(
     name="dfo",
+    cls=DfoGroup,
     help=(
         "Drive GPU training experiments in Proxmox LXC containers over SSH: preflight the GPUs, launch "
         "detached runs, watch them until they are steady (or fall back to the next variant), run batches."
@@ -22,6 +46,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help text is shown as written: `[group]` is not read as rich markup
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -40,8 +65,8 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    show_version: bool = typer.Option(False, "--version", help="Print dfo's version and exit.", is_eager=True,
-                                      callback=_version),
+    show_version: Annotated[bool, typer.Option("--version", help="Print dfo's version and exit.", is_eager=True,
+                                               callback=_version)] = False,
 ) -> None:
     pass
 
@@ -56,66 +81,6 @@ def _register_commands() -> None:
 _register_commands()
 
 
-SECONDS_NAMES = ("timeout", "grace", "interval", "poll")
-
-
-def readable_placeholders(command):
-    """`--help` placeholders as words: flags show none (not `<bool>`), an option without a metavar shows its
-    name (`--variant VARIANT`) or SECONDS/N, and an argument shows only its own metavar (not `NAME <str>`)."""
-    for param in command.params:
-        if isinstance(param, TyperOption) and param.metavar is None:
-            if param.is_flag or param.count:
-                param.metavar = ""
-            elif any(word in param.name for word in SECONDS_NAMES) or param.name.endswith("_s"):
-                param.metavar = "SECONDS"
-            elif getattr(param.type_descriptor, "annotation", None) is int:
-                param.metavar = "N"
-            else:
-                param.metavar = param.name.upper()
-        elif isinstance(param, TyperArgument):
-            param.metavar = param.metavar or param.name.upper()
-            param.display_type_rich = lambda ctx: None  # typer would add `<str>` after the argument's name
-    make_help_option = command.get_help_option
-
-    def help_option(ctx, make=make_help_option):
-        option = make(ctx)
-        if option is not None:
-            option.metavar = ""  # --help is a flag too
-        return option
-
-    command.get_help_option = help_option
-    for sub in getattr(command, "commands", {}).values():
-        readable_placeholders(sub)
-    return command
-
-
 def main() -> None:
-    """Console-script entry point: run the app, turning DfoError into a message and an exit code."""
-    try:
-        rc = readable_placeholders(typer.main.get_command(app)).main(prog_name="dfo", standalone_mode=False)
-        sys.exit(rc if isinstance(rc, int) else 0)
-    except DfoError as err:
-        from .commands.common import print_error
-
-        print_error(err)
-        sys.exit(err.exit_code)
-    except KeyboardInterrupt:
-        # Ctrl-C stops dfo, never a remote run: nothing remote is signalled on the way out.
-        sys.stderr.write("interrupted: remote runs were left running\n")
-        sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception as exc:  # click's own usage errors arrive here in non-standalone mode
-        import click
-
-        try:  # recent typer vendors click as typer._click, with its own exception classes
-            from typer._click import exceptions as vendored
-        except ImportError:
-            vendored = click.exceptions
-        if isinstance(exc, (click.exceptions.ClickException, vendored.ClickException)):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, (click.exceptions.Abort, typer.Abort)):
-            sys.stderr.write("aborted\n")
-            sys.exit(130)
-        raise
+    """Console-script entry point."""
+    app(prog_name="dfo")

@@ -11,7 +11,8 @@
 # Exit status: pytest's (or the failing set-up step's).
 # Environment: PYTHON (interpreter for the venv, default python3.11 or python3),
 #              TORCH_PIP_ARGS (extra pip arguments for torch, e.g. an --index-url of CPU wheels),
-#              DFO_TEST_WORKERS (pytest-xdist workers, default 2).
+#              DFO_TEST_WORKERS (pytest-xdist workers, default 2),
+#              DFO_SKIP_FLOOR (set: skip scripts/floor.sh, the CLI on the lowest declared typer, rich, pydantic).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -86,6 +87,7 @@ main() {
     as_root mkdir -p /run/sshd
     make_venv
     install_python_packages
+    [[ -n ${DFO_SKIP_FLOOR:-} ]] || VENV=$VENV bash scripts/floor.sh  # the CLI on the declared floors of its dependencies
     exec "$VENV/bin/python" -m pytest -n "${DFO_TEST_WORKERS:-2}" --dist loadgroup "$@"
 }
 

@@ -43,7 +43,7 @@ def preflight_command(
     accept_new_host_key: bool = typer.Option(
         False, "--accept-new-host-key", help="Record the key of a host not yet in known_hosts (like ssh's accept-new)."
     ),
-) -> int:
+) -> None:
     inv = load_inventory(inventory)
     with Connections(inv, accept_new_host_keys=accept_new_host_key, offer_accept_new=True) as connections:
         reports = preflight(connections, hosts)
@@ -56,7 +56,7 @@ def preflight_command(
                 console.print(cpu_only_note(report), highlight=False, markup=False, soft_wrap=True)
         ready = [report.target + (" (CPU only)" if report.cpu_only else "") for report in reports if report.ok or report.cpu_only]
         console.print(f"{len(ready)} of {len(reports)} targets ready" + (f": {', '.join(ready)}" if ready else ""))
-    return 0 if all(report.ok or report.cpu_only for report in reports) else 1
+    raise typer.Exit(0 if all(report.ok or report.cpu_only for report in reports) else 1)
 
 
 NO_GPU_WHY = {"missing": "no nvidia-smi here", "no_devices": "nvidia-smi finds none"}

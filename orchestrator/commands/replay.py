@@ -54,11 +54,11 @@ def read_exit_code(log: Path) -> int | None:
 
 
 def replay_command(
-    log: Path = typer.Argument(..., help="The run's log file (the contract's logfmt lines, or --regex)."),
+    log: Path = typer.Argument(..., metavar="LOG", help="The run's log file (the contract's logfmt lines, or --regex)."),
     baseline: Optional[float] = typer.Option(None, "--baseline", help="Baseline tok/s for the too-slow rule.", metavar="TOK_S"),
-    regex: Optional[str] = typer.Option(None, "--regex", help="Metric regex with named groups step, tok_s (ts, loss ...)."),
-    variant: Optional[str] = typer.Option(None, "--variant", help="The inventory variant that ran (its regex, baseline, chain)."),
-    exit_code: Optional[int] = typer.Option(None, "--exit-code", help="The run's exit status (default: LOG's .exit file)."),
+    regex: Optional[str] = typer.Option(None, "--regex", metavar="REGEX", help="Metric regex with named groups step, tok_s (ts, loss ...)."),
+    variant: Optional[str] = typer.Option(None, "--variant", metavar="VARIANT", help="The inventory variant that ran (its regex, baseline, chain)."),
+    exit_code: Optional[int] = typer.Option(None, "--exit-code", metavar="N", help="The run's exit status (default: LOG's .exit file)."),
     line_interval: Optional[float] = typer.Option(
         None, "--line-interval", help="Seconds between lines, for logs with no timestamps at all.", metavar="S",
     ),

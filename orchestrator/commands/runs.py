@@ -100,7 +100,7 @@ def launch_command(
                                          "multi-node run (procsplit variants; the first target hosts the rendezvous)."),
     variant: str = typer.Option(..., "--variant", help="Variant name from the inventory, e.g. nographs.", metavar="VARIANT",
                                 autocompletion=complete_variants),
-    name: Optional[str] = typer.Option(None, "--name", help="Run name (default: train_<variant>_<YYYYmmdd-HHMM>)."),
+    name: Optional[str] = typer.Option(None, "--name", metavar="NAME", help="Run name (default: train_<variant>_<YYYYmmdd-HHMM>)."),
     sets: list[str] = typer.Option([], "--set", help="Override a trainer argument: key=value (repeatable).", metavar="KEY=VALUE"),
     force: bool = typer.Option(False, "--force", help="Start even when the target's GPUs look busy."),
     no_preflight: bool = typer.Option(False, "--no-preflight", help="Skip the preflight checks."),
@@ -209,7 +209,7 @@ def _warn_tolerated(report: TargetReport | None, spec: TargetSpec) -> None:
 def runs_command(
     name: Optional[str] = typer.Argument(None, help="One run: everything the registry holds about it (W&B record included).",
                                          metavar="NAME", autocompletion=complete_runs),
-    batch: Optional[str] = typer.Option(None, "--batch", help="Only runs of this batch."),
+    batch: Optional[str] = typer.Option(None, "--batch", metavar="BATCH", help="Only runs of this batch."),
     active: bool = typer.Option(False, "--active", help="Only launching/running runs."),
     no_refresh: bool = typer.Option(False, "--no-refresh", help="Show the registry as it is: no look at the targets of active runs."),
     recheck: bool = typer.Option(False, "--recheck", help="Look for every run whose start was never settled (`lost` "
@@ -383,7 +383,7 @@ def _text(value: object) -> str:
 
 def logs_command(
     name: str = typer.Argument(..., help="Run name (see `dfo runs`).", metavar="NAME", autocompletion=complete_runs),
-    lines: int = typer.Option(80, "-n", "--lines", help="How many lines of the tail to show.", min=0),
+    lines: int = typer.Option(80, "-n", "--lines", metavar="N", help="How many lines of the tail to show.", min=0),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until the run ends or Ctrl-C (the run goes on)."),
     exit_status: bool = typer.Option(False, "--exit-status", help="With -f: exit with the run's own exit status once it ends."),
     inventory: Optional[Path] = InventoryOpt,
@@ -532,7 +532,7 @@ def _stop_nodes(store: Store, name: str, grace: Optional[float], inventory: Opti
 
 
 def resume_command(
-    name: str = typer.Argument(..., help="The stopped or crashed run (see `dfo runs`)."),
+    name: str = typer.Argument(..., metavar="NAME", help="The stopped or crashed run (see `dfo runs`)."),
     watch: bool = typer.Option(False, "--watch", help="Go straight into `dfo watch` of the resumed run."),
     force: bool = typer.Option(False, "--force", help="Resume even though the trainer package changed since the run."),
     inventory: Optional[Path] = InventoryOpt,
