@@ -74,7 +74,7 @@ def _root(
 def _register_commands() -> None:
     import importlib
 
-    for module in ("inventory", "preflight", "runs", "watch", "batch", "replay", "metrics"):
+    for module in ("inventory", "preflight", "runs", "watch", "batch", "replay", "metrics", "ui"):
         importlib.import_module(f"orchestrator.commands.{module}").register(app)
 
 

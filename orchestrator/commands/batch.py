@@ -162,23 +162,33 @@ REPORT_DROPPED_FIRST = ("fallbacks", "warm-up s", "peak MiB", "state", "±95%")
 """Columns given up, in this order, when the report is wider than the terminal; cell ids and figures stay whole."""
 
 
+REPORT_COLUMNS = {
+    "cell": lambda row: row.cell,
+    "state": lambda row: row.state,
+    "decision": lambda row: row.decision or (row.why[:30] if row.state == "error" else ""),
+    "tok/s": lambda row: number(row.tok_s),
+    "basis": lambda row: basis_label(row.basis),
+    "±95%": lambda row: number((row.interval_high - row.interval_low) / 2) if row.interval_low is not None else "",
+    "warm-up s": lambda row: number(row.warmup_s),
+    "fallbacks": lambda row: " ".join(row.fallbacks),
+    "peak MiB": lambda row: number(row.peak_gpu_mem_mib),
+}
+"""The report's columns and how each cell of them is written (`dfo report` and `dfo ui`'s batch page)."""
+
+
+def report_cells(rows: list[report_lib.CellRow]) -> tuple[list[str], dict[str, list[str]]]:
+    """The columns worth showing (cell, state and decision always; the others when any row fills them) and
+    each column's cells, one per row, as `dfo report` writes them."""
+    cells = {name: [render(row) for row in rows] for name, render in REPORT_COLUMNS.items()}
+    present = [name for name in REPORT_COLUMNS if name in ("cell", "state", "decision") or any(cells[name])]
+    return present, cells
+
+
 def show_report(batch: str, rows: list[report_lib.CellRow], as_json: bool, width: Optional[int] = None) -> None:
     if as_json:
         print_json(report_lib.to_json(batch, rows))
         return
-    columns = {
-        "cell": lambda row: row.cell,
-        "state": lambda row: row.state,
-        "decision": lambda row: row.decision or (row.why[:30] if row.state == "error" else ""),
-        "tok/s": lambda row: number(row.tok_s),
-        "basis": lambda row: basis_label(row.basis),
-        "±95%": lambda row: number((row.interval_high - row.interval_low) / 2) if row.interval_low is not None else "",
-        "warm-up s": lambda row: number(row.warmup_s),
-        "fallbacks": lambda row: " ".join(row.fallbacks),
-        "peak MiB": lambda row: number(row.peak_gpu_mem_mib),
-    }
-    cells = {name: [render(row) for row in rows] for name, render in columns.items()}
-    present = [name for name in columns if name in ("cell", "state", "decision") or any(cells[name])]  # empty ones left out
+    present, cells = report_cells(rows)
 
     def build(shown: list[str], hidden: list[str]) -> Table:
         caption = f"not shown for lack of width: {', '.join(hidden)} (see --json)" if hidden else None

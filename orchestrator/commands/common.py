@@ -139,13 +139,21 @@ def basis_label(basis: str | None) -> str:
     return {STEADY: "steady", LAST_WINDOW: "last-win"}.get(basis or "", "")
 
 
-def print_basis_note(bases: Sequence[str | None]) -> None:
-    """The footnote a table with last-window figures needs, so that none is read as a steady figure."""
+def basis_note(bases: Sequence[str | None]) -> str | None:
+    """The footnote a table with last-window figures needs, so that none is read as a steady figure (None: no
+    such figure in it)."""
     from ..report import LAST_WINDOW, LAST_WINDOW_S
 
-    if LAST_WINDOW in bases:
-        console.print(f"last-win: median tok/s over the run's last {LAST_WINDOW_S:.0f} s of steps; it never reached a "
-                      "steady state, so it is not a steady figure", highlight=False)
+    if LAST_WINDOW not in bases:
+        return None
+    return (f"last-win: median tok/s over the run's last {LAST_WINDOW_S:.0f} s of steps; it never reached a "
+            "steady state, so it is not a steady figure")
+
+
+def print_basis_note(bases: Sequence[str | None]) -> None:
+    note = basis_note(bases)
+    if note:
+        console.print(note, highlight=False)
 
 
 # ---------------------------------------------------------------------------------------------- completion

@@ -344,8 +344,13 @@ def runs_table(runs: list[Run], width: int, now: datetime | None = None) -> Tabl
     return fit_table(RUN_COLUMNS, lambda shown, hidden: _table(shown, rows, hidden), width, DROPPED_FIRST)
 
 
+def state_text(run: Run) -> str:
+    """`running`, `crashed 1`, `stopped 143`: the state with the exit status when it is news (`dfo runs`, `dfo ui`)."""
+    return run.state if run.exit_code is None or run.state == "exited" else f"{run.state} {run.exit_code}"
+
+
 def _run_row(run: Run, now: datetime) -> dict[str, str]:
-    state = run.state if run.exit_code is None or run.state == "exited" else f"{run.state} {run.exit_code}"
+    state = state_text(run)
     if runs_lib.start_unsettled(run) and run.checked_at:  # looked for at a target that did not answer
         state += f", checked {_local_time(run.checked_at, now, seconds=True)}"
     return {"name": run.name, "target": run.target, "variant": run.variant or "", "state": state,
