@@ -33,14 +33,15 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
+from . import faults
 from .decide import Catalogue, next_variant, rest_of_chain
 from .errors import DfoError, RefusedError, UsageError
 from .inventory import Inventory, TargetSpec, chain_problems, load_inventory
 from .launchplan import Gate
 from .package import build_package
 from .preflight import PreflightFailed
-from .runs import (FALLBACK_HOOK, LATE_START_S, LAUNCH_MARGIN_S, LOOK_TIMEOUT, STOP_MARGIN_S, Launched, RunSpec,
-                   StartsUnseen, StopWait, exit_at_hook, look, look_due, may_start_late, needs_look, out_dir,
+from .runs import (LATE_START_S, LAUNCH_MARGIN_S, LOOK_TIMEOUT, STOP_MARGIN_S, Launched, RunSpec,
+                   StartsUnseen, StopWait, look, look_due, may_start_late, needs_look, out_dir,
                    process_alive, resolve_launch, spec_for, start_unseen, start_unsettled, started)
 from .runs import launch as launch_run
 from .runs import stop as stop_run
@@ -297,7 +298,7 @@ def record_fallback(store: Store, subject: str, kind: str, data: Mapping[str, An
     """Record a fallback of run `data["run"]` before anything is done about it (store.add_intent_once: two dfo
     deciding it share one intent, and one recorded before, open or done, is the one returned)."""
     intent = store.add_intent_once(subject, kind, data)
-    exit_at_hook("recorded", FALLBACK_HOOK)
+    faults.exit_at("recorded", faults.FALLBACK_EXIT_AT)
     return intent
 
 
@@ -309,7 +310,7 @@ def carry_out_fallback(store: Store, intent: Intent, stop: Callable[[dict], Mapp
     data closes the intent. A `stop` that raises leaves the intent open for the next watch."""
     def carry(data: dict) -> dict:
         data = {**data, **stop(data)}
-        exit_at_hook("stopped", FALLBACK_HOOK)
+        faults.exit_at("stopped", faults.FALLBACK_EXIT_AT)
         return launch(data)
 
     return carry_out_once(store, intent, carry)

@@ -28,9 +28,10 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Callable, Mapping, Sequence
 
+from . import faults
 from . import runs as runs_lib
 from .chains import (
-    FALLBACK_HOOK, MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, Left, NoFreeName, Refusals, StartUnseen,
+    MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, Left, NoFreeName, Refusals, StartUnseen,
     carry_checkpoint, carry_out_fallback, catalogue_for, chain_name, check_resumable, first_launch, gpus_used,
     next_variant_after, record_fallback, successor_name, until_released,
 )
@@ -200,13 +201,13 @@ def launch_nodes(
         for ready in prepared:
             ready.cancel()
         raise
-    runs_lib.pause_at_hook("nodes_recorded")
+    faults.pause_at("nodes_recorded")
     launched: list[runs_lib.Launched] = []
     unseen: list[tuple[runs_lib.Prepared, DfoError]] = []
     for index, ready in enumerate(prepared):
         try:
             launched.append(ready.start(recorded=True))
-            runs_lib.exit_at_hook(f"node{index}_started", FALLBACK_HOOK)
+            faults.exit_at(f"node{index}_started", faults.FALLBACK_EXIT_AT)
         except BaseException as exc:
             if isinstance(exc, DfoError) and runs_lib.start_unseen(store.get_run(ready.name)):
                 unseen.append((ready, exc))  # it may run all the same: the later nodes are started, the next look settles it

@@ -25,6 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from . import faults
 from .agent import stopper
 from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
 from .inventory import START_GRACE_S, STOP_GRACE_S
@@ -61,8 +62,6 @@ POLL_S = 0.2
 SET_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_NAME_SUFFIX = 50
-FALLBACK_HOOK = "DFO_TEST_FALLBACK_EXIT_AT"  # tests: where a fallback is killed (exit_at_hook)
-PAUSE_MAX_S = 120.0  # tests: the longest pause_at_hook holds dfo
 WANDB_MODES = ("off", "offline", "online", "auto")
 """`python -m trainer --wandb` choices (auto: offline unless WANDB_API_KEY is set)."""
 TRAINER_TOPOLOGIES = {"threaded": "threads", "procsplit": "procsplit"}
@@ -300,8 +299,8 @@ def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool, 
     ]
     if with_secrets:
         lines.append(f"if ! (umask 077; {secrets_from} > {secrets}); then rm -f {secrets} {log}; exit 1; fi")
-    if slow_start_hook(name):
-        lines.append(f"sleep {slow_start_hook(name):g}")
+    if faults.slow_start_s(name):
+        lines.append(f"sleep {faults.slow_start_s(name):g}")
     lines += [
         f"setsid nohup sh -c {q(wrapper)} </dev/null >>{log} 2>&1 &",
         "pid=$!",
@@ -396,14 +395,14 @@ class Prepared:
             _abandon(target, spec, name, store, exc, maybe_started=starting and isinstance(exc, (CommandTimeout, KeyboardInterrupt)),
                      forget=not recorded)
             raise
-        exit_at_hook("started")
+        faults.exit_at("started")
         if spec.parent:
-            exit_at_hook("launch_started", FALLBACK_HOOK)
+            faults.exit_at("launch_started", faults.FALLBACK_EXIT_AT)
         command = _command(spec, name, package)
         run = store.update_run(
             name, state="running", pid=pid, proc_starttime=stopper.starttime(stat), started_at=utc_now(), command=command, owner=None
         )
-        exit_at_hook("recorded")
+        faults.exit_at("recorded")
         store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets),
                                            "env": dict(spec.env), "wandb": spec.wandb})
         if spec.builtin and spec.sets:
@@ -437,9 +436,9 @@ def prepare(
     missing = tuple(key for key in spec.secrets if key not in environ)
     package = (package or build_package()) if spec.builtin else None
     name, opened = _reserve_name(target, spec, store, name, package, now, gate, bool(secrets))
-    exit_at_hook("reserved")
+    faults.exit_at("reserved")
     if spec.parent:  # a successor (a fallback's): its row is `launching`, nothing started yet
-        exit_at_hook("launching", FALLBACK_HOOK)
+        faults.exit_at("launching", faults.FALLBACK_EXIT_AT)
     return Prepared(target, spec, store, name, opened, package, secrets, missing)
 
 
@@ -462,29 +461,6 @@ def _refuse_settings_the_trainer_refused(target: Target, store: Store, spec: Run
     message = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "no message")
     raise RefusedError(f"the trainer refused the settings of {run.name}: {message}",
                        hint="see docs/trainer.md for the keys it takes (python -m trainer --help)")
-
-
-def exit_at_hook(point: str, variable: str = "DFO_TEST_LAUNCH_EXIT_AT") -> None:
-    """Tests kill dfo at a named point of a launch (DFO_TEST_LAUNCH_EXIT_AT=reserved|started|recorded) or of a
-    fallback (DFO_TEST_FALLBACK_EXIT_AT=recorded|stopped, chains.py; launching|launch_started, a successor's launch
-    here; nodeK_started, multinode.py) to show that the next `dfo runs` or `dfo watch` resolves what it left.
-    Nothing else sets them."""
-    if os.environ.get(variable) == point:
-        os._exit(137)
-
-
-def pause_at_hook(point: str) -> None:
-    """Tests hold dfo at a named point (DFO_TEST_PAUSE_AT=identified: `dfo stop` between its identity check and
-    its signal; nodes_recorded: a multi-node launch between recording its nodes and starting them) to make
-    something happen exactly there: dfo creates DFO_TEST_PAUSE_FILE and goes on once the test removes it (at
-    most PAUSE_MAX_S later). Nothing else sets them."""
-    if os.environ.get("DFO_TEST_PAUSE_AT") != point:
-        return
-    flag = os.environ["DFO_TEST_PAUSE_FILE"]
-    open(flag, "w").close()
-    deadline = time.monotonic() + PAUSE_MAX_S
-    while os.path.exists(flag) and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def _command(spec: RunSpec, name: str, package: Package | None) -> str:
@@ -596,35 +572,16 @@ def _launching_run(spec: RunSpec, name: str, package: Package | None) -> Run:
 
 
 def _start(opened: Opened, spec: RunSpec, name: str, secrets: Mapping[str, str]) -> tuple[int, str]:
-    timeout_at_hook("before_start", spec)
-    timeout = SLOW_START_ANSWER_S if slow_start_hook(name) else START_TIMEOUT
+    faults.lose_start_answer("before_start", successor=bool(spec.parent), timeout_s=START_TIMEOUT)
+    timeout = faults.SLOW_START_ANSWER_S if faults.slow_start_s(name) else START_TIMEOUT
     result = opened.call.start(_env_file(secrets) if secrets else b"", timeout=timeout)
     if result.exit_code == LOG_EXISTS_EXIT:
         raise RefusedError(f"{log_path(spec.workspace, name)} appeared on {spec.target} meanwhile; dfo never overwrites a log")
     info = parse_probe(result.stdout)
     if result.failed or not info.get("pid", "").isdigit():
         raise RemoteError(f"starting run {name} failed: {result.tail(3) or 'no PID printed'}", where=spec.target)
-    timeout_at_hook("after_start", spec)
+    faults.lose_start_answer("after_start", successor=bool(spec.parent), timeout_s=START_TIMEOUT)
     return int(info["pid"]), info.get("stat", "")
-
-
-def timeout_at_hook(point: str, spec: RunSpec) -> None:
-    """Tests: a successor's start (a fallback's) whose answer does not come in time, as over a link that drops
-    (DFO_TEST_START_TIMEOUT_AT=before_start: the word to start never went out; after_start: the run started, its
-    PID never came back). Nothing else sets it."""
-    if spec.parent and os.environ.get("DFO_TEST_START_TIMEOUT_AT") == point:
-        raise CommandTimeout(f"the launch script gave no answer to the start within {START_TIMEOUT:g}s (test: {point})")
-
-
-SLOW_START_ANSWER_S = 1.0
-
-
-def slow_start_hook(name: str) -> float:
-    """Tests: a start whose remote launch is slow (DFO_TEST_SLOW_START=NAME:SECONDS): run NAME's start script
-    waits SECONDS before it starts the run, and dfo waits only SLOW_START_ANSWER_S for its answer, as when a
-    loaded container starts the run after dfo gave up on the answer (START_TIMEOUT). Nothing else sets it."""
-    run, _, seconds = os.environ.get("DFO_TEST_SLOW_START", "").partition(":")
-    return float(seconds) if run == name and seconds else 0.0
 
 
 def _env_file(secrets: Mapping[str, str]) -> bytes:
@@ -820,7 +777,7 @@ def stop(target: Target, store: Store, name: str, *, grace_s: float = STOP_GRACE
             info = _identified(store, run, talk, python)
             if info.get("identity") == "gone":  # ended before the look, or while it looked: nothing to signal
                 return Stopped(_ended_before_stop(store, run, talk.until("exit", STOP_PROBE_TIMEOUT).get("exit", "")), None)
-            pause_at_hook("identified")
+            faults.pause_at("identified")
             asked_before = store.get_run(name).stop_requested_at
             ours = store.request_stop(name).stop_requested_at  # before the signal: a watch reads its exit as stopped
             info = talk.signal(grace_s, on_wait)

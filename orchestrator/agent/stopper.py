@@ -44,7 +44,7 @@ SETTLE_S = 10.0  # how long a wrapper alone in its group gets (runs.KILL_SETTLE_
 POLL_S = 0.2
 FIRST_POLL_S = 0.01
 SAY_EVERY_S = 1.0
-WORD_TIMEOUT_S = 150.0  # how long it waits for dfo's word (longer than runs.PAUSE_MAX_S, a test's pause)
+WORD_TIMEOUT_S = 150.0  # how long it waits for dfo's word (longer than faults.PAUSE_MAX_S, a test's pause)
 PIDFD_SIGNAL_PROCESS_GROUP = 4  # linux/pidfd.h, Linux 6.9
 
 
