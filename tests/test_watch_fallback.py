@@ -36,12 +36,15 @@ from orchestrator.watch import Watcher
 from test_view_progress import shown
 from test_watch import CUDAGRAPH_TLS_CRASH, FAST_WATCH, PY, run_until, write_trainers
 
-# Stands in for the target's python: `-m trainer ARGS` prints ARGS, then plays a trainer chosen by its
-# --variant (trees: the cudagraph_tls crash; any other: a steady run); anything else is the real python
-# (the push probe, the watch agent).
+# Stands in for the target's python: `-m trainer ARGS` prints ARGS, makes the run's directory (runs/NAME in the
+# workspace) as the trainer does once it accepts its settings (a launch with --set waits for that, up to
+# runs.SETTINGS_CHECK_S), then plays a trainer chosen by its --variant (trees: the cudagraph_tls crash; any
+# other: a steady run); anything else is the real python (the push probe, the watch agent).
 FAKE_PYTHON = """#!/bin/sh
 if [ "$1" = "-m" ] && [ "$2" = "trainer" ]; then
   echo "trainer args: $*"
+  name=$(echo " $* " | sed -n 's/.* --run-name \\([^ ]*\\) .*/\\1/p')
+  [ -n "$name" ] && mkdir -p "runs/$name"
   case " $* " in
     *" --variant trees "*) exec {py} {scripts}/tls_crash.py ;;
     *) exec {py} {scripts}/steady_trainer.py 400 0.02 ;;
