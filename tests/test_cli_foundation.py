@@ -1,24 +1,18 @@
-"""`dfo inventory check`, `dfo preflight` and `dfo hostkey` as a user runs them: the installed console script."""
+"""`dfo inventory check`, `dfo preflight` and `dfo hostkey` as a user runs them: the console script's entry point
+(tests/harness/cli.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from harness import STANDIN_BIN, write_inventory
+from harness.cli import dfo
 from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
-
-DFO = str(Path(sys.executable).parent / "dfo")
-
-
-def dfo(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k != "DFO_INVENTORY"}
-    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=60, env={**base, **(env or {})}, cwd=cwd)
 
 
 def test_help_lists_the_commands_and_each_has_an_example() -> None:

@@ -1,25 +1,18 @@
-"""What users expect of any CLI, through the installed console script: --version, --help placeholders that read
-as words, and shell completion of run, target and variant names (the protocol `dfo --install-completion` sets up)."""
+"""What users expect of any CLI, through the console script's entry point (tests/harness/cli.py): --version, --help
+placeholders that read as words, and shell completion of run, target and variant names (the protocol
+`dfo --install-completion` sets up)."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 from harness import write_inventory
+from harness.cli import dfo
 
 from orchestrator.store import Run, Store
 
-DFO = str(Path(sys.executable).parent / "dfo")
 COMMANDS = ["", "launch", "watch", "batch", "report", "replay", "runs", "logs", "stop", "push", "preflight", "metrics",
             "compare", "inventory", "inventory check", "inventory discover", "inventory import", "hostkey trust"]
-
-
-def dfo(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=60, env={**os.environ, **env})
 
 
 def test_version_prints_the_installed_version():
@@ -41,7 +34,7 @@ def option_lines(help_text: str) -> list[str]:
 def test_help_placeholders_are_words_not_python_types():
     helps = {}
     for command in COMMANDS:
-        shown = dfo(*command.split(), "--help", COLUMNS="200")
+        shown = dfo(*command.split(), "--help", env={"COLUMNS": "200"})
         assert shown.returncode == 0, (command, shown.stderr)
         assert not [line for line in option_lines(shown.stdout) if re.search(PYTHON_TYPES, line)], (command, shown.stdout)
         helps[command] = shown.stdout
@@ -56,7 +49,8 @@ def test_help_text_is_shown_as_written_not_read_as_markup():
 
 
 def complete(words: str, **env: str) -> list[str]:
-    shown = dfo(_DFO_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(len(words.split(" ")) - 1), **env)
+    shown = dfo(env={"_DFO_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split(" ")) - 1),
+                     **env})
     assert shown.returncode == 0, shown.stderr
     return shown.stdout.split()
 

@@ -1,28 +1,25 @@
 """`dfo metrics NAME` and `dfo compare NAME NAME...` over a registry filled as the watcher fills it, through the
-installed `dfo` at 80 columns: the figures, the timeline, the JSON and real PNGs."""
+console script's entry point (tests/harness/cli.py) at 80 columns: the figures, the timeline, the JSON and real PNGs."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy
 import pytest
+from harness import cli
 from matplotlib import image
 
 from orchestrator.logfmt import format_ts
 from orchestrator.store import Run, Store
 
 T0 = 1_800_000_000.0
-DFO = str(Path(sys.executable).parent / "dfo")
 
 
-def dfo(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "DFO_HOME": str(home), "COLUMNS": "80"})
+def dfo(home: Path, *args: str) -> cli.Ran:
+    """`dfo ARGS` on the registry in `home`, 80 columns wide."""
+    return cli.dfo(*args, env={"DFO_HOME": str(home), "COLUMNS": "80"})
 
 
 def add_run(store: Store, name: str, variant: str, level: float, decision: dict | None, *, gpus: int = 2) -> None:
@@ -107,8 +104,8 @@ def test_compare_puts_runs_side_by_side_at_80_columns_and_overlays_their_through
     blue = (numpy.abs(rgb - numpy.array((0.122, 0.467, 0.706))).max(axis=2) < 0.08).sum()
     orange = (numpy.abs(rgb - numpy.array((1.0, 0.498, 0.055))).max(axis=2) < 0.08).sum()
     assert blue > 200 and orange > 200  # one colour per run
-    wide = subprocess.run([DFO, "compare", "trees-run", "nographs-run-with-a-rather-long-name"], capture_output=True,
-                          text=True, timeout=60, env={**os.environ, "DFO_HOME": str(home), "COLUMNS": "140"}).stdout
+    wide = cli.dfo("compare", "trees-run", "nographs-run-with-a-rather-long-name",
+                   env={"DFO_HOME": str(home), "COLUMNS": "140"}).stdout
     trees = next(line for line in wide.splitlines() if "trees-run" in line)
     assert "batch_size=8" in trees and "18" in trees and "25" in trees and "95,001" in trees  # ±, warm-up s, peak
     data = json.loads(dfo(home, "compare", "trees-run", "nographs-run-with-a-rather-long-name", "--json").stdout)
