@@ -44,7 +44,7 @@ def test_help_placeholders_are_words_not_python_types():
 
 
 def test_help_text_is_shown_as_written_not_read_as_markup():
-    shown = dfo("inventory", "import", "--help", COLUMNS="200")
+    shown = dfo("inventory", "import", "--help", env={"COLUMNS": "200"})
     assert "INI ([group] lines)" in " ".join(shown.stdout.replace("│", " ").split()), shown.stdout
 
 
