@@ -99,7 +99,7 @@ def main(out: Path) -> None:
         with Store(Path(home) / "dfo.db") as store:
             names = fill(store, Path(home))
         env = {**os.environ, "DFO_HOME": home}
-        server = subprocess.Popen([str(Path(sys.executable).parent / "dfo"), "ui", "--port", "0"], env=env,
+        server = subprocess.Popen([str(Path(sys.executable).parent / "dfo"), "ui", "--port", "0", "--no-refresh"], env=env,
                                   stdout=subprocess.PIPE, text=True)
         try:
             url = server.stdout.readline().strip().rstrip("/")

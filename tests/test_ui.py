@@ -143,8 +143,9 @@ def home(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(home):
-    """One `dfo ui` over that registry for the tests that only look."""
-    server = Served(home)
+    """One `dfo ui` over that registry for the tests that only look: the registry as recorded (its runs' target
+    is no machine here), as `dfo runs --no-refresh` shows it."""
+    server = Served(home, "--no-refresh")
     yield server
     if server.process.poll() is None:
         server.interrupt()
@@ -237,12 +238,14 @@ def test_a_batch_page_shows_the_figures_and_best_line_of_dfo_report(home, served
 
 HOSTILE = ['<script>window.pwned = "script"</script>', '<img src=x onerror="window.pwned = \'img\'">',
            "</pre><b id=injected>bold</b>"]
+STEPS = [f"ts=2026-12-03T10:00:0{k}.000Z event=step step={10 * k} tok_s={1000 + k}.0 loss=2.5" for k in range(1, 4)]
 
 
-def test_log_lines_and_crash_reasons_reach_the_page_as_text(tmp_path, page):
-    """A run launched on `here` whose log carries markup, and a crash reason that does: shown as the characters
-    they are, none of it an element or a script."""
-    printed = " ".join("'" + line.replace("'", "'\"'\"'") + "'" for line in HOSTILE)
+def test_an_unwatched_runs_history_is_synced_and_its_log_and_crash_reason_reach_the_page_as_text(tmp_path, page):
+    """A run launched on `here` and never watched, whose log carries markup among its metric lines: `dfo ui`
+    brings its row and history up to date (history.sync_runs, as `dfo metrics` does) and shows the markup, and a
+    crash reason that carries some, as the characters they are, none of it an element or a script."""
+    printed = " ".join("'" + line.replace("'", "'\"'\"'") + "'" for line in HOSTILE + STEPS)
     inventory = tmp_path / "inv.yaml"
     inventory.write_text(json.dumps({
         "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None, "gpus": [],
@@ -255,13 +258,17 @@ def test_log_lines_and_crash_reasons_reach_the_page_as_text(tmp_path, page):
     deadline = time.monotonic() + 60
     while not Path(f"{log}.exit").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    with registry(tmp_path) as store:  # the crash reason a watch would quote from such a log
+    with registry(tmp_path) as store:  # the crash reason a watch would quote from such a log; no step stored yet
         store.update_run("hostile-run", decision={"decision": "crash", "action": "stop", "reason": HOSTILE[1]})
+        assert store.samples("hostile-run") == [] and store.get_run("hostile-run").state == "running"
     server = Served(tmp_path, "-i", str(inventory))
     try:
         page.goto(server.url + "/runs/hostile-run")
         playwright_api.expect(page.locator("pre.log")).to_contain_text(HOSTILE[0], timeout=WAIT_MS)
-        assert page.inner_text("pre.log").splitlines() == HOSTILE
+        assert page.inner_text("pre.log").splitlines() == HOSTILE + STEPS
+        playwright_api.expect(page.locator("dd.state")).to_have_text("crashed 3", timeout=WAIT_MS)
+        playwright_api.expect(page.locator("dl.facts")).to_contain_text("3 metric lines, up to step 30", timeout=WAIT_MS)
+        assert len(page.locator('svg[aria-label="throughput"] polyline.series').get_attribute("points").split()) == 3
         assert page.inner_text("dd.reason") == HOSTILE[1]
         assert page.evaluate("window.pwned") is None
         assert page.locator("main script, main img, #injected").count() == 0
@@ -270,6 +277,8 @@ def test_log_lines_and_crash_reasons_reach_the_page_as_text(tmp_path, page):
         assert page.evaluate("window.pwned") is None and page.locator("main img").count() == 0
     finally:
         server.interrupt()
+    with registry(tmp_path) as store:  # what the page showed is what `dfo metrics` now reads
+        assert [s["tok_s"] for s in store.samples("hostile-run")] == [1001.0, 1002.0, 1003.0]
 
 
 def fetch(url: str, headers: dict | None = None) -> tuple[int, dict, str]:

@@ -41,12 +41,14 @@ def ui_command(
     host: str = typer.Option("127.0.0.1", "--host", metavar="ADDRESS",
                              help="Address to serve on. Anything but loopback makes every request need the token "
                                   "printed in the URL."),
+    no_refresh: bool = typer.Option(False, "--no-refresh", help="Show the registry as it is: no look at the targets "
+                                                                "of active runs, no log read to bring a history up to date."),
     inventory: Optional[Path] = InventoryOpt,
 ) -> None:
     try:
         import uvicorn
 
-        from ..ui.app import create_app
+        from ..ui.app import SYNC_EVERY_S, create_app
     except ImportError as exc:
         raise DfoError(f"dfo ui needs its web stack ({exc.name} is not installed)",
                        hint="pip install 'dfo[ui]'") from None
@@ -57,7 +59,7 @@ def ui_command(
     try:
         with Store() as store:
             path = store.path
-        app = create_app(path, inventory=inventory, token=token)
+        app = create_app(path, inventory=inventory, token=token, sync_every_s=None if no_refresh else SYNC_EVERY_S)
         sys.stdout.write(url(host, sock.getsockname()[1], token) + "\n")
         sys.stdout.flush()
         say(f"dfo ui: serving the registry {path}; Ctrl-C stops it")

@@ -48,7 +48,8 @@ COOKIE = "dfo_ui_token"
 LOG_LINES = 60
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 LIVE_RUNS_S = 2  # how often the runs list asks for a fresh copy
-LIVE_RUN_S = 5  # a run's page, while the run is active
+LIVE_RUN_S = 5  # a run's page
+SYNC_EVERY_S = 5.0  # how often the active runs and the opened ones are brought up to date (Syncer)
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
@@ -97,6 +98,50 @@ class LogTails:
         self._stack.close()
 
 
+class Syncer:
+    """What `dfo runs` and `dfo metrics` do before they show anything, done in the background every `every_s`
+    while the dashboard runs: the active runs' rows looked at (runs.look_due) and their histories, and those of
+    the runs whose page was opened (history.needs_sync), brought up to their logs' end by history.sync_runs,
+    the one sync the CLI calls. The pages read what it stored; what it could not reach is said on the list."""
+
+    def __init__(self, store_path: str | Path, inventory: Optional[Path], every_s: float) -> None:
+        self.store_path, self.inventory, self.every_s = store_path, inventory, every_s
+        self.problems: dict[str, str] = {}
+        self._opened: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dfo-ui-sync", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def opened(self, name: str) -> None:
+        """A page of run `name` was shown: its history is brought up to date too from now on."""
+        with self._lock:
+            self._opened.add(name)
+
+    def sync_once(self) -> None:
+        from ..history import needs_sync, sync_runs
+
+        with self._lock:
+            opened = set(self._opened)
+        with Store(self.store_path) as store:
+            runs = store.list_runs()
+            behind = [run for run in runs if runs_lib.look_due(run) or (run.name in opened and needs_sync(run))]
+            self.problems = sync_runs(store, runs, self.inventory, history_of=behind) if behind else {}
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync_once()
+            except DfoError as exc:  # a registry or inventory it cannot read: said on the list, tried again
+                self.problems = {"registry": str(exc)}
+            self._stop.wait(self.every_s)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
 class UnknownBatch(UsageError):
     def __init__(self, name: str, known: list[str]) -> None:
         super().__init__(f"no batch named {name!r} in the registry; known batches: {', '.join(known) or 'none yet'}",
@@ -131,11 +176,12 @@ class TokenGate:
 
 
 def create_app(store_path: str | Path, *, inventory: Optional[Path] = None, token: Optional[str] = None,
-               clock: Callable[[], float] = time.time) -> Starlette:
+               clock: Callable[[], float] = time.time, sync_every_s: float | None = SYNC_EVERY_S) -> Starlette:
     """The dashboard over the registry at `store_path`. `token`: required on every request (a widened bind);
-    None: loopback only, no token."""
+    None: loopback only, no token. `sync_every_s`: how often the Syncer runs (None: never, the store as it is)."""
     env = templates()
     tails = LogTails(inventory)
+    syncer = Syncer(store_path, inventory, sync_every_s or 0.0)
 
     def page(template: str, status: int = 200, **values: Any) -> HTMLResponse:
         return HTMLResponse(env.get_template(template).render(**values), status, headers=HEADERS)
@@ -149,16 +195,18 @@ def create_app(store_path: str | Path, *, inventory: Optional[Path] = None, toke
     def runs_list(request: Request) -> HTMLResponse:
         with registry() as store:
             rows, batches = pages.run_rows(store, clock()), store.batches()
-        return page("runs.html", rows=rows, note=pages.runs_note(rows), batches=batches, registry=str(store_path))
+        return page("runs.html", rows=rows, note=pages.runs_note(rows), batches=batches, registry=str(store_path),
+                    problems=syncer.problems)
 
     def runs_fragment(request: Request) -> HTMLResponse:
         with registry() as store:
             rows = pages.run_rows(store, clock())
-        return page("_runs_table.html", rows=rows, note=pages.runs_note(rows))
+        return page("_runs_table.html", rows=rows, note=pages.runs_note(rows), problems=syncer.problems)
 
     def run_view(request: Request) -> HTMLResponse:
         with registry() as store:
             view = pages.run_page(store, named(request, "run name"), clock())
+        syncer.opened(view.run.name)
         return page("run.html", view=view)
 
     def run_fragment(request: Request) -> HTMLResponse:
@@ -207,5 +255,12 @@ def create_app(store_path: str | Path, *, inventory: Optional[Path] = None, toke
         middleware=middleware,
         exception_handlers={UsageError: refused, DfoError: refused, 404: not_found},
     )
-    app.state.close = tails.close
+    if sync_every_s is not None:
+        syncer.start()
+
+    def close() -> None:
+        syncer.close()
+        tails.close()
+
+    app.state.close = close
     return app
