@@ -14,13 +14,8 @@ import time
 from pathlib import Path
 
 from harness import write_inventory
+from harness.cli import DFO, dfo  # HOME is the test's ssh_home
 
-DFO = str(Path(sys.executable).parent / "dfo")
-
-
-def dfo(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "DFO_INVENTORY"}  # HOME is the test's ssh_home
-    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def host_inventory(tmp_path: Path, hosts: dict, connect_timeout: float = 10) -> Path:

@@ -4,27 +4,19 @@ file, and `dfo inventory import` of Ansible inventories (YAML and INI)."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
+from harness.cli import dfo  # HOME is the test's ssh_home
 from harness.nvidia_smi import Gpu
 from orchestrator.discover import discover, parse_pct_config, parse_pct_list
 from orchestrator.errors import RemoteError
 from orchestrator.remote.local import LocalTarget
 from orchestrator.inventory import parse_inventory
 
-DFO = str(Path(sys.executable).parent / "dfo")
-
-
-def dfo(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "DFO_INVENTORY"}  # HOME is the test's ssh_home
-    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
 
 
 def pve_conf(container, text: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from harness import write_inventory
+from harness import cli, write_inventory
 from orchestrator.agent.agent import Follow
 from orchestrator.agent.protocol import FrameDecoder
 from orchestrator.cli import app
@@ -368,12 +368,9 @@ def test_an_alias_set_by_a_match_block_connects_and_a_bad_config_is_named(ssh_ho
 # ------------------------------------------------------------------ bad input: one clean line, no traceback
 
 
-def dfo(*args: str, home: Path, timeout: float = 60) -> "subprocess.CompletedProcess[str]":
-    """The installed `dfo` console script (its real error handling), with its own DFO_HOME."""
-    env = {**os.environ, "DFO_HOME": str(home)}
-    env.pop("DFO_INVENTORY", None)
-    return subprocess.run([str(Path(sys.executable).parent / "dfo"), *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+def dfo(*args: str, home: Path) -> cli.Ran:
+    """The console script's entry point (its real error handling, tests/harness/cli.py), with its own DFO_HOME."""
+    return cli.dfo(*args, env={"DFO_HOME": str(home)})
 
 
 def assert_clean_error(done, code: int, *texts: str) -> None:
