@@ -351,3 +351,12 @@ def test_a_busy_port_is_one_line_naming_the_fix(home):
     assert shown.stderr.strip().splitlines() == [
         f"dfo: error: cannot serve on 127.0.0.1:{port}: the port is in use (pick another with --port, or --port 0 for "
         "any free one)"]
+
+
+def test_without_the_ui_extra_it_says_what_to_install_in_one_line(home):
+    shown = subprocess.run([sys.executable, "-c", "import sys; sys.modules['uvicorn'] = None; sys.argv = ['dfo', 'ui']; "
+                            "from orchestrator.cli import main; main()"], capture_output=True, text=True, timeout=60,
+                           env=environment(home))
+    assert shown.returncode == 1 and shown.stdout == ""
+    assert shown.stderr.strip().splitlines() == [
+        "dfo: error: dfo ui needs its web stack (uvicorn is not installed) (pip install 'dfo[ui]')"]

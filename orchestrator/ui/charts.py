@@ -16,6 +16,7 @@ from html import escape
 from markupsafe import Markup
 
 WIDTH, HEIGHT = 960, 240
+EMPTY_HEIGHT = 56
 LEFT, RIGHT, TOP, BOTTOM = 72, 16, 26, 34
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
@@ -84,6 +85,8 @@ def tick_text(value: float, step: float) -> str:
 
 def render(chart: Chart, width: int = WIDTH, height: int = HEIGHT) -> Markup:
     """The chart as an inline <svg> element (safe to put in a page as it is)."""
+    if not any(s.points for s in chart.series):
+        height = EMPTY_HEIGHT  # a title and a word, not a blank plot
     xs = [x for s in chart.series for x, _ in s.points] + [m.at for m in chart.marks if m.vertical]
     ys = [y for s in chart.series for _, y in s.points] + [m.at for m in chart.marks if not m.vertical]
     ys += [v for b in chart.bands for v in (b.low, b.high)]
@@ -91,7 +94,7 @@ def render(chart: Chart, width: int = WIDTH, height: int = HEIGHT) -> Markup:
            f' aria-label="{_e(chart.title)}" xmlns="http://www.w3.org/2000/svg">',
            f'<text x="{LEFT}" y="16" font-size="13" font-weight="bold" fill="#222">{_e(chart.title)}</text>']
     if not any(s.points for s in chart.series):
-        out.append(f'<text class="empty" x="{width / 2:.0f}" y="{height / 2:.0f}" text-anchor="middle" fill="#777">'
+        out.append(f'<text class="empty" x="{width / 2:.0f}" y="{height / 2 + 10:.0f}" text-anchor="middle" fill="#777">'
                    f'{_e(chart.empty_text)}</text></svg>')
         return Markup("".join(out))
     x0, x1 = min(xs), max(xs)
