@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import threading
 from dataclasses import dataclass, field
@@ -15,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness.cli import dfo
 from orchestrator.batch import CellTable, GpuLedger, Scheduler, decision_of, plan_rows, run_spec
 from orchestrator.chains import Outcome, Supervisor, next_spec
 from orchestrator.experiments import load_experiments, parse_experiments
@@ -481,16 +480,14 @@ def test_the_example_sweep_is_valid_against_the_example_lab():
 
 
 def test_cli_refuses_a_broken_file_with_exit_2_and_prints_a_dry_run_plan(tmp_path):
-    dfo = str(Path(sys.executable).parent / "dfo")
-    env = {**os.environ, "DFO_HOME": str(tmp_path / "state")}
+    env = {"DFO_HOME": str(tmp_path / "state")}
     inventory = REPO / "inventory/lab.example.yaml"
     broken = tmp_path / "broken.yaml"
     broken.write_text("batch: b\ntargets: [ct200]\nmatrix: {variant: [trees]}\nstop_when: sometimes\n")
-    refused = subprocess.run([dfo, "batch", str(broken), "-i", str(inventory)], capture_output=True, text=True, env=env, timeout=60)
+    refused = dfo("batch", str(broken), "-i", str(inventory), env=env)
     assert refused.returncode == 2
     assert f"dfo: error: {broken}: stop_when: expected steady" in " ".join(refused.stderr.split())
-    plan = subprocess.run([dfo, "batch", str(REPO / "inventory/compile-sweep.example.yaml"), "-i", str(inventory), "--dry-run", "--json"],
-                          capture_output=True, text=True, env=env, timeout=60)
+    plan = dfo("batch", str(REPO / "inventory/compile-sweep.example.yaml"), "-i", str(inventory), "--dry-run", "--json", env=env)
     assert plan.returncode == 0, plan.stderr
     cells = json.loads(plan.stdout)["cells"]
     assert len(cells) == 48 and {c["action"] for c in cells} == {"start"}

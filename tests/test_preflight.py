@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import STANDIN_BIN, write_inventory
+from harness.cli import dfo
 from harness.nvidia_smi import STATE_ENV, Gpu, GpuApp, NvidiaSmiState
 from orchestrator.connections import Connections
 from orchestrator.errors import InvalidName, UnknownTarget
@@ -142,18 +143,13 @@ def test_a_workspace_with_spaces_and_shell_words_is_quoted(tmp_path: Path, smi: 
 
 def test_preflight_of_a_target_without_a_gpu_says_what_still_works_instead_of_failing(tmp_path: Path, smi) -> None:
     """`dfo preflight --host here` on a laptop: no GPU is a fact about the machine, not a failure to fix."""
-    import subprocess
-
     smi.set_mode("no_devices")
     inventory = local_inventory(tmp_path)
-    env = {**os.environ, "DFO_HOME": str(tmp_path / "state"), "COLUMNS": "100"}
-    dfo = str(Path(sys.executable).parent / "dfo")
-    shown = subprocess.run([dfo, "preflight", "--host", "box1", "-i", str(inventory.source)], capture_output=True,
-                           text=True, timeout=60, env=env)
+    env = {"DFO_HOME": str(tmp_path / "state"), "COLUMNS": "100"}
+    shown = dfo("preflight", "--host", "box1", "-i", str(inventory.source), env=env)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "FAIL" not in shown.stdout and "1 of 1 targets ready: box1 (CPU only)" in shown.stdout
     assert "box1 has no GPU (nvidia-smi finds none): it is ready for CPU runs" in " ".join(shown.stdout.split())
     listed = local_inventory(tmp_path, gpus=[0])  # the inventory says it has a GPU: now it is a failure
-    failed = subprocess.run([dfo, "preflight", "--host", "box1", "-i", str(listed.source)], capture_output=True,
-                            text=True, timeout=60, env=env)
+    failed = dfo("preflight", "--host", "box1", "-i", str(listed.source), env=env)
     assert failed.returncode == 1 and "FAIL" in failed.stdout and "has no GPU" not in failed.stdout

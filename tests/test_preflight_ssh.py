@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness import write_inventory
+from harness.cli import Ran, dfo
 from harness.nvidia_smi import Gpu
 from harness.sshd import free_port
 from orchestrator.connections import Connections
@@ -136,6 +134,5 @@ def test_unknown_host_key_is_refused_until_trusted(tmp_path: Path, sshd, ssh_hom
     assert ssh_home.known_hosts.read_text().strip()
 
 
-def dfo_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "DFO_INVENTORY"}  # HOME is the test's ssh_home
-    return subprocess.run([str(Path(sys.executable).parent / "dfo"), *args], capture_output=True, text=True, timeout=60, env=env)
+def dfo_cli(*args: str) -> Ran:
+    return dfo(*args)  # HOME is the test's ssh_home

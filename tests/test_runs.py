@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.cli import dfo
 from orchestrator.errors import InvalidName, RefusedError, RemoteError, UsageError
 from orchestrator.package import build_package, package_files
 from orchestrator.remote.local import LocalTarget
@@ -415,8 +416,7 @@ def test_runs_table_keeps_every_name_whole_on_one_line_at_80_and_120_columns(tmp
 
     from orchestrator.commands.runs import runs_table
 
-    dfo_runs = subprocess.run([str(Path(sys.executable).parent / "dfo"), "runs"], capture_output=True, text=True,
-                              timeout=60, env={**os.environ, "DFO_HOME": str(tmp_path), "COLUMNS": "80"})
+    dfo_runs = dfo("runs", env={"DFO_HOME": str(tmp_path), "COLUMNS": "80"})
     assert dfo_runs.returncode == 0, dfo_runs.stderr
     wide = Console(width=120, file=io.StringIO())
     with Store(tmp_path / "dfo.db") as registry:

@@ -7,19 +7,16 @@ from __future__ import annotations
 import contextlib
 
 import io
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from harness.cli import dfo
 from orchestrator.inventory import parse_inventory
 from orchestrator.runs import spec_for, trainer_command
 from trainer.metrics import MetricLog, resolve_mode, wandb_login_present
 
-DFO = str(Path(sys.executable).parent / "dfo")
 
 
 def test_auto_is_online_with_a_key_in_the_environment_or_a_wandb_login_netrc_entry(tmp_path):
@@ -111,8 +108,7 @@ def test_the_watcher_keeps_where_the_wandb_run_is_and_dfo_runs_name_shows_it(tmp
             watcher.close()
             with contextlib.suppress(RefusedError):  # the 1-s script may have ended already
                 stop(connections.container("here"), store, "w1", grace_s=2)
-    env = {**os.environ, "DFO_HOME": str(tmp_path / "state"), "COLUMNS": "200"}
-    shown = subprocess.run([DFO, "runs", "w1"], capture_output=True, text=True, timeout=60, env=env)
+    shown = dfo("runs", "w1", env={"DFO_HOME": str(tmp_path / "state"), "COLUMNS": "200"})
     assert shown.returncode == 0, shown.stderr
     assert ("W&B:      offline: /workspace/runs/w/wandb/offline-run-20261130_120000-abc (upload: wandb sync "
             "/workspace/runs/w/wandb/offline-run-20261130_120000-abc)") in shown.stdout
