@@ -18,6 +18,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from harness import cli
 
 from orchestrator.batch import CellTable
 from orchestrator.experiments import parse_experiments
@@ -39,11 +40,16 @@ pytestmark = pytest.mark.slow
 
 def environment(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("DFO_INVENTORY", "XDG_STATE_HOME")}
-    return {**env, "DFO_HOME": str(home / "state"), "HOME": str(home), "COLUMNS": "200"}
+    return {**env, **home_env(home)}
 
 
-def dfo(home: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=120, env=environment(home))
+def home_env(home: Path) -> dict[str, str]:
+    return {"DFO_HOME": str(home / "state"), "HOME": str(home), "COLUMNS": "200"}
+
+
+def dfo(home: Path, *args: str) -> cli.Ran:
+    """`dfo ARGS` in this process (harness.cli) with `home`'s registry."""
+    return cli.dfo(*args, env={**home_env(home), "XDG_STATE_HOME": None})
 
 
 def registry(home: Path) -> Store:
@@ -195,7 +201,8 @@ def test_the_runs_list_updates_in_place_when_a_verdict_changes(home, served, pag
 
 def test_a_run_page_shows_its_curves_verdict_chain_and_the_figure_dfo_metrics_prints(home, served, page):
     page.goto(served.url + "/runs/trees-run.2-nographs")
-    figure_line = next(line for line in dfo(home, "metrics", "trees-run.2-nographs").stdout.splitlines()
+    shown = cli.dfo_process("metrics", "trees-run.2-nographs", env=home_env(home))  # a process: 200 columns, no wrap
+    figure_line = next(line for line in shown.stdout.splitlines()
                        if line.startswith("figure: "))
     assert page.inner_text("dd.figure") == figure_line.removeprefix("figure: ")
     assert page.inner_text("dd.verdict") == "steady"
