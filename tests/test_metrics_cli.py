@@ -145,8 +145,8 @@ def add_real_run(store: Store, name: str, log: Path) -> None:
 
 
 def test_metrics_timeline_puts_the_warm_up_end_at_the_declarations_cut_and_says_the_cut_moved_later(tmp_path):
-    """e2p-ps2-trees is declared steady at step 920 with the warm-up ending at step 521; the re-run MSER later cuts
-    it at step 1,161. The timeline said "warm-up ends (step 1161)" in a row after "steady -> keep": a steady
+    """e2p-ps2-trees is declared steady at step 520 with the warm-up ending at step 301; the re-run MSER later cuts
+    it at step 1,341. The timeline said "warm-up ends (step 1341)" in a row after "steady -> keep": a steady
     state before its warm-up ended. Now the warm-up ends where the declaration put it, before the verdict, and
     the row where the figure's steps begin says the cut moved there."""
     with Store(tmp_path / "dfo.db") as store:
@@ -154,12 +154,12 @@ def test_metrics_timeline_puts_the_warm_up_end_at_the_declarations_cut_and_says_
     shown = dfo(tmp_path, "metrics", "e2p")
     assert shown.returncode == 0, shown.stderr
     out = " ".join(shown.stdout.split())  # rows wrap at 80 columns
-    assert ("figure: steady 31,260 tok/s (95% 30,340-32,179) over steps 1161..3180 (declared at step 920 with the "
-            "warm-up ending at step 521 then); warm-up 60.7 s to the cut now") in out, shown.stdout
+    assert ("figure: steady 31,368 tok/s (95% 30,273-32,463) over steps 1341..3180 (declared at step 520 with the "
+            "warm-up ending at step 301 then); warm-up 66.8 s to the cut now") in out, shown.stdout
     timeline = out[out.index("over time"):]
-    ends, steady = timeline.index("warm-up ends (step 521)"), timeline.index("steady -> keep")
-    moved = timeline.index("warm-up cut moved later to step 1161: the figure is over steps 1161..3180")
-    assert ends < steady < moved and "warm-up ends (step 1161)" not in timeline, shown.stdout
+    ends, steady = timeline.index("warm-up ends (step 301)"), timeline.index("steady -> keep")
+    moved = timeline.index("warm-up cut moved later to step 1341: the figure is over steps 1341..3180")
+    assert ends < steady < moved and "warm-up ends (step 1341)" not in timeline, shown.stdout
     data = json.loads(dfo(tmp_path, "metrics", "e2p", "--json").stdout)
-    assert (data["warmup_end"]["step"], data["declared_warmup_end"]["step"], data["figure_steps"]) == (1161, 521, [1161, 3180])
+    assert (data["warmup_end"]["step"], data["declared_warmup_end"]["step"], data["figure_steps"]) == (1341, 301, [1341, 3180])
     assert data["declared_warmup_end"]["t"] < [d["t"] for d in data["decisions"] if d["decision"] == "steady"][0]

@@ -167,24 +167,24 @@ REAL_LOG = Path(__file__).resolve().parent / "data" / "real" / "e2p-ps2-trees.lo
 
 
 def test_a_warm_up_cut_moved_after_the_declaration_is_shown_with_the_declaration_as_it_was():
-    """e2p-ps2-trees is declared steady at step 920 with the warm-up ending at step 521; the re-run MSER later
-    cuts the warm-up at step 1,161 and the figure follows. The lines printed said "steady at step 920" and
-    "warm-up ended at step 1161": a steady state reached before its warm-up ended. Now they say both moments:
-    the figure over steps 1,161..3,180, declared at step 920 with the warm-up ending at step 521 then. The JSON
+    """e2p-ps2-trees is declared steady at step 520 with the warm-up ending at step 301; the re-run MSER later
+    cuts the warm-up at step 1,341 and the figure follows. The lines printed said "steady at step 520" and
+    "warm-up ended at step 1341": a steady state reached before its warm-up ended. Now they say both moments:
+    the figure over steps 1,341..3,180, declared at step 520 with the warm-up ending at step 301 then. The JSON
     keeps warmup_end_step the cut now (where the figure's steps begin: dfo metrics and dfo report read it so),
     with the declaration's cut beside steady_declared_step."""
     result = invoke(REAL_LOG)
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0].startswith("steady at step 920")
-    said = "over steps 1161..3180 (declared at step 920 with the warm-up ending at step 521 then)"
+    assert lines[0].startswith("steady at step 520")
+    said = "over steps 1341..3180 (declared at step 520 with the warm-up ending at step 301 then)"
     assert said in lines[1] and said in lines[2], result.output
     for mention in re.finditer(r"warm-up end\w* at step (\d+)( then)?", result.output):
-        assert int(mention[1]) <= 920 or mention[2], result.output  # a later cut is never the declaration's
+        assert int(mention[1]) <= 520 or mention[2], result.output  # a later cut is never the declaration's
     decision = json.loads(invoke(REAL_LOG, "--json").output)
-    assert (decision["at_step"], decision["warmup_end_step"]) == (920, 1161)
-    assert decision["evidence"]["steady_declared_warmup_end_step"] == 521
-    assert decision["evidence"]["steady"]["figure_steps"] == [1161, 3180]
+    assert (decision["at_step"], decision["warmup_end_step"]) == (520, 1341)
+    assert decision["evidence"]["steady_declared_warmup_end_step"] == 301
+    assert decision["evidence"]["steady"]["figure_steps"] == [1341, 3180]
 
 
 SHIFT_LOG = Path(__file__).resolve().parent / "data" / "real" / "small-thr-eager.log"  # a shift at ~37 s (labels.csv)

@@ -141,7 +141,7 @@ def test_gpu_memory_climbing_while_the_log_is_quiet_is_said_live_as_a_warning_an
 # ---------------------------------------------------------------- a decline after steady, through `dfo watch`
 
 def test_a_decline_after_steady_is_labelled_live_and_kept_in_the_final_json_of_dfo_watch(tmp_path, pct_env) -> None:
-    """tiny-nographs (~5,000 tok/s, declared steady at ~30 s of its log) slowed 0.1% a second from 60 s on
+    """tiny-nographs (~5,000 tok/s, declared steady at ~16 s of its log) slowed 0.1% a second from 60 s on
     (tests/decide/test_decide_degrading.py), played back on the local target with its timestamps moved to now
     (test_watch_shift.PLAYER; the judge reads the log's clock), pausing after step 7,000 (the decline is recorded
     at step 6,560). `dfo watch`'s live view says the verdict was re-opened by a decline and its scroll-back says
@@ -182,20 +182,20 @@ def test_a_decline_after_steady_is_labelled_live_and_kept_in_the_final_json_of_d
         watching.kill()
         go.write_text("")
     live = "".join(printed)
-    assert "d1: decline (-" in live and "per minute) over the steps from 71: steady at " in live, live[-3000:]
+    assert "d1: decline (-" in live and "per minute) over the steps from 211: steady at " in live, live[-3000:]
     assert "d1: undecided (action none): degrading: the level fell -" in live
-    assert "re-opened: decline from step 71, 4,988 -> ~4," in live  # the panel's state line
+    assert "re-opened: decline from step 211, 4,923 -> ~4," in live  # the panel's state line
 
     ended = run("watch", "d1", "--json")
     objects = [json.loads(line) for line in ended.stdout.splitlines()]
     [final] = [o for o in objects if o["kind"] == "final"]
     assert final["decision"] == "exited" and final["ended"] == {"state": "exited", "exit_code": 0}, final["reason"]
     [decline] = final["level_shifts"]
-    assert (decline["shape"], decline["at_step"], decline["declared_tok_s"]) == ("decline", 71, None)
+    assert (decline["shape"], decline["at_step"], decline["declared_tok_s"]) == ("decline", 211, None)
     assert decline["rel_per_min"] < -0.03 and decline["change_rel_95"][1] < -0.05
     assert final["reason"].startswith(f"exited 0 with the steady verdict of step {final['evidence']['first_steady_declared_step']} "
                                       "re-opened (degrading: the level fell -"), final["reason"]
     assert [o for o in objects if o["kind"] == "level_shift"] == []  # said once, by the first watch
 
     view = run("watch", "d1").stdout
-    assert "exited; re-opened: decline from step 71, 4,988 -> ~4," in view, view[-2000:]
+    assert "exited; re-opened: decline from step 211, 4,923 -> ~4," in view, view[-2000:]

@@ -18,8 +18,9 @@ class DecideConfig:
     """Seconds from the run's start to its first step before it counts as stalled (compilation is slow)."""
     min_steady_steps: int = 60
     """Steady needs at least this many steps since the first step (an autotuning plateau is shorter)."""
-    min_steady_seconds: float = 30.0
-    """... and at least this many seconds since the first step."""
+    min_steady_seconds: float = 15.0
+    """... and at least this many seconds since the first step, on a quiet run (its intervals vary within the
+    precision); any other run needs shift_hold_s (its slow swings last 10-30 s)."""
     stall_factor: float = 10.0
     """After the first step: stalled when silent for stall_factor x the median gap between step lines ..."""
     stall_floor_s: float = 120.0
@@ -49,6 +50,12 @@ class DecideConfig:
     """After steady: the median of the newest m blocks (m >= shift_blocks, spanning the minimum steps and seconds;
     also 2m and 4m) further than min(3 x precision, 15%) and 4 standard errors from the level before them is a
     level shift: it re-opens the verdict."""
+
+    @property
+    def shift_hold_s(self) -> float:
+        """Seconds a move must hold before it replaces a declared level (a level shift, a decline, memory
+        climbing): twice min_steady_seconds, as a new level displaces one already known."""
+        return 2 * self.min_steady_seconds
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -142,7 +142,7 @@ class RunJudge:
         self._typical_gap: float | None = None
         self.gpu_samples: deque[GpuObs] = deque(maxlen=30)
         self.idle_gpus = IdleGpuDetector()  # which GPU went idle first: named in a crash or stall verdict
-        self.memory = MemoryWatch(hold_s=self.config.min_steady_seconds)  # climbing after steady: degrading
+        self.memory = MemoryWatch(hold_s=self.config.shift_hold_s)  # climbing after steady: degrading
         self.warnings: Counter[str] = Counter()
         self.pending_traceback: Match | None = None
         self.pending_since: float | None = None

@@ -13,14 +13,15 @@ the evidence). With p = `precision` (default 5%):
      of the level (Mann-Kendall on the same points is reported beside it);
    - the level's 95% interval is within +/- p: the level is the mean of batch means, batches as long as the
      series' autocorrelation time, the interval from their spread with the effective sample size.
-   Steady once both hold, and the minimum steps AND seconds since the first step are met, for
-   `confirm_blocks` consecutive new blocks. The dispersion of the interval throughputs (IQR / median,
+   Steady once both hold, and the minimum steps AND seconds since the first step are met (the seconds:
+   min_steady_seconds on a quiet run, whose intervals vary within the precision and QUIET_REL, shift_hold_s
+   on any other), for `confirm_blocks` consecutive new blocks. The dispersion of the interval throughputs (IQR / median,
    `noise_rel`) is reported, with `noisy` when it exceeds `noisy_rel`; it never blocks the verdict.
 4. The figure is the mean of the batch means, the centre of its own interval.
 5. Once steady, the median of the newest m blocks (m, 2m, 4m: m spans the minimum steps and seconds) further
-   than min(3 p, 15%) from the median of the blocks before them, and further than SHIFT_Z standard errors,
-   is a level shift: the verdict re-opens, the analysis restarts at the shift, and `level_shifts` records
-   both levels (the new one once declared). 3 p keeps a slow swing of a noisy run from being a shift at a
+   than min(1.6 p, 8%) on a quiet run, min(3 p, 15%) on any other, from the median of the blocks before them,
+   and further than SHIFT_Z standard errors, is a level shift: the verdict re-opens, the analysis restarts at
+   the shift, and `level_shifts` records both levels (the new one once declared). 3 p keeps a slow swing of a noisy run from being a shift at a
    fine precision; the 15% cap makes a move a person calls a shift one at a coarse precision too (at 10%,
    3 p would be 30%: a 20% drop would move the figure with no shift recorded).
    Until then the same test on fewer blocks (shift_blocks, 2x, 4x ... below the m above), with the newest
@@ -54,7 +55,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from statistics import fmean, median, quantiles
+
+import numpy as np
+from scipy import stats
 
 from .config import DecideConfig
 from .observations import StepObs
@@ -64,10 +69,11 @@ ANALYSIS_BLOCKS = 400  # a run not settled after 400 blocks is judged on its mos
 TREND_POINTS = 60  # Theil-Sen and Mann-Kendall over at most 60 evenly spaced batch means: 1770 pairs
 TREND_HORIZON = 0.5  # the trend is projected from the window's centre (where its mean sits) to its newest block
 MSER_LATEST = 0.75  # MSER's truncation point is accepted in the first 3/4 of the series (White: the first half)
-Z_975 = 1.959964
 SHIFT_Z = 4.0  # a level shift must stand this many standard errors out (checked on every block) ...
-SHIFT_PRECISIONS = 3.0  # ... and move the level by more than 3x the precision (a slow swing is not a shift) ...
-SHIFT_REL_MAX = 0.15  # ... or by 15%, whichever is less: a move a person calls a shift is one at every precision
+SHIFT_PRECISIONS = 1.6  # ... and move the level by more than 1.6x the precision ...
+SHIFT_REL_MAX = 0.08  # ... or by 8%, whichever is less: a 10% move that holds is caught, measured low by the noise too
+SHIFT_NOISY_PRECISIONS, SHIFT_NOISY_REL_MAX = 3.0, 0.15  # on a noisy run: 3x, 15% (its slow swings reach 14.5%)
+QUIET_REL = 0.05  # a run whose intervals vary (IQR / median) within this and the precision is quiet
 SHIFT_BEFORE_BLOCKS = 100  # the level a shift is measured from: at most the 100 blocks before it
 REFINE_BLOCKS = 2000  # once steady, the figure is the level of the (at most 2,000) blocks since the warm-up
 TREND_P = 0.05  # Mann-Kendall: a trend is plausible at p < 0.05
@@ -101,14 +107,14 @@ class SteadyEstimate:
 # ---------------------------------------------------------------- statistics (pure functions)
 
 
+@lru_cache(maxsize=4096)
+def _t_975(df_tenths: int) -> float:
+    return float(stats.t.ppf(0.975, df_tenths / 10))
+
+
 def t_975(df: float) -> float:
-    """Student's t 97.5% quantile (Cornish-Fisher expansion; within 1% for df >= 2, exact enough at df 1)."""
-    if df <= 1:
-        return 12.706
-    z = Z_975
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df * df) + (
-        3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z
-    ) / (384 * df**3)
+    """Student's t 97.5% quantile (scipy.stats.t), at df rounded to a tenth (cached: this runs on every block)."""
+    return _t_975(max(1, round(df * 10)))
 
 
 def mser_truncation(prefix1: list[float], prefix2: list[float], start: int, end: int, min_after: int) -> int | None:
@@ -223,7 +229,7 @@ def trend(values: list[float]) -> Trend:
     inflation = (1 + r) / (1 - r)
     var_s = k * (k - 1) * (2 * k + 5) / 18 * inflation
     big_n = len(slopes)
-    c = Z_975 * math.sqrt(var_s)
+    c = 1.959964 * math.sqrt(var_s)
     lo_rank, hi_rank = math.floor((big_n - c) / 2), math.ceil((big_n + c) / 2)
     lo = slopes[lo_rank] if lo_rank >= 0 else -math.inf
     hi = slopes[hi_rank - 1] if hi_rank <= big_n else math.inf
@@ -231,10 +237,13 @@ def trend(values: list[float]) -> Trend:
     return Trend(slope, lo, hi, z, math.erfc(abs(z) / math.sqrt(2)))
 
 
-def shift_threshold(precision: float) -> float:
-    """The smallest move of the level (relative) that can be a level shift at this precision: 3 p up to
-    p = 5%, 15% from there on (docs/decisions.md: the real logs' slow swings reach 14.5%, their shifts 17%+)."""
-    return min(SHIFT_PRECISIONS * precision, SHIFT_REL_MAX)
+def shift_threshold(precision: float, noisy: bool = False) -> float:
+    """The smallest move of the level (relative) that can be a level shift at this precision: on a quiet run
+    (IQR / median of its intervals within the precision) 1.6 p up to 8% (a 10% move that holds is one a person
+    calls a shift, and noise can make it measure a little less); on a noisy run 3 p up to 15%, as the real
+    logs' slow swings reach 14.5% and their shifts are 17%+ (docs/decisions.md)."""
+    return min(SHIFT_NOISY_PRECISIONS * precision, SHIFT_NOISY_REL_MAX) if noisy else min(
+        SHIFT_PRECISIONS * precision, SHIFT_REL_MAX)
 
 
 def figure_span(cut: int, figure_steps: tuple[int, int] | list[int], declared_step: int | None,
@@ -376,7 +385,16 @@ class SteadyDetector:
         level, recent = median(before), median(self._medians[n - m :])
         se = 1.25 * stdev(before) * math.sqrt(autocorrelation_time(before)) * math.sqrt(1 / m + 1 / len(before))
         gap = abs(recent - level)
-        return gap > shift_threshold(self.config.precision) * level and gap > SHIFT_Z * se
+        return gap > self._shift_threshold() * level and gap > SHIFT_Z * se
+
+    def _quiet(self, noise_rel: float | None) -> bool:
+        """A quiet run: its interval throughputs vary (IQR / median) within the precision and within QUIET_REL,
+        so a few lines pin its level, and a move of 8% that holds is a move, not a swing (at a coarse precision
+        a busy host's 10% swings are not quiet)."""
+        return noise_rel is not None and noise_rel <= min(self.config.precision, QUIET_REL)
+
+    def _shift_threshold(self) -> float:
+        return shift_threshold(self.config.precision, noisy=not self._quiet(self.estimate.noise_rel))
 
     def _suspected_shift(self) -> int | None:
         """The block where a level shift not yet confirmed began: the shift test passed by the newest k blocks
@@ -385,7 +403,7 @@ class SteadyDetector:
         shift threshold from the level before it (a dip that is over is no shift); None when no such move is
         there. While one is suspected the steady figure stays the level before it (docs/decisions.md, point 6)."""
         n, d = len(self._medians), self._truncation
-        threshold = shift_threshold(self.config.precision)
+        threshold = self._shift_threshold()
         if self._suspect is not None and self._suspect > d:
             # a suspicion stays while its move holds, until the new level spans the minimum evidence and the shift
             # is confirmed: the ladder below can lose it (with min_steady_steps 25,000 the 100 blocks before the
@@ -432,7 +450,7 @@ class SteadyDetector:
         last_step, last_ts = self.last_step, self._block_ts[-1]
         for m in range(self.config.shift_blocks, n - self._truncation):
             first = n - m
-            if (last_ts - self._block_ts[first - 1] >= self.config.min_steady_seconds
+            if (last_ts - self._block_ts[first - 1] >= self.config.shift_hold_s
                     and last_step - self._block_first_step[first] + 1 >= self.config.min_steady_steps):
                 return m
         return None
@@ -487,7 +505,7 @@ class SteadyDetector:
         across = (len(level.means) - 1) / (abs(level.mean) or 1.0)
         change, hi = slope.slope * across, slope.hi * across
         self._declining_since = (self._declining_since or self.last_ts) if hi < -precision else None
-        if self._declining_since is None or self.last_ts - self._declining_since < self.config.min_steady_seconds:
+        if self._declining_since is None or self.last_ts - self._declining_since < self.config.shift_hold_s:
             return False
         per_min = change / seconds * 60
         lo_rel = slope.lo * across
@@ -499,12 +517,19 @@ class SteadyDetector:
         return True
 
     # ---- analysis before steady ---------------------------------------------------------------
-    def _minimums_met(self) -> tuple[bool, str]:
+    def _minimums_met(self, noise_rel: float | None = None) -> tuple[bool, str]:
+        """min_steady_steps and min_steady_seconds since the first step; unless the run is quiet (`noise_rel`, the
+        window's IQR / median, within the precision) shift_hold_s instead of min_steady_seconds: its slow swings last 10-30 s,
+        so 15 s of it cannot show their size (small-ps-eager-1g: +/-20% swings around 57k declared at 15.8 s,
+        5 s before a 23% drop), while a quiet run is known to its precision in a few lines."""
         steps = self.last_step - self.first_step
         seconds = self.last_ts - self.first_ts
-        if steps < self.config.min_steady_steps or seconds < self.config.min_steady_seconds:
-            have, need = seconds_against(seconds, self.config.min_steady_seconds)
-            return False, f"{steps} steps / {have} s since the first step (need {self.config.min_steady_steps} / {need})"
+        noisy = not self._quiet(noise_rel)
+        need_s = self.config.shift_hold_s if noisy else self.config.min_steady_seconds
+        if steps < self.config.min_steady_steps or seconds < need_s:
+            have, need = seconds_against(seconds, need_s)
+            return False, (f"{steps} steps / {have} s since the first step (need {self.config.min_steady_steps} / "
+                           f"{need}{', noisy' if noisy else ''})")
         return True, ""
 
     def _window_stats(self, d: int) -> dict:
@@ -518,10 +543,10 @@ class SteadyDetector:
         steps_per_batch = (self.last_step - self._block_first_step[first] + 1) / len(window) * level.batch_size
         across = len(level.means) - 1
         half_window = across * TREND_HORIZON
-        span = max(half_window, self.config.trend_horizon_steps / steps_per_batch)
         scale = abs(level.mean) or 1.0
         start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
         seconds = self._block_ts[-1] - start_ts
+        span = max(half_window, self.config.trend_horizon_steps / steps_per_batch)
         raw = [v for block in self._raw[first:] for v in block]
         noise = noise_of(raw)
         return {
@@ -603,7 +628,7 @@ class SteadyDetector:
             return
         stats = self._window_stats(d)
         checks = self._checks(stats)
-        minimums_ok, minimums_why = self._minimums_met()
+        minimums_ok, minimums_why = self._minimums_met(stats["noise_rel"])
         self._good_blocks_in_a_row = self._good_blocks_in_a_row + 1 if checks["ok"] and minimums_ok else 0
         if self._good_blocks_in_a_row >= self.config.confirm_blocks:
             self._declare(d, stats, checks)
@@ -794,7 +819,7 @@ class SteadyDetector:
         }
         self.estimate.reason += (
             f"; level shift suspected since step {since_step}: ~{recent:,.0f} tok/s since, being confirmed (the "
-            f"new level must hold {self.config.min_steady_seconds:.0f} s and {self.config.min_steady_steps} steps); "
+            f"new level must hold {self.config.shift_hold_s:.0f} s and {self.config.min_steady_steps} steps); "
             f"the figure is the level before it"
         )
         self.estimate.evidence["shift_suspected"] = self.estimate.shift_suspected

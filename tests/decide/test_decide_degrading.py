@@ -129,7 +129,7 @@ def staircase(start_s: float, mib_per_s: float, every_s: float = 4.0):
 
 
 def test_gpu_memory_climbing_after_the_declaration_is_said_beside_the_steady_figure():
-    """qwen-ps-eager (6,915 tok/s, a line every ~1.5 s, declared at ~49 s) with GPU 0's memory.used sampled every
+    """qwen-ps-eager (6,915 tok/s, a line every ~1.5 s, declared at ~19 s) with GPU 0's memory.used sampled every
     second: flat at 30.5 GiB, then from 60 s on +40 MiB a second in 160-MiB steps (a tensor kept per step).
     Before, the verdict said `steady` with nothing about it until the out-of-memory crash; now, ~1.5 GiB up
     and still climbing on every look for 30 s, the decision says `degrading` (which GPU, how fast, full when)
@@ -142,7 +142,9 @@ def test_gpu_memory_climbing_after_the_declaration_is_said_beside_the_steady_fig
     assert 60 + 30 < seconds < 150 and first.decision == "steady", (seconds, first.reason)
     degrading = first.degrading
     assert degrading["what"] == "gpu_memory" and degrading["gpu"] == 0 and degrading["total_gib"] == round(H200_MIB / 1024, 2)
-    assert 1.8 < degrading["gib_per_min"] < 2.8 and degrading["now_gib"] - degrading["from_gib"] >= 1.4
+    # the rate is taken over the samples since the declaration (~19 s), the first ~40 s of them flat: below the
+    # climb's own 2.34 GiB/min (it read 1.8-2.8 while the declaration came at ~49 s)
+    assert 1.4 < degrading["gib_per_min"] < 2.8 and degrading["now_gib"] - degrading["from_gib"] >= 1.4
     assert 40 * 60 < degrading["full_in_s"] < 80 * 60  # (140 - 32) GiB at ~2.3 GiB/min
     assert "; degrading: GPU 0 memory 30.5 -> " in first.reason and "an out-of-memory crash is likely" in first.reason
     end = shown[-1][1]
@@ -230,4 +232,4 @@ def test_a_crash_after_gpu_memory_climbed_says_the_climb():
     crash = judge_.feed(LineObs(judge_.now + 1, oom))
     assert (crash.decision, crash.signature, crash.degrading) == ("crash", "cuda_oom", None), crash.reason
     assert crash.degrading_at_end["what"] == "gpu_memory" and crash.degrading_at_end["gpu"] == 0
-    assert "; memory was climbing: GPU 0 memory 30.5 -> " in crash.reason and "+2." in crash.reason, crash.reason
+    assert "; memory was climbing: GPU 0 memory 30.5 -> " in crash.reason and re.search(r"\(\+[12]\.\d+ GiB/min\)", crash.reason), crash.reason

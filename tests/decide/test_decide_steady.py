@@ -224,9 +224,10 @@ def test_a_suspected_shift_the_warm_up_cut_has_passed_is_dropped_and_the_watch_k
 
 
 def test_the_minimum_seconds_still_to_wait_never_read_as_met():
-    """A quiet fast run passes every check before 30 s: its reason says how far it is from the minimums. At
-    29.6 s it said '296 steps / 30 s since the first step (need 60 / 30)': met, yet still waiting. The
-    seconds are now rounded down and the need up (one decimal below 60 s), so a reader sees how far it is."""
+    """A quiet fast run passes every check before 15 s: its reason says how far it is from the minimums. At
+    29.6 s (the minimum was 30 s then) it said '296 steps / 30 s since the first step (need 60 / 30)': met, yet
+    still waiting. The seconds are now rounded down and the need up (one decimal below 60 s), so a reader sees
+    how far it is."""
     rng = np.random.default_rng(11)
     judge = RunJudge()
     shown = []  # (seconds since the first step, seconds the reason says, seconds it says are needed)
@@ -235,9 +236,9 @@ def test_the_minimum_seconds_still_to_wait_never_read_as_met():
         found = re.search(r"(\d+) steps / ([\d.]+) s since the first step \(need 60 / ([\d.]+)\)", decision.reason)
         if found:
             shown.append((i * 0.1, float(found[2]), float(found[3])))
-    assert any(have >= 29.5 for _, have, _ in shown), shown  # the case that read '30 s (need 30)'
+    assert any(have >= 14.5 for _, have, _ in shown), shown  # the case that read '30 s (need 30)' at 30 s
     for seconds, have, need in shown:
-        assert have < need == 30 and have <= seconds + 1e-6, (seconds, have, need)
+        assert have < need == 15 and have <= seconds + 1e-6, (seconds, have, need)
 
 
 def test_a_quiet_run_that_steps_slowly_is_declared_before_its_window_spans_the_trend_horizon():
