@@ -662,6 +662,11 @@ class Store:
             db.execute("UPDATE intents SET data = ?, done_at = ? WHERE id = ?",
                        (json.dumps(dict(data)), utc_now() if done else None, intent_id))
 
+    def intents_about(self, subject: str, run: str) -> list["Intent"]:
+        """Every intent on `subject` about run `run` (`data["run"]`), open or done, oldest first."""
+        rows = self._query("SELECT * FROM intents WHERE subject = ? ORDER BY id", (subject,))
+        return [intent for intent in map(_intent, rows) if intent.data.get("run") == run]
+
     def open_intents(self, subject: str | None = None) -> list["Intent"]:
         """Intents not finished yet (a dfo died while acting), oldest first."""
         clause, params = _where(subject=subject)

@@ -469,10 +469,22 @@ class Watcher:
             watched.stored_floor = self.store.last_step(watched.name)  # a former owner just gone (its pid) stored
             watched.unsaved, watched.unsaved_offset, watched.unsaved_ident = [], None, None  # lines still on their way
             self._store_shown_shifts(watched)
-            watched.handled = watched.handled or bool(self.store.children(watched.name))
+            watched.handled = watched.handled or self._acted_on(watched)
             watched.dirty = True
             self._emit(watched, ev.TookOver, steps_stored=len(rows))
         self._finish_open_intents(root)
+
+    def _acted_on(self, watched: WatchedRun) -> bool:
+        """Whether the chain's former owner acted on the run's verdict already, so that a take-over does not act
+        (nor record the action) again: a fallback it recorded (its intent, open or done: an open one is finished
+        by _finish_open_intents) or whose successor it launched; a stop it asked for (stop_requested_at, set
+        before the signal) or recorded as under way (its stored `acting` event: the run had ended already)."""
+        if self.store.children(watched.name) or self.store.intents_about(watched.root, watched.name):
+            return True
+        run = self.store.find_run(watched.name)
+        if watched.decision.action != "stop" or run is None:
+            return False
+        return run.stop_requested_at is not None or bool(self.store.events(watched.name, kind=ev.Acting.kind))
 
     def _stored_shifts(self, name: str) -> set[tuple[int, bool]]:
         """(at_step, declared) of the level_shift events the registry holds for run `name`."""

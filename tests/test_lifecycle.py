@@ -220,3 +220,24 @@ def test_a_run_stopped_while_logging_has_every_step_it_logged_stored(lab, tmp_pa
     logged = lab.log_steps("o1")
     assert [s["step"] for s in lab.store.samples("o1")] == logged  # the five after SIGTERM too, each once
     assert "event=done reason=sigterm" in (lab.workspace / "logs" / "o1.log").read_text()
+
+
+def test_a_stop_is_carried_out_and_recorded_once_when_a_second_watcher_takes_the_chain_over(lab) -> None:
+    lab.launch("trees", "d1")  # a thread-bound CUDA-graph crash, the process left alive
+    owner, second = lab.watcher(chain_override=["trees"]), lab.watcher(chain_override=["trees"])  # a chain of one: stop
+    owner.attach("d1")
+    second.attach("d1")
+    assert owner.owns("d1") and not second.owns("d1")
+
+    def both(done) -> None:
+        run_until(owner, lambda w: (second.step(0.05), done())[1], timeout=60)
+
+    both(lambda: owner.settled() and second.runs()[0].decision.decision == "crash")
+    owner.close()  # it gives the chain back: the second takes it over
+    run_until(second, lambda w: w.owns("d1") and w.settled(), timeout=30)
+    for _ in range(10):
+        second.step(0.05)
+    kinds = [e["kind"] for e in lab.store.events("d1")]
+    assert kinds.count("acting") == 1 and kinds.count("stopped") == 1, kinds
+    assert "not_signalled" not in kinds and "took_over" in kinds
+    assert lab.store.get_run("d1").state == "stopped"
