@@ -20,12 +20,15 @@ push when the package changed. This module composes and parses; the start script
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Iterator, Sequence
 
-from .errors import CommandTimeout, DfoError, RemoteError
+from .errors import CommandTimeout, DfoError, RefusedError, RemoteError
 from .inventory import TargetSpec
 from .package import parse_probe
 from .preflight import (
@@ -59,6 +62,10 @@ streams, one of them the watch agent's; a launch call is a stream, so it takes t
 containers of one host wait their turn (each is one pct start-up and one script); other hosts' do not."""
 _turns: "weakref.WeakKeyDictionary[Target, threading.BoundedSemaphore]" = weakref.WeakKeyDictionary()
 _turns_lock = threading.Lock()
+GROUP_CALLS_PER_CONNECTION = 2
+"""Calls of one multi-node launch open at once over one SSH connection (every node waits for dfo's word until
+all are prepared): the 2 channels ssh.py leaves for streams (no watch agent is open on it during a launch)."""
+_group: "contextvars.ContextVar[GroupTurns | None]" = contextvars.ContextVar("dfo_launch_group", default=None)
 
 
 @dataclass(frozen=True)
@@ -108,8 +115,8 @@ class PlanCall:
     def __init__(self, target: Target, script: str, *, timeout: float) -> None:
         self.target = target
         self._closed = False
-        self._turn = _turn_on(target)
-        if not self._turn.acquire(timeout=timeout):
+        self._turns = _group.get() or SingleTurns()
+        if not self._turns.acquire(target, timeout):
             raise CommandTimeout(f"no free SSH session for the launch script within {timeout:g}s", where=target.name)
         try:
             self._stream: Stream = target.stream(script, merge_stderr=True) if isinstance(target, PctTarget) else target.stream(script)
@@ -148,7 +155,7 @@ class PlanCall:
         except (DfoError, OSError):
             pass
         finally:
-            self._turn.release()
+            self._turns.release(self.target)
 
     def _read(self, *, until: str | None, timeout: float) -> str:
         """Output up to the line `until` (without it), or to the end when `until` is None."""
@@ -183,12 +190,72 @@ class PlanCall:
         return -1 if code is None else code
 
 
+def connection_of(target: Target) -> Target:
+    """The host Target whose connection `target`'s commands go over (a container's host, else itself)."""
+    return target.inner if isinstance(target, PctTarget) else target
+
+
 def _turn_on(target: Target) -> threading.BoundedSemaphore:
     """The semaphore of the connection `target` runs over (none to speak of on this machine)."""
-    host = target.inner if isinstance(target, PctTarget) else target
+    host = connection_of(target)
     size = 1_000 if isinstance(host, LocalTarget) else CALLS_PER_CONNECTION
     with _turns_lock:
         return _turns.setdefault(host, threading.BoundedSemaphore(size))
+
+
+class SingleTurns:
+    """A launch call's turn on its connection: taken for the call, given back when it ends."""
+
+    def acquire(self, target: Target, timeout: float) -> bool:
+        return _turn_on(target).acquire(timeout=timeout)
+
+    def release(self, target: Target) -> None:
+        _turn_on(target).release()
+
+
+class GroupTurns:
+    """The turns of one multi-node launch (one_turn_per_connection): each connection's turn taken by the group's
+    first call over it and given back when its last one ends, so the group's calls over one connection (two
+    containers of one Proxmox host) never wait on one another, as they did on main until the 130 s timeout."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, int] = {}  # id(connection) -> the group's calls open over it
+
+    def acquire(self, target: Target, timeout: float) -> bool:
+        key = id(connection_of(target))
+        if not self.held.get(key) and not _turn_on(target).acquire(timeout=timeout):
+            return False
+        self.held[key] = self.held.get(key, 0) + 1
+        return True
+
+    def release(self, target: Target) -> None:
+        key = id(connection_of(target))
+        self.held[key] -= 1
+        if not self.held[key]:
+            _turn_on(target).release()
+
+
+@contextlib.contextmanager
+def one_turn_per_connection(targets: Sequence[Target], names: Sequence[str]) -> Iterator[None]:
+    """Launch calls made inside it (on this thread) share one turn per connection (GroupTurns): a multi-node
+    launch prepares every node, each call waiting for dfo's word, before it starts any. Refused at once
+    (RefusedError naming the fix) when more of `targets` (named `names`) share one SSH connection than it carries
+    launch calls at once (GROUP_CALLS_PER_CONNECTION)."""
+    per_connection: dict[int, list[str]] = {}
+    for target, name in zip(targets, names):
+        if not isinstance(connection_of(target), LocalTarget):
+            per_connection.setdefault(id(connection_of(target)), []).append(name)
+    for sharing in per_connection.values():
+        if len(sharing) > GROUP_CALLS_PER_CONNECTION:
+            raise RefusedError(f"{len(sharing)} nodes of one launch share one SSH connection ({', '.join(sharing)}): "
+                               f"it carries {GROUP_CALLS_PER_CONNECTION} launch calls at once (OpenSSH's MaxSessions "
+                               f"is 10, dfo keeps 8 for commands); nothing was started",
+                               hint=f"give at most {GROUP_CALLS_PER_CONNECTION} containers of one host to one launch")
+    token = _group.set(GroupTurns())
+    try:
+        yield
+    finally:
+        _group.reset(token)
 
 
 @dataclass

@@ -38,7 +38,7 @@ from .chains import (
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
 from .errors import DfoError, RefusedError, RemoteError, UsageError
-from .launchplan import Gate
+from .launchplan import Gate, one_turn_per_connection
 from .package import Package, build_package, parse_probe
 from .remote.base import Target
 from .store import Store
@@ -187,13 +187,14 @@ def launch_nodes(
     prepared: list[runs_lib.Prepared] = []
     refusals: list[tuple[str, DfoError]] = []
     try:
-        for rank, (target, spec, gate) in enumerate(zip(targets, specs, gates)):
-            try:  # every node is asked, so one answer names every node that refuses
-                prepared.append(runs_lib.prepare(target, node_spec(spec, rank, nnodes, rendezvous), store,
-                                                 name=node_name(name, rank), environ=environ, package=package,
-                                                 gate=gate))
-            except DfoError as exc:
-                refusals.append((spec.target, exc))
+        with one_turn_per_connection(targets, [spec.target for spec in specs]):  # nodes of one host: no deadlock
+            for rank, (target, spec, gate) in enumerate(zip(targets, specs, gates)):
+                try:  # every node is asked, so one answer names every node that refuses
+                    prepared.append(runs_lib.prepare(target, node_spec(spec, rank, nnodes, rendezvous), store,
+                                                     name=node_name(name, rank), environ=environ, package=package,
+                                                     gate=gate))
+                except DfoError as exc:
+                    refusals.append((spec.target, exc))
         if refusals:
             raise refused_nodes(refusals, nnodes)
         store.add_nodes(name, [p.name for p in prepared], str(rendezvous))

@@ -66,7 +66,9 @@ def hosts(tmp_path, sshd, ssh_home, pct_standin_env):
     inventory = write_inventory(tmp_path, {
         "defaults": {"min_free_disk_gb": 0},
         "hosts": {
-            "pve0": {"address": "testhost", "containers": {"n0": {"ctid": None, "workspace": str(tmp_path / "ws0"), **node}}},
+            "pve0": {"address": "testhost", "containers": {"n0": {"ctid": None, "workspace": str(tmp_path / "ws0"), **node},
+                                                           "n0b": {"ctid": None, "workspace": str(tmp_path / "ws0b"), **node},
+                                                           "n0c": {"ctid": None, "workspace": str(tmp_path / "ws0c"), **node}}},
             "pve1": {"address": "testhost2", "containers": {"n1": {"ctid": None, "workspace": str(tmp_path / "ws1"), **node}}},
             "pve2": {"address": "testhost3", "containers": {"n2": {"ctid": None, "workspace": str(tmp_path / "ws2"), **node}}},
         },
@@ -137,6 +139,30 @@ def test_two_nodes_start_stop_and_resume_as_one_run(hosts):
         assert stopped_at < first <= stopped_at + 5  # every node went on from its own checkpoint
     finally:
         assert hosts.dfo("stop", "mn.2-ps2", "--grace", "30").returncode == 0
+
+
+@pytest.mark.slow
+def test_two_containers_of_one_host_launch_as_one_run_over_its_one_connection(hosts):
+    # both nodes' launch calls wait for dfo's word over the host's one connection: they share its turn (on main the
+    # second waited for the first's, which waited for the second's start: "no free SSH session" after 130 s)
+    launched = hosts.launch("--host", "n0", "--host", "n0b", "--variant", "ps2", timeout=100)
+    assert launched.returncode == 0, launched.stderr
+    logs = [hosts.tmp / where / "logs" / f"mn.node{rank}.log" for rank, where in enumerate(("ws0", "ws0b"))]
+    try:
+        assert [n["target"] for n in json.loads(launched.stdout.splitlines()[0])["nodes"]] == ["n0", "n0b"]
+        wait_for(lambda: all(map(has_steps, logs)), 120, "both nodes' step lines")
+    finally:
+        stopped = hosts.dfo("stop", "mn", "--grace", "30", "--json")
+    assert [n["state"] for n in json.loads(stopped.stdout)["nodes"]] == ["stopped", "stopped"], stopped.stderr
+
+
+def test_three_containers_of_one_host_in_one_launch_are_refused_at_once_with_the_fix(hosts):
+    refused = hosts.launch("--host", "n0", "--host", "n0b", "--host", "n0c", "--variant", "ps2ok", timeout=60)
+    assert refused.returncode == 1
+    assert ("3 nodes of one launch share one SSH connection (n0, n0b, n0c): it carries 2 launch calls at once"
+            in refused.stderr), refused.stderr
+    assert "give at most 2 containers of one host to one launch" in refused.stderr
+    assert hosts.runs() == []  # nothing registered, nothing started
 
 
 @pytest.mark.slow
