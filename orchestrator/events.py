@@ -299,9 +299,27 @@ def lease_held_text(host: str | None, pid: int | None, since: str | None, lease_
 
 @dataclass(frozen=True)
 class FellBack(RunEvent):
+    """A fallback carried out: `run` was followed by `next_run` (of `variant`). A multi-node run's also says on
+    which nodes (`nodes`), which node failed first (`first_failed`) and the chain left after it (`rest`): one
+    kind, one shape, whoever carried it out (the Watcher, multinode.finish_fallback)."""
+
     kind: ClassVar[str] = "fell_back"
     next_run: str
     variant: str
+    nodes: Optional[list[str]] = optional()
+    first_failed: Optional[str] = optional()
+    rest: Optional[list[str]] = optional()
+
+
+@dataclass(frozen=True)
+class MultinodeFellBack(RunEvent):
+    """`dfo watch --json`'s line once a multi-node run's fallback (after its watch) is done: the successor and its
+    nodes. Kept in the registry as its fell_back event (FellBack)."""
+
+    kind: ClassVar[str] = "multinode_fell_back"
+    stored: ClassVar[bool] = False
+    next_run: str
+    nodes: list[str]
 
 
 # ---------------------------------------------------------------------------------------------- about a target

@@ -38,10 +38,11 @@ from .chains import (
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
 from .errors import DfoError, RefusedError, RemoteError, UsageError
+from .events import FellBack
 from .launchplan import Gate, one_turn_per_connection
 from .package import Package, build_package, parse_probe
 from .remote.base import Target
-from .store import Store
+from .store import Store, utc_now
 
 RENDEZVOUS_TIMEOUT = 30.0
 
@@ -376,8 +377,10 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
         except DfoError as exc:  # a node's start got no answer: left open, settled as a single run's (left)
             StartUnseen.raise_if(name, map(store.find_run, store.nodes_of(name)), exc, again=f"dfo watch {data['run']}")
             return {**data, "name": name, "next_run": None, "nodes": [], "error": f"launching {data['variant']} failed: {exc}"}
-        store.add_event(data["run"], "fell_back", {"to": launched.name, "variant": data["variant"],
-                                                   "first_failed": data["first_failed"], "rest": data["rest"]})
+        fell = FellBack(at=utc_now(), run=data["run"], chain=root_of(store, data["run"]), next_run=launched.name,
+                        variant=data["variant"], nodes=[n.run.name for n in launched.nodes],
+                        first_failed=data["first_failed"], rest=data["rest"])
+        store.add_event(fell.run, fell.kind, fell.stored_data(), at=fell.at)
         return {**data, "name": name, "next_run": launched.name, "nodes": [n.run.name for n in launched.nodes],
                 "error": None}
 

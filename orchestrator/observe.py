@@ -46,7 +46,8 @@ class Observation:
                     with that offset)
       truncated     `run`'s log was truncated, replaced (rotated) or rewritten (truncated and regrown);
                     reading restarts at 0 (data: size, why, was: the offset reading had reached)
-      proc          `run`'s process changed state (data: alive, exit_code or None)
+      proc          `run`'s process changed state (data: alive, exit_code or None, ended_at: the exit file's
+                    mtime on the container's clock once it has one, else None)
       gpu           one GPU sample (data: ts, gpus: [{index, mem_used_mib, mem_total_mib, util_pct}])
       gpu_error     nvidia-smi failed or is missing (data: text, code)
       disconnected  the channel dropped; reconnecting (data: reason)
@@ -271,7 +272,9 @@ class ObserverBase:
         tracker = self.runs.get(header.get("run"))
         alive, exit_code = bool(header.get("alive")), read_number(header.get("exit_code"), *EXIT_CODES, integer=True)
         if tracker is not None and tracker.proc_changed(alive, exit_code):
-            self._emit("proc", tracker.spec.run, data={"alive": alive, "exit_code": exit_code})
+            ended_at = header.get("ended_at")
+            self._emit("proc", tracker.spec.run, data={"alive": alive, "exit_code": exit_code,
+                                                       "ended_at": ended_at if isinstance(ended_at, (int, float)) else None})
 
     def _on_gpu(self, header: dict, payload: bytes | None) -> None:
         self.gpu_error = None

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from . import faults
 from .agent import stopper
 from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
+from .events import Ended
 from .inventory import START_GRACE_S, STOP_GRACE_S
 from .launchplan import PROBE_TIMEOUT_S, SECRETS_FROM_STDIN, Gate, Opened, open_plan
 from .logfmt import format_ts
@@ -399,9 +400,8 @@ class Prepared:
         if spec.parent:
             faults.exit_at("launch_started", faults.FALLBACK_EXIT_AT)
         command = _command(spec, name, package)
-        run = store.update_run(
-            name, state="running", pid=pid, proc_starttime=stopper.starttime(stat), started_at=utc_now(), command=command, owner=None
-        )
+        run = store.transition(name, RunState.RUNNING, RunState.unsettled(), pid=pid, proc_starttime=stopper.starttime(stat),
+                               started_at=utc_now(), command=command, owner=None) or store.get_run(name)
         faults.exit_at("recorded")
         store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets),
                                            "env": dict(spec.env), "wandb": spec.wandb})
@@ -599,7 +599,7 @@ def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseEx
     error = str(exc)[:500] or type(exc).__name__
     if maybe_started:
         store.add_event(name, "launch_failed", {"error": error})
-        store.update_run(name, state="lost", ended_at=utc_now())
+        store.transition(name, RunState.LOST, [RunState.LAUNCHING], ended_at=utc_now())
     elif forget:
         store.add_event(name, "launch_failed", {"error": error})
         store.delete_run(name)
@@ -610,7 +610,8 @@ def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseEx
 def mark_failed(store: Store, name: str, why: str) -> Run:
     """Record that launch `name` never started its run: `failed`, `why` its `launch_failed` event."""
     store.add_event(name, "launch_failed", {"error": why})
-    return store.update_run(name, state=RunState.FAILED, ended_at=utc_now(), owner=None)
+    return (store.transition(name, RunState.FAILED, [RunState.LAUNCHING, RunState.LOST], ended_at=utc_now(), owner=None)
+            or store.get_run(name))
 
 
 def _remove_launch_files(target: Target, workspace: str, name: str, *, log: bool) -> None:
@@ -905,9 +906,13 @@ def _record_end(store: Store, run: Run, exit_text: str, why: str, *, state: str 
     if state is None:
         state = "lost" if code is None else ("exited" if code == 0 else "crashed")
     ended_at = format_ts(float(exit_mtime)) if exit_mtime and exit_mtime.strip().isdigit() else None
-    store.add_event(run.name, "ended", {"state": state, "exit_code": code, "why": why})
-    return store.update_run(run.name, state=state, exit_code=code, ended_at=ended_at or utc_now(),
-                            ended_from="exit_file" if ended_at else "noticed")
+    ended = store.transition(run.name, RunState(state), RunState.endable(), exit_code=code, ended_at=ended_at or utc_now(),
+                             ended_from="exit_file" if ended_at else "noticed")
+    if ended is None:  # another dfo recorded its end first (a watch, a look, a stop): that record stands
+        return store.get_run(run.name)
+    event = Ended(at=utc_now(), run=run.name, chain=store.lineage(run.name)[0], exit_code=code, state=str(state), why=why)
+    store.add_event(run.name, event.kind, event.stored_data(), at=event.at)  # the shape a watch stores
+    return ended
 
 
 def follow_script(run: Run, lines: int) -> str:
@@ -981,8 +986,9 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> 
         if seen.get("found"):
             pid, _, stat = seen["found"].partition(" ")
             store.add_event(run.name, "launch_resolved", {"pid": int(pid), "how": "found by its exit file path" + late})
-            run = store.update_run(run.name, state=RunState.RUNNING, pid=int(pid), proc_starttime=stopper.starttime(stat),
-                                   started_at=run.started_at or utc_now(), ended_at=None, owner=None)
+            run = store.transition(run.name, RunState.RUNNING, RunState.unsettled(), pid=int(pid),
+                                   proc_starttime=stopper.starttime(stat), started_at=run.started_at or utc_now(),
+                                   ended_at=None, owner=None) or store.get_run(run.name)
             return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked",
                                                                  exit_mtime=seen.get("mtime"))
         if exit_text.strip():  # it started and ended before anyone looked: resolved as a late start is, then its end

@@ -1,4 +1,4 @@
-"""The words dfo's lifecycle is written in: a run's verdict, a run's state, a batch cell's state.
+"""The words dfo's lifecycle is written in: a run's verdict, the action on it, a run's state, a batch cell's state.
 
 StrEnums, so each member is also the plain string stored in the registry and printed in JSON
 (`Verdict.CRASH == "crash"`): the registry's contents and docs/design.md's JSON shapes do not change. Every
@@ -44,12 +44,37 @@ class Verdict(StrEnum):
             return cls.UNDECIDED
 
 
+class Action(StrEnum):
+    """What dfo does about a verdict (docs/design.md's decision `action`): keep the variant (steady), fall back to the
+    chain's next one, stop the run (a failure with nothing left to fall back to), or nothing."""
+
+    KEEP = "keep"
+    FALLBACK = "fallback"
+    STOP = "stop"
+    NONE = "none"
+
+    def acts(self) -> bool:
+        """dfo does something to the run: stops it (and, for a fallback, launches the next variant)."""
+        return self in (Action.FALLBACK, Action.STOP)
+
+    @classmethod
+    def of(cls, text: str | None) -> "Action":
+        """The action of a decision's text (None or unknown text: none)."""
+        try:
+            return cls(text)
+        except ValueError:
+            return cls.NONE
+
+
 class RunState(StrEnum):
-    """A run's row in the registry.
+    """A run's row in the registry. Changed only by Store.transition, each change guarded by the states it may
+    come from (`UPDATE ... WHERE state IN (...)`), so one end seen by two dfo is recorded once.
 
         launching --start seen--> running --exit file--> exited (0) | crashed (!= 0)
-            |                        +--dfo stop-------> stopped
-            +--dfo died before the start, nothing found--> failed      (lost: the PID is gone, no exit file)
+            |   |                    +--dfo stop-------> stopped
+            |   +--start got no answer--> lost, no PID (launched, not yet confirmed: looked for during
+            |                             watch.start_grace_s) --found--> running | --end found--> exited ...
+            +--dfo died before the start, nothing found--> failed      (lost with a PID: gone, no exit file)
     """
 
     LAUNCHING = "launching"
@@ -66,6 +91,17 @@ class RunState(StrEnum):
     @classmethod
     def active(cls) -> tuple["RunState", ...]:
         return cls.LAUNCHING, cls.RUNNING
+
+    @classmethod
+    def unsettled(cls) -> tuple["RunState", ...]:
+        """Before a start was seen: launching, lost without a PID (its start got no answer: launched, not yet
+        confirmed, for watch.start_grace_s), failed (a slow start may still bring it up): what `running` follows."""
+        return cls.LAUNCHING, cls.LOST, cls.FAILED
+
+    @classmethod
+    def endable(cls) -> tuple["RunState", ...]:
+        """What an end (its exit file, a stop) is recorded from: every state but an end already recorded."""
+        return cls.LAUNCHING, cls.RUNNING, cls.LOST, cls.FAILED
 
     @classmethod
     def after_exit(cls, code: int | None) -> "RunState":

@@ -498,6 +498,24 @@ class Store:
                 raise UnknownRun(f"no run named {name!r} in the registry", hint="see `dfo runs`")
         return self.get_run(name)
 
+    def transition(self, name: str, to: RunState, expect: Iterable[RunState], **changes: Any) -> Run | None:
+        """Move run `name` to state `to` (with `changes`) only if its state is one of `expect`, in one statement
+        (`UPDATE runs SET state = ? ... WHERE name = ? AND state IN (...)`): of two dfo that see one end (a watch
+        and a look, two looks), one records it; the other gets None and records nothing (no second `ended`
+        event, no later ended_at). Returns the run as now recorded, or None when it was in another state.
+        Every state change of dfo's goes through here (states.RunState draws them)."""
+        expected = tuple(str(RunState(state)) for state in expect)
+        values = _encode_run_fields({**changes, "state": RunState(to)})
+        assignments = ", ".join(f"{k} = ?" for k in values)
+        marks = ", ".join("?" for _ in expected)
+        with self._write() as db:
+            cursor = db.execute(f"UPDATE runs SET {assignments} WHERE name = ? AND state IN ({marks})",
+                                (*values.values(), name, *expected))
+        if cursor.rowcount == 0:
+            self.get_run(name)  # UnknownRun for a name the registry does not hold
+            return None
+        return self.get_run(name)
+
     def delete_run(self, name: str) -> None:
         """Forget a run that never started (a failed launch). Its events stay."""
         with self._write() as db:

@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from . import events as ev
@@ -46,7 +46,7 @@ from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
 from .runs import StopWait, resolve_launch, worth_a_look
-from .states import RunState
+from .states import Action, RunState
 from .store import Run, Store, utc_now
 
 DRAIN_MAX = 5000  # observations handled per step(); the rest wait for the next one
@@ -60,7 +60,7 @@ UNSAVED_MAX = 100_000  # steps an observing (not owning) watcher keeps for the d
 
 
 @dataclass
-class Action:
+class UnderWay:
     """A fallback or a stop carried out on a worker thread: what it does, in words, and how long it takes at the
     most, every remote call of it at its timeout (Supervisor.bound_s)."""
 
@@ -218,7 +218,7 @@ class Watcher:
         self.watched: dict[str, WatchedRun] = {}
         self._chains: dict[str, ChainState] = {}
         self._package: Package | None = None
-        self._actions: list[Action] = []
+        self._actions: list[UnderWay] = []
         self._events: list[ev.Event] = []
         self._looked_at: dict[str, float] = {}  # chain root -> when its runs were last looked up (observing)
         self._left_to_batch: set[int] = set()  # the open batch fallbacks (intent ids) said to be left to dfo batch
@@ -337,7 +337,7 @@ class Watcher:
         """Ctrl-C: the fallbacks (and stops) under way are carried to their end before the watch ends
         (chains.finish_under_way: `on_interrupt` is told which, `RUN to VARIANT`); a second Ctrl-C leaves them
         half done, their intents open for the next `dfo watch` (returned FallbacksLeft), at once. So does an
-        action still under way past its bound (Action.deadline; FallbacksLeft.overdue_s says how long that is):
+        action still under way past its bound (UnderWay.deadline; FallbacksLeft.overdue_s says how long that is):
         a remote call stuck past its own timeout does not keep dfo from ending."""
         under_way = [action for action in self._actions if not action.ended.is_set()]
         if not under_way:
@@ -414,7 +414,7 @@ class Watcher:
         watched.shifts_reported = self._stored_shifts(watched.name)
         earlier = watched.run.decision
         if earlier and self.policy.falls_back(earlier.get("decision")):
-            watched.decision = Decision(**{k: v for k, v in earlier.items() if k in Decision.__dataclass_fields__})
+            watched.decision = Decision.from_json(earlier)
             watched.handled = bool(self.store.children(watched.name)) or not watched.run.active
         return stored
 
@@ -482,7 +482,7 @@ class Watcher:
         if self.store.children(watched.name) or self.store.intents_about(watched.root, watched.name):
             return True
         run = self.store.find_run(watched.name)
-        if watched.decision.action != "stop" or run is None:
+        if watched.decision.action is not Action.STOP or run is None:
             return False
         return run.stop_requested_at is not None or bool(self.store.events(watched.name, kind=ev.Acting.kind))
 
@@ -519,7 +519,7 @@ class Watcher:
             bound_s = sum(self.supervisor.bound_s(self.store.find_run(intent.data["run"]) or current.run, launches=True)
                           for intent in intents)
             self._start_worker(current, lambda: self.supervisor.finish_open(root),
-                               Action("; ".join(fallback_text(intent.data) for intent in intents), bound_s))
+                               UnderWay("; ".join(fallback_text(intent.data) for intent in intents), bound_s))
 
     def _leave_to_batch(self, root: str, intent, batch: str) -> None:
         """Say once (however often the chain is attached or taken over) that the open fallback `intent` of batch
@@ -653,11 +653,14 @@ class Watcher:
         if watched.exit_code is None:
             watched.gone_at = watched.gone_at or obs.at
             return
-        self._ended(watched, watched.exit_code, self._clock(obs.source, obs.at))
+        self._ended(watched, watched.exit_code, self._clock(obs.source, obs.at), exit_mtime=obs.data.get("ended_at"))
 
-    def _ended(self, watched: WatchedRun, code: int, ts: float, why: str | None = None) -> None:
+    def _ended(self, watched: WatchedRun, code: int, ts: float, why: str | None = None,
+               exit_mtime: float | None = None) -> None:
         """The run's process ended. A stop someone asked for (`dfo stop`, a batch) is in the registry before
-        its signal went out: the judge hears of it with the exit, so the exit is no crash to fall back from."""
+        its signal went out: the judge hears of it with the exit, so the exit is no crash to fall back from.
+        `exit_mtime`: when its exit file was written (the agent's stat of it), recorded as ended_at (exit_file);
+        without one (no exit file) ended_at is when the watch saw the end (noticed)."""
         run = self.store.find_run(watched.name)
         stop_requested = bool(run and run.stop_requested_at)
         watched.exit_wait = None
@@ -667,9 +670,15 @@ class Watcher:
             watched.stopped_reason = watched.stopped_reason or "stopped on request (dfo stop)"
         state = str(RunState.STOPPED if stop_requested else RunState.after_exit(code))  # -1 (no exit file): crashed
         exit_code = code if code >= 0 else None
-        self._emit(watched, ev.Ended, exit_code=exit_code, state=state, why=why or f"exit status {code}")
-        if run is not None and run.active and watched.root in self.owned:
-            watched.run = self.store.update_run(watched.name, state=state, exit_code=exit_code, ended_at=utc_now())
+        event = ev.Ended(at=utc_now(), run=watched.name, chain=watched.root, exit_code=exit_code, state=state,
+                         why=why or f"exit status {code}")
+        recorded = None
+        if run is not None and run.active and watched.root in self.owned:  # seen as it happens: noticed is right
+            ended_at = format_ts(exit_mtime) if exit_mtime is not None else None
+            recorded = self.store.transition(watched.name, RunState(state), RunState.endable(), exit_code=exit_code,
+                                             ended_at=ended_at or event.at, ended_from="exit_file" if ended_at else "noticed")
+            watched.run = recorded or self.store.get_run(watched.name)
+        self._publish(event, watched.name, recorded is not None)  # shown always; stored by whoever recorded the end
 
     def _gpu_observed(self, obs: Observation, writes: "Writes") -> None:
         gpus = [g for g in obs.data.get("gpus") or [] if isinstance(g, dict)]
@@ -743,13 +752,12 @@ class Watcher:
                     continue  # a verdict reached before the outage stands
                 watched.lost = True
                 down_s = now - link.down_since
-                decision = watched.judge.decision().to_json()
-                decision["reason"] = (f"{source} unreachable for {down_s:.0f} s (limit {self.unreachable_s:g} s: "
-                                      f"{link.reason or 'no answer'}); the run may still be going: "
-                                      f"dfo watch {watched.name} resumes it")
-                decision["evidence"] = {**decision["evidence"], "unreachable_s": round(down_s, 1),
-                                        "unreachable_reason": link.reason}
-                watched.decision = Decision(**decision)
+                judged = watched.judge.decision()
+                watched.decision = replace(
+                    judged, reason=(f"{source} unreachable for {down_s:.0f} s (limit {self.unreachable_s:g} s: "
+                                    f"{link.reason or 'no answer'}); the run may still be going: "
+                                    f"dfo watch {watched.name} resumes it"),
+                    evidence={**judged.evidence, "unreachable_s": round(down_s, 1), "unreachable_reason": link.reason})
                 self._record_decision(watched)
                 self._emit(watched, ev.Unreachable, target=source, duration_s=round(down_s, 1), reason=link.reason)
 
@@ -806,14 +814,14 @@ class Watcher:
         """A final verdict: with fallback on, stop the run (if it still runs) and launch the next variant."""
         watched.handled = True
         decision = watched.decision
-        if not self.fallback or decision.action not in ("fallback", "stop"):
+        if not self.fallback or not decision.action.acts():
             return  # --no-fallback only reports
         if watched.run.batch:  # a batch cell's run: `dfo batch` acts, keeping the cell's GPUs in its bookkeeping
             self._emit(watched, ev.LeftToBatch, batch=watched.run.batch, command=batch_command(self.store, watched.run.batch))
             return
         watched.stopping = watched.acting = True
         self._emit(watched, ev.Acting, action=decision.action, next_variant=decision.next_variant)
-        self._start_action(watched, launch_next=decision.next_variant if decision.action == "fallback" else None,
+        self._start_action(watched, launch_next=decision.next_variant if decision.action is Action.FALLBACK else None,
                            reason=decision.decision + (f" [{decision.signature}]" if decision.signature else ""))
 
     def _start_action(self, watched: WatchedRun, *, launch_next: str | None, reason: str) -> None:
@@ -821,14 +829,14 @@ class Watcher:
         bound_s = self.supervisor.bound_s(watched.run, launches=bool(launch_next))
         if launch_next:
             self._start_worker(watched, lambda: self.supervisor.fall_back(watched.run, launch_next, watched.chain, reason),
-                               Action(fallback_text({"run": watched.name, "variant": launch_next}), bound_s))
+                               UnderWay(fallback_text({"run": watched.name, "variant": launch_next}), bound_s))
         elif watched.alive is not False and watched.run.active:
             self._start_worker(watched, lambda: self.supervisor.stop(watched.name, reason),
-                               Action(f"{watched.name} (a stop only: {reason})", bound_s))
+                               UnderWay(f"{watched.name} (a stop only: {reason})", bound_s))
         else:
             self.queue.put(ActionDone(watched.name, reason=reason))
 
-    def _start_worker(self, watched: WatchedRun, work: Callable[[], Any], action: Action) -> None:
+    def _start_worker(self, watched: WatchedRun, work: Callable[[], Any], action: UnderWay) -> None:
         """Run `work` (`action`) on its own thread; what it did comes back to the loop as ActionDone(s) on the
         queue."""
         def body() -> None:
@@ -871,9 +879,7 @@ class Watcher:
             self._emit(watched, ev.ActionError, error=done.error)
         if done.launched is not None:
             self._chains[watched.root].runs.append(done.launched.name)
-            decision = watched.decision.to_json()
-            decision["next_run"] = done.launched.name
-            watched.decision = Decision(**decision)
+            watched.decision = replace(watched.decision, next_run=done.launched.name)
             self._record_decision(watched)
             self._emit(watched, ev.FellBack, next_run=done.launched.name, variant=done.launched.variant)
             try:

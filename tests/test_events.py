@@ -32,14 +32,15 @@ CONTRACT = {
     "acting": ["at", "run", "chain", "action", "next_variant"],
     "stopped": ["at", "run", "chain", "signal", "reason"],
     "not_signalled": ["at", "run", "chain", "why"],
-    "fell_back": ["at", "run", "chain", "next_run", "variant"],
+    "fell_back": ["at", "run", "chain", "next_run", "variant", "nodes", "first_failed", "rest"],
+    "multinode_fell_back": ["at", "run", "chain", "next_run", "nodes"],
     "left_to_batch": ["at", "run", "chain", "batch", "command"],
     "lease_held": ["at", "run", "chain", "host", "pid", "since", "lease_s"],
     "disconnected": ["at", "target", "reason"],
     "gap": ["at", "target", "duration_s"],
     "gpu_error": ["at", "target", "text", "code"],
 }
-OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir",  # left out when unset
+OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir", "nodes", "first_failed", "rest",  # left out when unset
                  "declared_tok_s", "declared_interval", "declared_step", "declared_at", "shape", "rel_per_min"}
 RUN_ERROR = ["at", "run", "chain", "text"]
 TARGET_ERROR = ["at", "target", "text"]

@@ -73,3 +73,29 @@ def test_a_second_look_stores_nothing_twice_and_a_chain_a_live_watch_holds_is_le
     run_until(watcher, lambda w: w.runs()[0].alive is False, timeout=60)
     steps = [s["step"] for s in lab.store.samples("h4")]
     assert steps == sorted(set(steps)) and steps[-1] == 400
+
+
+def test_one_end_seen_by_two_looks_is_recorded_once_with_the_first_ones_time(lab) -> None:
+    from orchestrator.runs import look
+
+    lab.launch("short", "h5")
+    stale = lab.store.get_run("h5")  # what a second dfo read before the first one looked: still running
+    wait_for_exit(lab, "h5")
+    target = lab.connections.container("here")
+    [first] = look(target, lab.store, [stale])
+    [second] = look(target, lab.store, [stale])  # the same end, seen again from the stale row
+    assert (first.state, second.state) == ("exited", "exited") and second.ended_at == first.ended_at
+    assert [e["data"]["state"] for e in lab.store.events("h5", kind="ended")] == ["exited"]  # one `ended`, not two
+
+
+def test_a_watch_that_finds_its_run_ended_records_the_exit_files_time_not_its_own(lab) -> None:
+    lab.launch("short", "h6")
+    exit_file = wait_for_exit(lab, "h6")
+    time.sleep(2.0)  # the watch comes later than the end
+    watcher = lab.watcher()
+    watcher.attach("h6")
+    run_until(watcher, lambda w: not lab.store.get_run("h6").active, timeout=60)
+    run = lab.store.get_run("h6")
+    ended = datetime.fromisoformat(run.ended_at.replace("Z", "+00:00")).timestamp()
+    assert (run.state, run.ended_from) == ("exited", "exit_file")
+    assert abs(ended - os.stat(exit_file).st_mtime) < 0.01

@@ -191,6 +191,12 @@ def test_a_crashed_multinode_run_falls_back_on_every_node(hosts):
         assert "event=done step=30" in log.read_text()
     runs = {r["name"]: r for r in hosts.runs()}
     assert runs["mn.2-ps2ok.node1"]["parent"] == "mn.node1"  # each node the child of its predecessor
+    from orchestrator.store import Store
+
+    with Store(hosts.state / "dfo.db") as store:  # the registry's fell_back: the one shape a watch's has too
+        [stored] = store.events("mn", kind="fell_back")
+    assert stored["data"] == {"chain": "mn", "next_run": "mn.2-ps2ok", "variant": "ps2ok", "first_failed": "mn.node1",
+                              "nodes": ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1"], "rest": []}
 
 
 def test_a_node_whose_preflight_fails_starts_nothing_anywhere(hosts):

@@ -194,6 +194,6 @@ def test_poll_mode_reports_the_same_lines_and_the_exit(observe, tmp_path):
     # a state is reported when it changes: "not alive, no exit status yet" (unless the load delays the first
     # poll past the exit file), then the exit status, once
     reports = [o.data for o in seen.kinds("proc")]
-    assert reports[-1] == {"alive": False, "exit_code": 1}
-    assert reports[:-1] in ([], [{"alive": False, "exit_code": None}]), reports
+    assert reports[-1] == {"alive": False, "exit_code": 1, "ended_at": exit_file.stat().st_mtime}  # when it ended
+    assert reports[:-1] in ([], [{"alive": False, "exit_code": None, "ended_at": None}]), reports
     assert len(seen.kinds("connected")) == 1 and len(seen.kinds("gpu_error")) == 1

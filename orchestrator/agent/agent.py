@@ -328,7 +328,13 @@ class Follow:
         if state == self.reported and not always:
             return None
         self.reported = state
-        return encode_record({"t": "proc", "run": self.run, "alive": alive, "exit_code": exit_code})
+        record = {"t": "proc", "run": self.run, "alive": alive, "exit_code": exit_code}
+        if exit_code is not None:  # when the run ended: the exit file's mtime (the wrapper wrote it as it ended)
+            try:
+                record["ended_at"] = os.stat(self.exit).st_mtime
+            except OSError:
+                pass
+        return encode_record(record)
 
 
 # ---------------------------------------------------------------- GPU sampling

@@ -17,7 +17,8 @@ from ..chains import (FALLBACK, MULTINODE_FALLBACK, FallbacksLeft, Outcome, Supe
                       finish_on_own_thread, inventory_for)
 from ..connections import Connections
 from ..errors import DfoError
-from ..events import ActionError, DecisionMade, Event, FellBack, GpuError, LeaseHeld, LeftToBatch, LevelShift
+from ..events import (ActionError, DecisionMade, Event, FellBack, GpuError, LeaseHeld, LeftToBatch, LevelShift,
+                      MultinodeFellBack)
 from ..inventory import Inventory
 from ..states import Verdict
 from ..store import Store, utc_now
@@ -221,7 +222,7 @@ def finish_open_fallbacks(inventory: Inventory, names: Sequence[str], as_json: b
                 err_console.print(f"finishing a half-done fallback failed: {exc}", highlight=False, markup=False)
                 finished = []
             for data in finished:
-                tell_fell_back(data, as_json)
+                tell_fell_back(data, root_of(store, data["run"]), as_json)
             supervisor, outcomes = Supervisor(inventory, connections, store, on_wait=say_waiting(ON_CTRL_C)), []
             for root in roots:
                 for outcome in supervisor.finish_open(root):
@@ -274,7 +275,7 @@ def fall_back_groups(inventory: Inventory, names: Sequence[str], as_json: bool) 
                 except DfoError as exc:
                     err_console.print(f"{group}: falling back failed: {exc}", highlight=False, markup=False)
                     continue
-                if data is not None and tell_fell_back(data, as_json):
+                if data is not None and tell_fell_back(data, root_of(store, group), as_json):
                     launched_names.append(data["next_run"])
 
         if groups:
@@ -282,14 +283,15 @@ def fall_back_groups(inventory: Inventory, names: Sequence[str], as_json: bool) 
     return launched_names
 
 
-def tell_fell_back(data: dict, as_json: bool) -> bool:
-    """One line on a multi-node fallback (a closed intent's data); False when its launch failed."""
+def tell_fell_back(data: dict, chain: str, as_json: bool) -> bool:
+    """One line on a multi-node fallback (a closed intent's data; `chain`: the multi-node run it started from);
+    False when its launch failed."""
     if data.get("error"):
         err_console.print(f"{data['run']}: falling back failed: {data['error']}", highlight=False, markup=False)
         return False
     if as_json:
-        print_json({"kind": "multinode_fell_back", "run": data["run"], "next_run": data["next_run"],
-                    "nodes": data["nodes"]})
+        print_json(MultinodeFellBack(at=utc_now(), run=data["run"], chain=chain, next_run=data["next_run"],
+                                     nodes=data["nodes"]).to_json())
     else:
         console.print(f"{data['run']}: fell back on all {len(data['nodes'])} nodes to {data['next_run']}",
                       highlight=False, markup=False, soft_wrap=True)

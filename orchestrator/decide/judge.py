@@ -22,12 +22,12 @@ Pure: no I/O, no clock; `feed` is cheap except once per block of steps (see stea
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from statistics import median
 from typing import Mapping, Sequence
 
 from ..logfmt import format_ts
-from ..states import Verdict
+from ..states import Action, Verdict
 from .config import DecideConfig
 from .gpus import IdleGpuDetector
 from .memory import MemoryWatch
@@ -51,14 +51,14 @@ class Decision:
     run ended (exited | stopped | crashed, None while it runs) beside the verdict it holds: a run steady at
     5,344 tok/s that then exits 0 reads decision=steady, ended=exited, exit_code=0."""
 
-    decision: str  # a Verdict: steady | drifting | crash | stall | too_slow | stopped | exited | undecided
+    decision: Verdict  # steady | drifting | crash | stall | too_slow | stopped | exited | undecided
     run: str
     at_step: int | None
     at_ts: str | None
     signature: str | None
     steady_tok_s: float | None
     warmup_end_step: int | None
-    action: str  # keep | fallback | stop | none
+    action: Action  # keep | fallback | stop | none
     next_run: str | None
     interval: list[float] | None
     reason: str
@@ -73,13 +73,32 @@ class Decision:
     degrading: dict | None = None  # memory climbing since steady (RunJudge.degrading()): what, how fast, full when
     degrading_at_end: dict | None = None  # degrading's measure when the run ended or got a crash/stall/too_slow verdict
 
+    def __post_init__(self) -> None:
+        self.decision, self.action = Verdict.of(self.decision), Action.of(self.action)  # text from the registry too
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Decision":
+        """A decision as to_json() wrote it (the registry's runs.decision, a `decision` event); keys it does not
+        know are left out, missing optional ones take their defaults."""
+        known = {f.name: f for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        for name, f in known.items():
+            if name not in values and f.default is MISSING and f.default_factory is MISSING:
+                values[name] = "" if name == "reason" else None
+        return cls(**values)
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.decision
+
     @property
     def final(self) -> bool:
         """True once the watcher has nothing more to wait for on this run."""
         return self.decision != Verdict.UNDECIDED
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """docs/design.md's decision JSON (verdict and action as their strings) plus the fields above."""
+        return {**asdict(self), "decision": str(self.decision), "action": str(self.action)}
 
 
 def describe_gpus(samples: Sequence[GpuObs]) -> str | None:
@@ -463,7 +482,7 @@ class RunJudge:
             interval=list(estimate.interval) if estimate.steady else None,
             reason=reason,
             evidence={**evidence, **self._common_evidence()},
-            next_variant=nxt if action == "fallback" else None,
+            next_variant=nxt if action is Action.FALLBACK else None,
             noise_rel=estimate.noise_rel if estimate.steady else None,
             noisy=estimate.noisy if estimate.steady else False,
             ended=ended,

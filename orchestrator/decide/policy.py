@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from ..states import Verdict
+from ..states import Action, Verdict
 from .signatures import Signature
 
 
@@ -48,12 +48,12 @@ def next_variant(
     return rest[0]
 
 
-def action_for(verdict: str, next_name: str | None, *, fallback_enabled: bool) -> str:
+def action_for(verdict: str, next_name: str | None, *, fallback_enabled: bool) -> Action:
     """keep | fallback | stop | none for a verdict: steady keeps its variant (also once the run ended: the
     verdict stays steady); crash/stall/too_slow fall back or stop; drifting, stopped, exited, undecided: none."""
     verdict = Verdict(verdict)
     if verdict is Verdict.STEADY:
-        return "keep"
+        return Action.KEEP
     if verdict.falls_back():
-        return "fallback" if fallback_enabled and next_name else "stop"
-    return "none"
+        return Action.FALLBACK if fallback_enabled and next_name else Action.STOP
+    return Action.NONE
