@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from datetime import datetime, timezone
 
+from harness import cli as harness_cli
 from orchestrator.history import sync_history
-from test_watch import cli, lab, run_until  # noqa: F401  (lab: the fixture)
+from test_watch import lab, run_until  # noqa: F401  (lab: the fixture)
 
 
 def wait_for_exit(lab, name: str, timeout: float = 60.0) -> str:
@@ -22,9 +22,8 @@ def wait_for_exit(lab, name: str, timeout: float = 60.0) -> str:
     return exit_file
 
 
-def dfo(lab, tmp_path, *args: str) -> subprocess.CompletedProcess:
-    command, env = cli(tmp_path)
-    return subprocess.run([command, *args], capture_output=True, text=True, timeout=120, env=env)
+def dfo(lab, tmp_path, *args: str) -> harness_cli.Ran:
+    return harness_cli.dfo(*args, env={"DFO_HOME": str(tmp_path / "state")})
 
 
 def test_a_run_that_finished_unwatched_shows_every_step_in_dfo_metrics(lab, tmp_path) -> None:

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import cli as harness_cli
 from harness import write_inventory
 from orchestrator.runs import stop
-from test_watch import FAST_WATCH, PY, cli, lab, run_until  # noqa: F401  (lab: the fixture)
+from test_watch import FAST_WATCH, PY, lab, run_until  # noqa: F401  (lab: the fixture)
 
 # A trainer that checkpoints on SIGTERM: `event=done reason=sigterm`, then exit 75 (trainer/pipeline.py).
 CHECKPOINTING = """\
@@ -67,10 +68,8 @@ def test_a_checkpointing_trainer_stopped_after_steady_keeps_its_steady_verdict(l
 
 
 def dfo_launch_watch(lab, tmp_path: Path, variant: str, name: str, chain: str, *extra: str, inventory: Path | None = None):
-    dfo, env = cli(tmp_path)
-    return subprocess.run(
-        [dfo, "launch", "--host", "here", "--variant", variant, "--name", name, "--no-preflight", "--chain", chain,
-         "--watch", *extra, "-i", str(inventory or lab.path)], capture_output=True, text=True, timeout=120, env=env)
+    return harness_cli.dfo("launch", "--host", "here", "--variant", variant, "--name", name, "--no-preflight", "--chain",
+                           chain, "--watch", *extra, "-i", str(inventory or lab.path), env={"DFO_HOME": str(tmp_path / "state")})
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import cli as harness_cli
 from harness import write_inventory
 from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 from rich.console import Console
@@ -255,11 +256,9 @@ def cli(tmp_path: Path) -> tuple[str, dict]:
 
 @pytest.mark.slow
 def test_launch_watch_cli_follows_its_own_chain_to_steady(lab, tmp_path) -> None:
-    dfo, env = cli(tmp_path)
-    done = subprocess.run(
-        [dfo, "launch", "--host", "here", "--variant", "failing", "--name", "w1", "--no-preflight", "--chain",
-         "failing,nographs", "--watch", "--until-decided", "--json", "-i", str(lab.path)],
-        capture_output=True, text=True, timeout=90, env=env)
+    done = harness_cli.dfo("launch", "--host", "here", "--variant", "failing", "--name", "w1", "--no-preflight", "--chain",
+                           "failing,nographs", "--watch", "--until-decided", "--json", "-i", str(lab.path),
+                           env={"DFO_HOME": str(tmp_path / "state")})
     assert done.returncode == 0, done.stderr + done.stdout[-2000:]
     objects = [json.loads(line) for line in done.stdout.splitlines()]
     assert objects[0]["run"] == "w1" and "pid" in objects[0]  # launch's own JSON comes first
