@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 from . import faults
 from .decide import Catalogue, next_variant, rest_of_chain
 from .errors import DfoError, RefusedError, UsageError
+from .events import Resumed, record
 from .inventory import Inventory, TargetSpec, chain_problems, load_inventory
 from .launchplan import Gate
 from .package import build_package
@@ -700,7 +701,7 @@ def resume(inventory: Inventory, connections: Any, store: Store, name: str, *, f
     target = connections.container(run.target)
     old = carry_checkpoint(target, spec, name, new_name)
     launched = launch_run(target, spec, store, name=new_name, package=package)
-    store.add_event(new_name, "resumed", {"from": name, "checkpoint": old})
+    record(store, Resumed(at=utc_now(), run=new_name, from_run=name, checkpoint=old))
     return launched
 
 

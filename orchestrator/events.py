@@ -322,6 +322,71 @@ class MultinodeFellBack(RunEvent):
     nodes: list[str]
 
 
+# ---------------------------------------------------------------------------------------------- a run's record
+
+@dataclass(frozen=True)
+class RunRecord(Event):
+    """What the registry keeps of a run besides its watch: written by launch, look, resume and notify (never on a
+    watch's --json). No `chain`: the row's shape is what it always was."""
+
+    run: str
+
+    @property
+    def subject(self) -> str:
+        return self.run
+
+
+@dataclass(frozen=True)
+class Launched(RunRecord):
+    """A run started: its PID and what it was launched with (a fallback's successor takes these: chains.first_launch)."""
+
+    kind: ClassVar[str] = "launched"
+    pid: int
+    target: str
+    variant: Optional[str]
+    sets: dict
+    env: dict
+    wandb: Optional[str]
+
+
+@dataclass(frozen=True)
+class LaunchFailed(RunRecord):
+    kind: ClassVar[str] = "launch_failed"
+    error: str
+
+
+@dataclass(frozen=True)
+class LaunchResolved(RunRecord):
+    """A launch whose start was never seen answered, found by a look: its process (`pid`), or its end (None)."""
+
+    kind: ClassVar[str] = "launch_resolved"
+    pid: Optional[int]
+    how: str
+
+
+@dataclass(frozen=True)
+class Resumed(RunRecord):
+    """`run` continues `from_run` from its checkpoint (`dfo resume`; a multi-node one names no single file)."""
+
+    kind: ClassVar[str] = "resumed"
+    from_run: str
+    checkpoint: Optional[str] = optional()
+
+
+@dataclass(frozen=True)
+class NotifyFailed(RunRecord):
+    kind: ClassVar[str] = "notify_failed"
+    channel: str
+    key: str
+    error: str
+
+
+def record(store: Any, event: Event) -> None:
+    """Keep `event` in the registry's events table (its stored_data, at its time): the one way a row is written."""
+    store.add_event(event.subject if not isinstance(event, TargetEvent) else None, event.kind, event.stored_data(),
+                    at=event.at)
+
+
 # ---------------------------------------------------------------------------------------------- about a target
 
 @dataclass(frozen=True)

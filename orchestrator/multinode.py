@@ -38,7 +38,7 @@ from .chains import (
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
 from .errors import DfoError, RefusedError, RemoteError, UsageError
-from .events import FellBack
+from .events import FellBack, Resumed, record
 from .launchplan import Gate, one_turn_per_connection
 from .package import Package, build_package, parse_probe
 from .remote.base import Target
@@ -380,7 +380,7 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
         fell = FellBack(at=utc_now(), run=data["run"], chain=root_of(store, data["run"]), next_run=launched.name,
                         variant=data["variant"], nodes=[n.run.name for n in launched.nodes],
                         first_failed=data["first_failed"], rest=data["rest"])
-        store.add_event(fell.run, fell.kind, fell.stored_data(), at=fell.at)
+        record(store, fell)
         return {**data, "name": name, "next_run": launched.name, "nodes": [n.run.name for n in launched.nodes],
                 "error": None}
 
@@ -423,7 +423,7 @@ def resume(inventory, connections, store: Store, run: str, *, force: bool = Fals
     for node in nodes:
         check_resumable(inventory, node, package, force=force)
     launched = successor(inventory, connections, store, run, nodes[0].variant, resume=True, package=package)
-    store.add_event(run, "resumed", {"to": launched.name})
+    record(store, Resumed(at=utc_now(), run=launched.name, from_run=run))  # the one shape: on the new run
     return launched
 
 

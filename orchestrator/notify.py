@@ -32,9 +32,10 @@ import urllib.request
 from typing import Any, Iterator, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from .events import NotifyFailed, record
 from .inventory import Inventory, Notify
 from .sanitize import json_line, url_origin
-from .store import Store
+from .store import Store, utc_now
 
 log = logging.getLogger(__name__)
 BACKOFF_S = 1.0  # before the first retry; doubled for each further one
@@ -135,7 +136,7 @@ class Notifier:
             with self._registry() as store:
                 store.finish_notification(run_name, key, channel, ok=detail is None, detail=detail)
                 if detail is not None:
-                    store.add_event(run_name, "notify_failed", {"channel": channel, "key": key, "error": detail})
+                    record(store, NotifyFailed(at=utc_now(), run=run_name, channel=channel, key=key, error=detail))
         except Exception as exc:  # the registry cannot be written (its disk): the log line still says it
             log.warning("recording notification of %s failed: %s", run_name, exc)
         if detail is not None:

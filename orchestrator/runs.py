@@ -25,10 +25,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from . import faults
+from . import events, faults
 from .agent import stopper
 from .errors import CommandTimeout, DfoError, RefusedError, RemoteError, UsageError
-from .events import Ended
 from .inventory import START_GRACE_S, STOP_GRACE_S
 from .launchplan import PROBE_TIMEOUT_S, SECRETS_FROM_STDIN, Gate, Opened, open_plan
 from .logfmt import format_ts
@@ -403,8 +402,8 @@ class Prepared:
         run = store.transition(name, RunState.RUNNING, RunState.unsettled(), pid=pid, proc_starttime=stopper.starttime(stat),
                                started_at=utc_now(), command=command, owner=None) or store.get_run(name)
         faults.exit_at("recorded")
-        store.add_event(name, "launched", {"pid": pid, "target": spec.target, "variant": spec.variant, "sets": dict(spec.sets),
-                                           "env": dict(spec.env), "wandb": spec.wandb})
+        events.record(store, events.Launched(at=utc_now(), run=name, pid=pid, target=spec.target, variant=spec.variant,
+                                             sets=dict(spec.sets), env=dict(spec.env), wandb=spec.wandb))
         if spec.builtin and spec.sets:
             _refuse_settings_the_trainer_refused(target, store, spec, run)
         return Launched(run, pushed, self.missing, opened.report)
@@ -598,10 +597,10 @@ def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseEx
     _remove_launch_files(target, spec.workspace, name, log=log_is_ours)
     error = str(exc)[:500] or type(exc).__name__
     if maybe_started:
-        store.add_event(name, "launch_failed", {"error": error})
+        events.record(store, events.LaunchFailed(at=utc_now(), run=name, error=error))
         store.transition(name, RunState.LOST, [RunState.LAUNCHING], ended_at=utc_now())
     elif forget:
-        store.add_event(name, "launch_failed", {"error": error})
+        events.record(store, events.LaunchFailed(at=utc_now(), run=name, error=error))
         store.delete_run(name)
     else:
         mark_failed(store, name, error)
@@ -609,7 +608,7 @@ def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseEx
 
 def mark_failed(store: Store, name: str, why: str) -> Run:
     """Record that launch `name` never started its run: `failed`, `why` its `launch_failed` event."""
-    store.add_event(name, "launch_failed", {"error": why})
+    events.record(store, events.LaunchFailed(at=utc_now(), run=name, error=why))
     return (store.transition(name, RunState.FAILED, [RunState.LAUNCHING, RunState.LOST], ended_at=utc_now(), owner=None)
             or store.get_run(name))
 
@@ -910,8 +909,8 @@ def _record_end(store: Store, run: Run, exit_text: str, why: str, *, state: str 
                              ended_from="exit_file" if ended_at else "noticed")
     if ended is None:  # another dfo recorded its end first (a watch, a look, a stop): that record stands
         return store.get_run(run.name)
-    event = Ended(at=utc_now(), run=run.name, chain=store.lineage(run.name)[0], exit_code=code, state=str(state), why=why)
-    store.add_event(run.name, event.kind, event.stored_data(), at=event.at)  # the shape a watch stores
+    events.record(store, events.Ended(at=utc_now(), run=run.name, chain=store.lineage(run.name)[0], exit_code=code,
+                                      state=str(state), why=why))  # the shape a watch stores
     return ended
 
 
@@ -985,14 +984,16 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> 
         late = " after it was marked failed: it started after its start grace" if run.state == RunState.FAILED else ""
         if seen.get("found"):
             pid, _, stat = seen["found"].partition(" ")
-            store.add_event(run.name, "launch_resolved", {"pid": int(pid), "how": "found by its exit file path" + late})
+            events.record(store, events.LaunchResolved(at=utc_now(), run=run.name, pid=int(pid),
+                                                       how="found by its exit file path" + late))
             run = store.transition(run.name, RunState.RUNNING, RunState.unsettled(), pid=int(pid),
                                    proc_starttime=stopper.starttime(stat), started_at=run.started_at or utc_now(),
                                    ended_at=None, owner=None) or store.get_run(run.name)
             return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked",
                                                                  exit_mtime=seen.get("mtime"))
         if exit_text.strip():  # it started and ended before anyone looked: resolved as a late start is, then its end
-            store.add_event(run.name, "launch_resolved", {"pid": None, "how": "found ended by its exit file" + late})
+            events.record(store, events.LaunchResolved(at=utc_now(), run=run.name, pid=None,
+                                                       how="found ended by its exit file" + late))
             run = store.update_run(run.name, owner=None)
             return _record_end(store, run, exit_text, "ended before dfo looked", exit_mtime=seen.get("mtime"))
         if run.state == RunState.FAILED or start_grace_left(run, grace_s) > 0:

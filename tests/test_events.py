@@ -36,11 +36,16 @@ CONTRACT = {
     "multinode_fell_back": ["at", "run", "chain", "next_run", "nodes"],
     "left_to_batch": ["at", "run", "chain", "batch", "command"],
     "lease_held": ["at", "run", "chain", "host", "pid", "since", "lease_s"],
+    "launched": ["at", "run", "pid", "target", "variant", "sets", "env", "wandb"],
+    "launch_failed": ["at", "run", "error"],
+    "launch_resolved": ["at", "run", "pid", "how"],
+    "resumed": ["at", "run", "from_run", "checkpoint"],
+    "notify_failed": ["at", "run", "channel", "key", "error"],
     "disconnected": ["at", "target", "reason"],
     "gap": ["at", "target", "duration_s"],
     "gpu_error": ["at", "target", "text", "code"],
 }
-OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir", "nodes", "first_failed", "rest",  # left out when unset
+OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir", "nodes", "first_failed", "rest", "checkpoint",  # left out when unset
                  "declared_tok_s", "declared_interval", "declared_step", "declared_at", "shape", "rel_per_min"}
 RUN_ERROR = ["at", "run", "chain", "text"]
 TARGET_ERROR = ["at", "target", "text"]
@@ -133,3 +138,10 @@ def test_a_decline_reads_as_one_line_saying_how_fast_the_level_fell():
     assert seen.to_json()["shape"] == "decline" and seen.to_json()["rel_per_min"] == -0.054
     assert event_line(seen) == ("00:00:00 r1: decline (-5.4% per minute) over the steps from 71: steady at 5,003 -> "
                                 "4,320 tok/s, verdict re-opened at step 6560 (new level not declared yet; precision 5%)")
+
+
+def test_a_runs_record_keeps_the_rows_shape_without_a_chain():
+    resolved = ev.LaunchResolved(at=AT, run="r", pid=None, how="found ended by its exit file")
+    assert resolved.stored_data() == {"pid": None, "how": "found ended by its exit file"}  # as it always was
+    resumed = ev.Resumed(at=AT, run="mn.2-ps2", from_run="mn")  # a multi-node resume names no checkpoint file
+    assert resumed.stored_data() == {"from_run": "mn"}
