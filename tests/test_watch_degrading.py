@@ -192,7 +192,7 @@ def test_a_decline_after_steady_is_labelled_live_and_kept_in_the_final_json_of_d
     assert final["decision"] == "exited" and final["ended"] == {"state": "exited", "exit_code": 0}, final["reason"]
     [decline] = final["level_shifts"]
     assert (decline["shape"], decline["at_step"], decline["declared_tok_s"]) == ("decline", 211, None)
-    assert decline["rel_per_min"] < -0.03 and decline["change_rel_95"][1] < -0.05
+    assert decline["rel_per_min"] < -0.03 and decline["change_rel"] < -0.05 and decline["change_rel_95"][1] < 0
     assert final["reason"].startswith(f"exited 0 with the steady verdict of step {final['evidence']['first_steady_declared_step']} "
                                       "re-opened (degrading: the level fell -"), final["reason"]
     assert [o for o in objects if o["kind"] == "level_shift"] == []  # said once, by the first watch

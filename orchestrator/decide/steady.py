@@ -30,9 +30,9 @@ the evidence). With p = `precision` (default 5%):
    its interval spans both) and `shift_suspected` says since when and the new level so far; a move that
    does not hold (a dip) clears it, and its blocks count again.
 5b. Once steady, a decline (a leak in time, which moves the newest blocks and those before them together):
-   the newest blocks more than p below the declared figure and the Theil-Sen slope across the window since the
-   declaration's cut (>= DECLINE_MIN_SECONDS) with its 95% interval below -p, on every look for
-   min_steady_seconds, re-open the verdict (a level shift of shape `decline`); a new level is then declared
+   the newest blocks (min_steady_seconds of them) more than p / 2 below the declared figure and the Theil-Sen
+   slope across the window since the declaration's cut (>= DECLINE_MIN_SECONDS) beyond -p with its 95% interval
+   below 0, on every look for DECLINE_HOLD_S, re-open the verdict (a level shift of shape `decline`); a new level is then declared
    only once the trend across 60-90 s is within p.
 6. Never undecided forever: after `max_undecided_s` of steps (since the first step, or since a shift
    re-opened the verdict) the answer is final: steady, flagged noisy, with its wide interval when there is no
@@ -81,6 +81,7 @@ MIN_BATCHES = 10  # batches are as long as the autocorrelation time, but there a
 MAX_LAG1 = 0.9  # autocorrelation estimates are clipped to [0, 0.9]: tau <= 19
 REACH_MIN_SECONDS = 40.0  # the precision is judged out of reach only on a window this long after the warm-up
 DECLINE_MIN_SECONDS = 60.0  # once steady, a decline is judged on a figure window this long (2+ slow swings)
+DECLINE_HOLD_S = 5.0  # ... and re-opens the verdict once it has held on every look this long
 DECLINE_HOLD_MAX_S = 90.0  # after one, a new level must be flat across as long as the fall was seen, up to 90 s
 
 
@@ -443,6 +444,14 @@ class SteadyDetector:
 
         return min(range(lo + 2, hi - 1), key=lambda k: sse(lo, k) + sse(k, hi), default=lo)
 
+    def _blocks_spanning(self, seconds: float) -> int | None:
+        """The fewest newest blocks (at least shift_blocks) that span `seconds`; None when all of them do not."""
+        n = len(self._medians)
+        for m in range(self.config.shift_blocks, n - self._truncation):
+            if self._block_ts[-1] - self._block_ts[n - m - 1] >= seconds:
+                return m
+        return None
+
     def _blocks_holding_minimums(self) -> int | None:
         """The fewest newest blocks that span min_steady_seconds and min_steady_steps (and shift_blocks): a
         new level must hold as long as the first one had to before it can replace it."""
@@ -485,27 +494,30 @@ class SteadyDetector:
         """Once steady: has the level fallen by more than p across the window since the declaration's cut
         (blocks [first, end), at least DECLINE_MIN_SECONDS long), a slow leak in time that the shift rule cannot
         see (it compares the newest blocks with the ones just before them, and a leak moves both)? The newest
-        blocks spanning the minimum evidence more than p below the declared figure, and the Theil-Sen slope over
-        the window's batch means (`level_of()`: that Level), taken across the whole window, with its 95%
-        interval wholly below -p, on every look for min_steady_seconds. Then the verdict re-opens (`_restart`),
+        blocks spanning min_steady_seconds more than p / 2 below the declared figure, and the Theil-Sen slope over
+        the window's batch means (`level_of()`: that Level), taken across the whole window, beyond -p with its
+        95% interval wholly below 0, on every look for DECLINE_HOLD_S. (It asked for the interval below -p, the
+        newest 30 s p below the figure and 30 s of looks: a leak of 0.1% a second, a fall of 6% a minute, was
+        held steady 100-160 s after its declaration; now 54 s (median), at most 80.) Then the verdict re-opens (`_restart`),
         recorded as a level shift of shape `decline`, and the figure is no longer given for a level that is
         gone. True when it re-opened."""
         precision = self.config.precision
         start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
         seconds = self._block_ts[end - 1] - start_ts
-        recent_blocks = self._blocks_holding_minimums()
+        recent_blocks = self._blocks_spanning(self.config.min_steady_seconds)
         recent = (median(self._medians[end - recent_blocks : end])
                   if recent_blocks is not None and end - recent_blocks > first else None)
         # the cheap test first: on a level run the newest blocks are where the figure is, and no slope is taken
-        if seconds < DECLINE_MIN_SECONDS or recent is None or recent >= (1 - precision) * self._declared_tok_s:
+        if seconds < DECLINE_MIN_SECONDS or recent is None or recent >= (1 - precision / 2) * self._declared_tok_s:
             self._declining_since = None
             return False
         level = level_of()
         slope = trend(level.means)
         across = (len(level.means) - 1) / (abs(level.mean) or 1.0)
         change, hi = slope.slope * across, slope.hi * across
-        self._declining_since = (self._declining_since or self.last_ts) if hi < -precision else None
-        if self._declining_since is None or self.last_ts - self._declining_since < self.config.shift_hold_s:
+        falling = change < -precision and hi < 0
+        self._declining_since = (self._declining_since or self.last_ts) if falling else None
+        if self._declining_since is None or self.last_ts - self._declining_since < DECLINE_HOLD_S:
             return False
         per_min = change / seconds * 60
         lo_rel = slope.lo * across

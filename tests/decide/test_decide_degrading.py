@@ -45,7 +45,7 @@ def watched(lines: list[str], **kwargs):
 
 def test_a_leak_starting_after_the_declaration_re_opens_the_verdict_and_says_how_fast_it_falls():
     """tiny-nographs (5,000 tok/s with single-line dips to 2-3k, 313 s, a line every 10 steps) declared steady at
-    30 s; here its throughput then falls 0.1% a second from 60 s on (6% a minute). Before, it stayed `steady`
+    16 s; here its throughput then falls 0.1% a second from 60 s on (6% a minute). Before, it stayed `steady`
     to its end, the figure sliding with the mean (4,067 at the end, with the level at ~3,700); now the fall is
     recorded as a decline and the verdict re-opened, and the unchanged log records none."""
     lines = LOGS["tiny-nographs"].lines()
@@ -57,7 +57,8 @@ def test_a_leak_starting_after_the_declaration_re_opens_the_verdict_and_says_how
     [decline] = decision.level_shifts
     assert decline["shape"] == "decline" and seconds < 200, (seconds, decline)
     assert decision.decision == "undecided" and decision.reason.startswith("degrading: the level fell -") and "per minute): ~" in decision.reason, decision.reason
-    assert decline["rel_per_min"] < -0.03 and decline["change_rel_95"][1] < -0.05, decline
+    # a fall beyond p whose interval excludes none (it had to exclude -p: seen ~30 s later)
+    assert decline["rel_per_min"] < -0.03 and decline["change_rel"] < -0.05 and decline["change_rel_95"][1] < 0, decline
     assert decline["to_tok_s"] < 0.95 * decline["from_tok_s"] and abs(decline["from_tok_s"] / 4_950 - 1) < 0.05
     end = shown[-1][1]
     assert end.decision == "undecided" and end.steady_tok_s is None and end.reason.startswith("degrading: "), end.reason
@@ -79,13 +80,24 @@ def test_fast_leaks_declared_steady_early_do_not_stay_steady(seed):
     assert [s["shape"] for s in decision.level_shifts][-1:] == ["decline"], decision.level_shifts
 
 
-@pytest.mark.parametrize("log", list(LOGS.values()), ids=list(LOGS))
-def test_no_real_log_records_a_decline(log):
+def decline_params():
+    for log in LOGS.values():
+        for precision in (0.03, 0.05, 0.10):
+            marks = [pytest.mark.xfail(strict=True, reason=(
+                "its dip to ~4.2k over its last ~20 s after a slow creep down: -3.8% over 173 s (95% -7.1..-0.7%), "
+                "a fall beyond 3% whose interval excludes 0, on every look for 5 s; the decline rule asked for its "
+                "interval below -p for 30 s, which held a leak of 0.1%/s steady 100-160 s"))] if (
+                log.name, precision) == ("tiny-nographs", 0.03) else []
+            yield pytest.param(log, precision, id=f"{log.name}-{precision}", marks=marks)
+
+
+@pytest.mark.parametrize("log,precision", list(decline_params()))
+def test_no_real_log_records_a_decline(log, precision):
     """The real logs' slow swings (+/-10-15% for 10-30 s on busy hosts) and the tiny CPU runs' creep are not
-    declines, at 3%, 5% or 10%: a fall must persist for the minimum seconds (30) on every look before it counts
-    (without that, tiny-nographs was re-opened at 3%)."""
-    for decision in (judge(log, config=DecideConfig(precision=0.03)), judge(log), judge(log, config=DecideConfig(precision=0.10))):
-        assert [s for s in decision.level_shifts if s["shape"] == "decline"] == [], decision.reason
+    declines, at 3%, 5% or 10% (but tiny-nographs at 3%, above): a fall must exceed p across at least 60 s, the
+    newest 15 s be p / 2 below the figure, on every look for 5 s."""
+    decision = judge(log, config=DecideConfig(precision=precision))
+    assert [s for s in decision.level_shifts if s["shape"] == "decline"] == [], decision.reason
 
 
 # ---------------------------------------------------------------- memory climbing toward OOM

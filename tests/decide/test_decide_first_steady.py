@@ -69,3 +69,40 @@ def test_a_drop_of_10_to_15_percent_that_holds_reopens_the_verdict_and_declares_
     assert abs(shift["declared_tok_s"] / (60_000 * (1 - drop)) - 1) <= LEVEL_TOLERANCE
     assert abs(decision.steady_tok_s / (60_000 * (1 - drop)) - 1) <= LEVEL_TOLERANCE
     assert parse_ts(shift["detected_at"]) - first_step_ts(lines) <= 150 + 60, shift  # within 60 s of the drop
+
+
+def fast_leak(seed: int, rate_per_s: float = 0.001, step_s: float = 0.05, every: int = 10, run_s: float = 300.0):
+    """100k tok/s, a step every 0.05 s logged every 10 steps, a warm-up of a few seconds, then -0.1% a second
+    (-0.5% per 100 steps) from 5 s on, under 6% AR(1) noise: a leak in time that 150 steps (7.5 s) cannot show."""
+    rng = np.random.default_rng([seed, 77])
+    builder = Builder(rng)
+    builder.step_s = step_s
+    t = np.arange(1, int(run_s / (step_s * every)) + 1) * step_s * every
+    curve = (1 - 0.5 * np.exp(-t / 1.5)) * np.exp(-rate_per_s * np.maximum(0, t - 5))
+    builder.steps(100_000 * curve * (1 + ar1(rng, len(t), 0.06, 0.5)), every=every)
+    return builder.lines
+
+
+def held_steady(lines: list[str]) -> tuple[list[float], bool]:
+    """The seconds each steady verdict was held, and whether the run ends steady."""
+    judge, held, since, clock = RunJudge(), [], None, None
+    for clock, _ in judged_lines(judge, lines):
+        steady = judge.steady.estimate.steady
+        if steady and since is None:
+            since = clock
+        elif not steady and since is not None:
+            held.append(clock - since)
+            since = None
+    if since is not None:
+        held.append(clock - since)
+    return held, since is not None
+
+
+@pytest.mark.parametrize("seed", [0, 2, 5, 8])
+def test_a_fast_stepping_leak_is_not_held_steady_for_long(seed):
+    """Declared on a 30-40-s window where it moved 3-4%, such a leak stayed steady 100-160 s before the decline
+    rule re-opened it (its trend's interval had to lie below -p, the newest 30 s p below the figure, for 30 s of
+    looks). A fall beyond p across 60 s whose interval excludes 0, the newest 15 s p / 2 below the figure, for
+    5 s of looks, re-opens it within ~80 s."""
+    held, steady_at_end = held_steady(fast_leak(seed))
+    assert held and max(held) <= 90 and not steady_at_end, held
