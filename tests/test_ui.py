@@ -144,6 +144,9 @@ def home(tmp_path_factory):
                 batch="sweep")
         for cell in ("trees.ct200.r1", "nographs.ct200.r1"):
             table.update("sweep", cell, state="done", root_run=f"sweep.{cell}", gpu_ids=[0, 1], outcome={"why": "x"})
+        for rank, level in enumerate((500.0, 510.0)):  # a multi-node run: a row per node, none of its own
+            add_run(store, f"mn.node{rank}", "ps-trees-2n", level, steady(level))
+        store.add_nodes("mn", ["mn.node0", "mn.node1"], "10.0.0.1:29500")
     return home
 
 
@@ -241,6 +244,16 @@ def test_a_batch_page_shows_the_figures_and_best_line_of_dfo_report(home, served
     assert page.locator("svg.chart polyline.series").count() == 2
     page.click("text=nographs.ct200.r1")
     playwright_api.expect(page.locator("dd.verdict")).to_have_text("stopped")
+
+
+def test_a_multi_node_runs_page_lists_its_nodes_with_the_line_dfo_runs_ends_with(home, served, page):
+    page.goto(served.url + "/runs/mn")
+    assert page.inner_text("p.summary") == dfo(home, "runs", "mn", "--no-refresh").stdout.strip().splitlines()[-1]
+    assert sorted(rows_of(page)) == ["mn.node0", "mn.node1"]
+    page.click("text=mn.node1")
+    playwright_api.expect(page.locator("dd.figure")).to_contain_text("steady 510 tok/s")
+    page.click('dl.facts a >> text="mn"')
+    playwright_api.expect(page.locator("p.summary")).to_be_visible()
 
 
 HOSTILE = ['<script>window.pwned = "script"</script>', '<img src=x onerror="window.pwned = \'img\'">',

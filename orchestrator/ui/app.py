@@ -204,8 +204,12 @@ def create_app(store_path: str | Path, *, inventory: Optional[Path] = None, toke
         return page("_runs_table.html", rows=rows, note=pages.runs_note(rows), problems=syncer.problems)
 
     def run_view(request: Request) -> HTMLResponse:
+        name = named(request, "run name")
         with registry() as store:
-            view = pages.run_page(store, named(request, "run name"), clock())
+            group = pages.group_page(store, name, clock()) if store.find_run(name) is None else None
+            if group is not None:
+                return page("group.html", view=group)
+            view = pages.run_page(store, name, clock())
         syncer.opened(view.run.name)
         return page("run.html", view=view)
 

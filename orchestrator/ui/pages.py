@@ -177,6 +177,27 @@ def chain_links(store: Store, run: Run) -> list[ChainLink]:
     return links
 
 
+@dataclass
+class GroupPage:
+    """A multi-node run: no row of its own, one per node (RUN.nodeK)."""
+
+    name: str
+    summary: str  # the line `dfo runs NAME` ends with (multinode.summary)
+    rendezvous: str
+    nodes: list[RunRow]
+
+
+def group_page(store: Store, name: str, now: float) -> Optional[GroupPage]:
+    """Multi-node run `name`'s page; None when `name` is no multi-node run."""
+    from ..multinode import summary
+
+    nodes = [store.get_run(node) for node in store.nodes_of(name)]
+    if not nodes:
+        return None
+    group = store.node_group(nodes[0].name)
+    return GroupPage(name, summary(store, name), group[2] if group else "", [run_row(store, node, now) for node in nodes])
+
+
 # ---------------------------------------------------------------------------------------------- a batch
 
 @dataclass
