@@ -327,8 +327,9 @@ def parse_inventory(text: str, *, source: str = "<memory>") -> Inventory:
     data = load_mapping(text, source, expected="at least 'hosts:'")
     try:
         inventory = Inventory.model_validate(data)
-    except ValidationError as exc:
-        raise InventoryError([f"{source}: {line}" for line in _describe(exc)]) from None
+    except ValidationError as exc:  # with the name and chain problems too: every problem in one round
+        problems = _describe(exc) + [line for line in _name_checks(data) if line not in _describe(exc)]
+        raise InventoryError([f"{source}: {line}" for line in problems]) from None
     inventory._source = source
     problems = _cross_checks(inventory)
     if problems:
@@ -352,8 +353,17 @@ def _describe(exc: ValidationError, root: Any = None) -> list[str]:
             lines.append(f"{_dotted(loc[:-1])}: expected a name, got the {type(error['input']).__name__} "
                          f"{error['input']!r} (quote it: '{error['input']}')")
         else:
-            lines.append(f"{_dotted([part for part in loc if part != '[key]'])}: {_expected(error)}")
+            lines.append(f"{_dotted([part for part in loc if part != '[key]'])}: {_expected(error)}{_closest(error)}")
     return lines
+
+
+def _closest(error: dict) -> str:
+    """` (did you mean 'threaded'?)` for a value that is not one of the allowed words but close to one."""
+    if error["type"] != "literal_error" or not isinstance(error.get("input"), str):
+        return ""
+    allowed = re.findall(r"'([^']*)'", str((error.get("ctx") or {}).get("expected", "")))
+    close = difflib.get_close_matches(error["input"], allowed, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _dotted(loc: list[str]) -> str:
@@ -425,20 +435,40 @@ def _unwrap(annotation: Any) -> Any:
 def _cross_checks(inventory: Inventory) -> list[str]:
     """Problems pydantic cannot see alone: names, unique containers, workspaces, fallback and addresses."""
     problems = []
-    seen: dict[str, str] = {}
     for host_name, host in inventory.hosts.items():
-        problems += _name_problem(f"hosts.{host_name}", host_name, "host")
         if host.transport == "ssh" and not host.address:
             problems.append(f"hosts.{host_name}.address: required for transport ssh (an IP, DNS name or ~/.ssh/config alias)")
         for name, container in host.containers.items():
-            problems += _name_problem(f"hosts.{host_name}.containers.{name}", name, "container")
             problems += _workspace_problem(inventory.defaults, host_name, host, name, container)
+    names = {"hosts": {name: {"containers": host.containers} for name, host in inventory.hosts.items()},
+             "variants": inventory.variants, "fallback": inventory.fallback}
+    return _name_checks(names) + problems
+
+
+def _name_checks(data: Any) -> list[str]:
+    """The names of hosts, containers (unique across hosts) and variants, and the fallback chain, read from the
+    inventory's mapping as written: they are checked whether or not the rest of the file validated, so that
+    one round of `dfo inventory check` names every problem."""
+    if not isinstance(data, dict):
+        return []
+    problems = []
+    seen: dict[str, str] = {}
+    hosts = data.get("hosts") if isinstance(data.get("hosts"), dict) else {}
+    for host_name, host in hosts.items():
+        problems += _name_problem(f"hosts.{host_name}", str(host_name), "host")
+        containers = host.get("containers") if isinstance(host, dict) else None
+        for name in containers if isinstance(containers, dict) else ():
+            problems += _name_problem(f"hosts.{host_name}.containers.{name}", str(name), "container")
             if name in seen:
                 problems.append(f"hosts.{host_name}.containers.{name}: container name already used on host {seen[name]!r}; target names must be unique across hosts")
             seen.setdefault(name, host_name)
-    for name in inventory.variants:
-        problems += _name_problem(f"variants.{name}", name, "variant")
-    return problems + chain_problems(inventory.fallback, inventory.variants)
+    variants = data.get("variants") if isinstance(data.get("variants"), dict) else {}
+    for name in variants:
+        problems += _name_problem(f"variants.{name}", str(name), "variant")
+    fallback = data.get("fallback")
+    if isinstance(fallback, list) and all(isinstance(name, str) for name in fallback):
+        problems += chain_problems(fallback, [str(name) for name in variants])
+    return problems
 
 
 def chain_problems(chain: Sequence[str], variants: Iterable[str], where: str = "fallback") -> list[str]:

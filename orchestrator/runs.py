@@ -14,6 +14,7 @@ the log is created with noclobber, so two launches of one name cannot both start
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 import re
@@ -130,6 +131,8 @@ def spec_for(inventory, target_name: str, variant_name: str, *, sets: Mapping[st
     extra = {**inventory_file(inventory), **extra}
     if sets and variant.command is not None:
         raise UsageError(f"--set applies to built-in trainer variants; variant {variant_name!r} runs its own command")
+    if variant.command is None:
+        check_trainer_keys(sets or {}, variant.args, variant_name)
     return RunSpec(
         target=target.name,
         host=target.host,
@@ -147,6 +150,30 @@ def spec_for(inventory, target_name: str, variant_name: str, *, sets: Mapping[st
         sets=dict(sets or {}),
         **extra,
     )
+
+
+def check_trainer_keys(sets: Mapping[str, Any], args: Mapping[str, Any], variant_name: str) -> None:
+    """Refuse, before anything is launched, a `--set` key or variant `args:` key the built-in trainer does not
+    take (it would start a run that dies at once with exit 2): "unknown trainer key 'stepz'; did you mean
+    'steps'?". The keys come from the trainer's own config schema (trainer.config imports no torch)."""
+    from trainer.config import override_keys
+
+    known = override_keys()
+    for where, keys in (("--set", sets), (f"variant {variant_name!r} args", args)):
+        for key in keys:
+            if str(key) not in known:
+                raise UsageError(f"{where}: unknown trainer key {str(key)!r}{_did_you_mean(str(key), known)}",
+                                 hint="see docs/trainer.md for the keys the built-in trainer takes")
+
+
+def _did_you_mean(key: str, known: Sequence[str]) -> str:
+    """`; did you mean 'steps'?` for the closest known key, a bare field name matched to its sections too
+    (`lr` -> 'optim.lr', `layers` -> 'target.layers' or 'drafter.layers')."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.7)
+    close += [name for name in known if name.rpartition(".")[2] == key and name not in close]
+    if not close:
+        return ""
+    return "; did you mean " + " or ".join(repr(name) for name in close[:3]) + "?"
 
 
 def inventory_file(inventory) -> dict[str, str | None]:

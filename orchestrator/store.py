@@ -20,6 +20,7 @@ import sqlite3
 import threading
 import time
 import contextlib
+import difflib
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
@@ -528,8 +529,16 @@ class Store:
     def get_run(self, name: str) -> Run:
         run = self.find_run(name)
         if run is None:
-            raise UnknownRun(f"no run named {name!r} in the registry", hint="see `dfo runs`")
+            close = self.names_like(name)
+            guess = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise UnknownRun(f"no run named {name!r} in the registry{guess}", hint="see `dfo runs`")
         return run
+
+    def names_like(self, name: str, n: int = 3) -> list[str]:
+        """The run names a mistyped `name` may have meant: up to `n` that it begins (newest first), else the closest."""
+        names = [row["name"] for row in self._query("SELECT name FROM runs ORDER BY id DESC")]
+        started = [known for known in names if known.startswith(name)]
+        return started[:n] or difflib.get_close_matches(name, names, n=1, cutoff=0.6)
 
     def list_runs(self, *, active: bool | None = None, batch: str | None = None, target: str | None = None) -> list[Run]:
         """Runs, oldest first, optionally only active (launching/running) or finished ones, of a batch or target."""

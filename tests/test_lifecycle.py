@@ -108,14 +108,14 @@ def test_launch_watch_exits_1_on_a_stall(lab, tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_set_key_the_trainer_refuses_fails_the_launch_with_its_message(tmp_path) -> None:
+def test_a_set_value_the_trainer_refuses_fails_the_launch_with_its_message(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("DFO_INVENTORY", "XDG_STATE_HOME")}
     env.update(HOME=str(tmp_path / "home"), DFO_HOME=str(tmp_path / "state"))
     dfo = str(Path(sys.executable).parent / "dfo")
     done = subprocess.run([dfo, "launch", "--host", "here", "--variant", "eager", "--name", "bad1", "--no-preflight",
-                           "--set", "bogus.key=1"], capture_output=True, text=True, timeout=240, env=env)
+                           "--set", "drafter.layers=two"], capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "the trainer refused the settings of bad1" in done.stderr and "unknown section 'bogus'" in done.stderr
+    assert "the trainer refused the settings of bad1" in done.stderr and "drafter.layers=two: expected" in done.stderr
     assert "launched" not in done.stdout
     listed = subprocess.run([dfo, "runs", "--json"], capture_output=True, text=True, timeout=60, env=env)
     [run] = json.loads(listed.stdout)

@@ -13,7 +13,6 @@ Metric lines (logfmt) go to stdout; tracebacks and notes to stderr. This module 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import signal
@@ -23,17 +22,13 @@ import traceback
 from pathlib import Path
 
 from trainer.config import (
-    COMPILE_STRATEGIES, PRESETS, TOPOLOGIES, Config, ConfigError, RunConfig, build_config, check_world_size,
+    COMPILE_STRATEGIES, PRESETS, RUN_FLAGS, TOPOLOGIES, Config, ConfigError, build_config, check_world_size,
     env_assignments,
 )
 
 EXIT_USAGE = 2
 RUN_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 EXIT_FAILED = 1
-
-# every run.* key is also a flag, `--log-every 5` = `--set run.log_every=5` (what dfo variants pass as
-# `args:`); run.compile is --variant/--compile
-RUN_FLAGS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "compile")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

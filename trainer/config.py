@@ -356,6 +356,20 @@ def apply_override(config: Config, assignment: str) -> None:
     setattr(section, field_name, _parse(key, raw.strip(), hints[field_name]))
 
 
+RUN_FLAGS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "compile")
+"""Every run.* key is also a flag of `python -m trainer` (`--log-every 5` = `--set run.log_every=5`: what dfo
+variants pass as undotted `args:`); run.compile is --variant/--compile."""
+
+
+def override_keys() -> tuple[str, ...]:
+    """Every key a dfo variant's `args:` (or `dfo launch --set`) may name for this trainer: the run.* flags
+    undotted, and each `section.key` of the config. Read by dfo on the workstation before a launch (this
+    module imports no torch)."""
+    dotted = tuple(f"{section.name}.{name}" for section in dataclasses.fields(Config)
+                   for name in typing.get_type_hints(section.default_factory))
+    return RUN_FLAGS + dotted
+
+
 def _section_names() -> str:
     return ", ".join(f.name for f in dataclasses.fields(Config))
 

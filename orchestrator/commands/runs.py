@@ -108,7 +108,7 @@ def launch_command(
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
     watch: bool = typer.Option(False, "--watch", help="Go straight into `dfo watch` of this run's chain."),
-    until_decided: bool = typer.Option(False, "--until-decided", help="With --watch: exit once the chain is decided (0: steady/keep)."),
+    until_decided: bool = typer.Option(False, "--until-decided", help="Watch (implies --watch) and exit once the chain is decided (0: steady/keep)."),
     no_fallback: bool = typer.Option(False, "--no-fallback", help="With --watch: only report, never stop or launch."),
     chain: Optional[str] = typer.Option(None, "--chain", help="Fallback chain for this run instead of the inventory's, e.g. trees,nographs,eager.", metavar="A,B,C"),
     master_addr: Optional[str] = typer.Option(None, "--master-addr", metavar="ADDR",
@@ -120,6 +120,7 @@ def launch_command(
 
     if name is not None:
         check_name(name, "run name")  # before any connection: a bad name costs nothing
+    watch = watch or until_decided  # --until-decided alone would launch and exit 0 before any decision
     inv = load_inventory(inventory)
     if len(hosts) > 1 or inv.variant(variant).nodes > 1:
         if chain is not None:
