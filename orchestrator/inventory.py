@@ -70,6 +70,19 @@ def _http_url(value: Any) -> Any:
     return value
 
 
+def _ssh_word(value: Any) -> Any:
+    """An address or user as ssh takes it: no space or control character (a newline would be read as another
+    ssh_config line, and be reported as an ssh-config error), not starting with `-` (an option to ssh)."""
+    if value is None or (isinstance(value, str) and value and not value.startswith("-")
+                         and is_visible(value, keep_newlines=False) and not re.search(r"\s", value)):
+        return value
+    raise ValueError(f"expected a word ssh takes as it is (no spaces or control characters, not starting with '-'), "
+                     f"got {value!r}")
+
+
+SshWord = Annotated[Optional[str], BeforeValidator(_ssh_word)]
+
+
 def _metrics_regex(pattern: Any) -> Any:
     """A `metrics:` regex that compiles and has the groups a step needs (the parser's own check)."""
     problem = metrics_regex_problem(pattern) if isinstance(pattern, str) else None
@@ -117,9 +130,9 @@ class Container(_Strict):
 
 
 class Host(_Strict):
-    address: Optional[str] = None  # an IP, a DNS name or an ~/.ssh/config alias
+    address: SshWord = None  # an IP, a DNS name or an ~/.ssh/config alias
     port: Optional[int] = Field(None, ge=1, le=65535)  # None: ~/.ssh/config, else 22
-    user: Optional[str] = None
+    user: SshWord = None
     transport: Literal["ssh", "local"] = "ssh"
     containers: dict[str, Container] = {}
 

@@ -41,6 +41,7 @@ from .store import Run, Store, utc_now
 
 START_TIMEOUT = 30.0
 LOG_TIMEOUT = 30.0
+MAX_LOG_LINES = 10_000_000  # `dfo logs -n` at most: a larger count reached tail, whose refusal read as a missing log
 SETTINGS_CHECK_S = 10.0  # after a launch with --set, how long the trainer gets to accept or refuse them
 EXIT_USAGE = 2  # the trainer's exit status for settings it refuses (trainer/__main__.py EXIT_USAGE)
 WRAPPER_HEAD = 'sh -c trap "true" TERM'  # how a run's wrapper reads in /proc/PID/cmdline (NULs as spaces)

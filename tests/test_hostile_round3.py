@@ -378,3 +378,52 @@ def test_hostile_gpu_names_go_escaped_into_discovers_yaml_comments_and_the_inven
     assert set(parse_inventory(text).hosts["pve1"].containers) == {"gpu-a", "gpu-b"}
     merged = merge_inventory("hosts: {}\n", text, source="lab.yaml")
     assert "\u202e" not in merged.text and set(parse_inventory(merged.text).hosts["pve1"].containers) == {"gpu-a", "gpu-b"}
+
+
+# ------------------------------------------------------------------ smaller: command-line values and addresses
+
+
+@pytest.mark.parametrize("value", ["-5", "nan", "inf", "0"])
+def test_replay_refuses_a_baseline_that_is_no_positive_finite_figure(tmp_path, value):
+    log = tmp_path / "q.log"
+    log.write_text("step 1 tok/s 5\n")
+    result = CliRunner().invoke(app, ["replay", str(log), "--baseline", value])
+    assert result.exit_code == 2, result.output
+    assert f"dfo: error: --baseline {float(value):g}: the baseline must be a number of tok/s above 0" in result.output
+
+
+@pytest.mark.parametrize("count", ["1e20", "99999999999999999999"])
+def test_logs_refuses_a_line_count_beyond_its_range_with_the_option_named(tmp_path, count):
+    """A count past tail's limit reached tail, whose refusal came with `the workspace may have been cleaned`."""
+    from orchestrator.store import Run, Store
+    from test_hostile import dfo
+
+    home = tmp_path / "state"
+    log = tmp_path / "r1.log"
+    log.write_text("a\nb\n")
+    with Store(home / "dfo.db") as store:
+        store.add_run(Run(name="r1", target="here", state="exited", exit_code=0, log_path=str(log)))
+    done = dfo("logs", "r1", "-n", count, home=home)
+    assert done.returncode == 2 and "'-n' / '--lines'" in done.stderr, done.stderr
+    assert "tail" not in done.stderr and "workspace" not in done.stderr
+    assert dfo("logs", "r1", "-n", "1", home=home).stdout == "b\n"
+
+
+@pytest.mark.parametrize("address", ["10.0.0.1\nProxyCommand touch /tmp/x", "-oProxyCommand=touch /tmp/x", "pve 1"])
+def test_an_address_with_a_newline_or_a_leading_dash_is_a_bad_address_not_an_ssh_config_error(tmp_path, address):
+    from orchestrator.errors import InventoryError
+    from orchestrator.inventory import parse_inventory
+
+    with pytest.raises(InventoryError) as info:
+        parse_inventory(f"hosts: {{pve1: {{address: {json.dumps(address)}, containers: {{ct200: {{ctid: 200}}}}}}}}\n")
+    assert info.value.problems == [f"<memory>: hosts.pve1.address: expected a word ssh takes as it is (no spaces or "
+                                   f"control characters, not starting with '-'), got {address!r}"]
+
+
+def test_discover_of_a_host_with_a_newline_or_a_leading_dash_names_it_in_one_line(tmp_path):
+    from test_hostile import assert_clean_error, dfo
+
+    for host in ("pve1\nProxyCommand touch /tmp/x", "-oProxyCommand=touch /tmp/x"):
+        done = dfo("inventory", "discover", "--", host, home=tmp_path / "state")
+        assert_clean_error(done, 2, f"HOST {host!r}: expected a word ssh takes as it is")
+        assert len(done.stderr.strip().splitlines()) == 1

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from pydantic import ValidationError
 from rich.table import Table
 
 from ..errors import UsageError
-from ..inventory import Inventory, load_inventory, parse_inventory
+from ..inventory import Inventory, describe_validation_error, load_inventory, parse_inventory
 from .common import InventoryOpt, JsonOpt, console, err_console, print_json
 
 CHECK_EXAMPLE = "Example: dfo inventory check -i inventory/lab.example.yaml"
@@ -81,7 +82,11 @@ def discover_command(
         inv, address, port, user = existing, entry.address or address, entry.port, entry.user
     else:
         host_name = name or host_name_for(address)
-        inv = Inventory.model_validate({"hosts": {host_name: {"address": address, "port": port, "user": user or None}}})
+        try:
+            inv = Inventory.model_validate({"hosts": {host_name: {"address": address, "port": port, "user": user or None}}})
+        except ValidationError as exc:  # an address with a newline or a leading '-': named as HOST, not ssh's words
+            raise UsageError(f"HOST {host!r}: {describe_validation_error(exc)[0].split(': ', 1)[-1]}",
+                             hint="pass an address, user@address or an ~/.ssh/config alias") from None
     with Connections(inv, accept_new_host_keys=accept_new_host_key) as connections:
         found = discover(connections.host(host_name), host_name, address, port=port, user=user or None)
     text = render(found, when=_now())

@@ -7,6 +7,7 @@ markup or raw control characters, and its metric lines with out-of-range fields 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -19,7 +20,7 @@ from ..decide import DecideConfig, Decision, figure_span, replay, replay_timelin
 from ..errors import UsageError
 from ..events import LevelShift
 from ..inventory import load_inventory
-from ..logfmt import MalformedLine, make_parser, parse_ts
+from ..logfmt import MAX_TOK_S, MalformedLine, make_parser, parse_ts
 from ..sanitize import markup, text
 from .common import InventoryOpt, JsonOpt, console, err_console, print_json, verdicts_exit_status
 
@@ -69,9 +70,12 @@ def replay_command(
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    if line_interval is not None and not line_interval > 0:
-        raise UsageError(f"--line-interval {line_interval:g}: the seconds between lines must be more than 0",
+    if line_interval is not None and not 0 < line_interval < math.inf:
+        raise UsageError(f"--line-interval {line_interval:g}: the seconds between lines must be more than 0 and finite",
                          hint="e.g. --line-interval 0.5")
+    if baseline is not None and not 0 < baseline <= MAX_TOK_S:  # also refuses nan and inf
+        raise UsageError(f"--baseline {baseline:g}: the baseline must be a number of tok/s above 0, at most "
+                         f"{MAX_TOK_S:g}", hint="e.g. --baseline 150000")
     inv = load_inventory(inventory)
     spec = inv.variants.get(variant) if variant else None
     if variant and spec is None:

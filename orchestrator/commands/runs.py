@@ -389,7 +389,8 @@ def _text(value: object) -> str:
 
 def logs_command(
     name: str = typer.Argument(..., help="Run name (see `dfo runs`).", metavar="NAME", autocompletion=complete_runs),
-    lines: int = typer.Option(80, "-n", "--lines", metavar="N", help="How many lines of the tail to show.", min=0),
+    lines: int = typer.Option(80, "-n", "--lines", metavar="N", min=0, max=runs_lib.MAX_LOG_LINES,
+                              help=f"How many lines of the tail to show (0 to {runs_lib.MAX_LOG_LINES:,})."),
     follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines until the run ends or Ctrl-C (the run goes on)."),
     exit_status: bool = typer.Option(False, "--exit-status", help="With -f: exit with the run's own exit status once it ends."),
     inventory: Optional[Path] = InventoryOpt,
