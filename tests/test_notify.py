@@ -260,7 +260,7 @@ def test_notify_settings_are_checked_with_the_inventory():
     assert info.value.problems == [
         "<memory>: notify.webhook: expected an http:// or https:// URL, got 'slack.com/hook'",
         "<memory>: notify.decisions.0: expected 'steady', 'drifting', 'crash', 'stall', 'too_slow', 'stopped' or "
-        "'exited', got 'crashed'"]
+        "'exited', got 'crashed' (did you mean 'crash'?)"]
 
 
 def test_the_watcher_announces_a_real_runs_verdict_once_across_two_watches(receiver, tmp_path, monkeypatch, pct_env):
