@@ -104,8 +104,9 @@ def test_compare_puts_runs_side_by_side_at_80_columns_and_overlays_their_through
     blue = (numpy.abs(rgb - numpy.array((0.122, 0.467, 0.706))).max(axis=2) < 0.08).sum()
     orange = (numpy.abs(rgb - numpy.array((1.0, 0.498, 0.055))).max(axis=2) < 0.08).sum()
     assert blue > 200 and orange > 200  # one colour per run
-    wide = cli.dfo("compare", "trees-run", "nographs-run-with-a-rather-long-name",
-                   env={"DFO_HOME": str(home), "COLUMNS": "140"}).stdout
+    # a process of its own: in this process rich's console width is fixed by whichever test sized it first
+    wide = cli.dfo_process("compare", "trees-run", "nographs-run-with-a-rather-long-name",
+                           env={"DFO_HOME": str(home), "COLUMNS": "140"}).stdout
     trees = next(line for line in wide.splitlines() if "trees-run" in line)
     assert "batch_size=8" in trees and "18" in trees and "25" in trees and "95,001" in trees  # ±, warm-up s, peak
     data = json.loads(dfo(home, "compare", "trees-run", "nographs-run-with-a-rather-long-name", "--json").stdout)
