@@ -93,6 +93,7 @@ def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
     variants = {name: {"command": command} for name, command in inside.items()}
     variants["longcrash"] = {"command": LONG_THEN_CRASH.format(py=PY)}
     variants["gated"] = {"command": GATED}
+    variants["long"] = {"command": f"{PY} /workspace/scripts/steady_trainer.py 6000 0.02"}  # 2 min: outlives a test
     variants["eager"] = {"compile": "eager", "preset": "tiny-cpu"}
     inventory = write_inventory(tmp_path, {
         "defaults": {"min_free_disk_gb": 0},
@@ -112,7 +113,7 @@ def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
 
 def test_a_launch_killed_at_each_point_is_resolved_by_the_next_dfo_runs_and_can_be_stopped(lab: Lab) -> None:
     for point in ("reserved", "started", "recorded"):
-        killed = lab.dfo("launch", "--host", "ct_a", "--variant", "nographs", "--name", f"k-{point}", "--no-preflight",
+        killed = lab.dfo("launch", "--host", "ct_a", "--variant", "long", "--name", f"k-{point}", "--no-preflight",
                          DFO_TEST_LAUNCH_EXIT_AT=point)
         assert killed.returncode == 137, killed.stderr
     runs = lab.runs()
