@@ -127,15 +127,15 @@ def test_set_overrides_of_the_first_launch_go_to_the_fallback_run(tmp_path, monk
     inventory, _ = make_lab(tmp_path, monkeypatch)
     lab = session(tmp_path, inventory)
     try:
-        lab.launch("trees", "o1", sets={"steps": "77", "lr": "0.01"})
+        lab.launch("trees", "o1", sets={"steps": "77", "optim.lr": "0.01"})
         watcher = lab.watcher()
         watcher.attach("o1")
         run_until(watcher, lambda w: len(w.chains()[0]["runs"]) == 2, timeout=40)
         child = lab.store.get_run("o1.2-nographs")
-        assert "--steps 77" in child.command and "--lr 0.01" in child.command
+        assert "--steps 77" in child.command and "--set optim.lr=0.01" in child.command
         assert "--variant nographs" in child.command
         [launched] = lab.store.events("o1.2-nographs", kind="launched")
-        assert launched["data"]["sets"] == {"steps": "77", "lr": "0.01"}
+        assert launched["data"]["sets"] == {"steps": "77", "optim.lr": "0.01"}
         run_until(watcher, lambda w: lab.store.samples("o1.2-nographs"))
         log = (tmp_path / "ws" / "logs" / "o1.2-nographs.log").read_text()
         assert "--steps 77" in log.splitlines()[0]  # the trainer itself was given them
