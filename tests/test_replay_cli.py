@@ -193,12 +193,13 @@ SHIFT_LOG = Path(__file__).resolve().parent / "data" / "real" / "small-thr-eager
 def test_timeline_json_is_one_decision_per_change_of_verdict_ending_with_the_plain_json():
     """`dfo replay LOG --json --timeline` on small-thr-eager: one decision JSON line per change of verdict,
     each as the decision stood then (when, at what step, at what figure), and last exactly what `--json` alone
-    prints; the exit status is the final verdict's."""
+    prints (the same verdict as the change before it when nothing changed since); the exit status is the
+    final verdict's."""
     result = invoke(SHIFT_LOG, "--json", "--timeline")
     plain = invoke(SHIFT_LOG, "--json")
     assert result.exit_code == plain.exit_code == 0, result.output
     changes = [json.loads(line) for line in result.output.splitlines()]
-    assert len(changes) >= 2 and changes[-1] == json.loads(plain.output)
+    assert len(changes) >= 3 and changes[-1] == json.loads(plain.output)
     assert changes[0]["decision"] == "undecided" and changes[0]["at_ts"] is not None
     for change in changes[:-1]:
         assert set(change) == set(changes[-1]) - {"malformed_lines"}  # the decision object, as today
@@ -209,9 +210,8 @@ def test_timeline_json_is_one_decision_per_change_of_verdict_ending_with_the_pla
             assert lo <= change["steady_tok_s"] <= hi and change["at_step"] is not None
     times = [change["at_ts"] for change in changes]
     assert times == sorted(times)
-    verdicts = [(c["decision"], c["ended"], c["at_step"] if c["decision"] == "steady" else None) for c in changes]
-    assert all(a != b for a, b in zip(verdicts[:-1], verdicts[1:-1]))  # each line a change (the final may repeat
-    # the last change's verdict with the figure the log's end gives)
+    verdicts = [(c["decision"], c["ended"], c["at_step"] if c["decision"] == "steady" else None) for c in changes[:-1]]
+    assert all(a != b for a, b in zip(verdicts, verdicts[1:]))  # each line but the final one a change
     assert changes[-1]["decision"] == "steady" and abs(changes[-1]["steady_tok_s"] / 40_500 - 1) < 0.05
 
 
@@ -219,15 +219,16 @@ def test_timeline_table_has_a_row_per_change_with_its_time_step_and_figure():
     changes = [json.loads(line) for line in invoke(SHIFT_LOG, "--json", "--timeline").output.splitlines()]
     result = invoke(SHIFT_LOG, "--timeline")
     assert result.exit_code == 0, result.output
-    assert f"{len(changes) - 1} change(s) of verdict" in result.output
-    rows = [line.split() for line in result.output.splitlines() if re.match(r"\s*\d+\s+\d\d:\d\d:\d\d\.\d{3}\s", line)]
-    assert [int(row[0]) for row in rows] == list(range(1, len(changes) + 1))
+    assert f"the verdict at the first line, {len(changes) - 2} change(s), the end" in result.output
+    rows = [line.split() for line in result.output.splitlines() if re.match(r"\s*(\d+|end)\s+\d\d:\d\d:\d\d\s", line)]
+    names = [str(number) for number in range(1, len(changes))] + ["end"]
+    assert [row[0] for row in rows] == names
     for row, change in zip(rows, changes):
-        assert row[1] == change["at_ts"][11:23] and change["decision"] in row
+        assert row[1] == change["at_ts"][11:19] and change["decision"] in row
         if change["decision"] == "steady":
             assert str(change["at_step"]) in row and f"{change['steady_tok_s']:,.0f}" in row
-    for number, change in enumerate(changes, start=1):
-        assert f"#{number} {change['at_ts']}: {change['reason'][:40]}" in result.output.replace("\n", "")
+    for name, change in zip(names, changes):
+        assert f"{name}: {change['at_ts']}: {change['reason'][:40]}" in result.output.replace("\n", "")
 
 
 def test_timeline_on_a_crash_shows_the_crash_last_and_its_line_escaped(tmp_path):
@@ -235,8 +236,9 @@ def test_timeline_on_a_crash_shows_the_crash_last_and_its_line_escaped(tmp_path)
     result = invoke(log, "--timeline")
     assert result.exit_code == 1 and "\x1b[31m" not in result.output
     assert "(drafter\\x1b[31m)" in result.output.replace("\n", "")  # the thread's name, its escape made visible
-    rows = [line.split() for line in result.output.splitlines() if re.match(r"\s*\d+\s+\d\d:\d\d:\d\d", line)]
-    assert [[word for word in row if word in COLOURS] for row in rows] == [["undecided"], ["steady"], ["crash"]]
+    rows = [line.split() for line in result.output.splitlines() if re.match(r"\s*(\d+|end)\s+\d\d:\d\d:\d\d", line)]
+    assert [[word for word in row if word in COLOURS] for row in rows] == [["undecided"], ["steady"], ["crash"], ["crash"]]
+    assert rows[-1][0] == "end" and "stop" in rows[-1]
 
 
 def test_help_names_the_timeline():

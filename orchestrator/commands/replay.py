@@ -36,8 +36,8 @@ def register(app: typer.Typer) -> None:
         help=(
             "Judge a recorded log with the watcher's rules and its own timestamps: prints the verdict held at "
             "the log's end. Exit status 1 for crash/stall/too_slow/undecided/drifting (as dfo watch), else 0. "
-            "--timeline: every change of verdict on the way (a table; with --json one JSON line each, the final "
-            "verdict last, as without --timeline)."
+            "--timeline: every change of verdict on the way, each as it stood then (a table; with --json one JSON "
+            "line each), then the final verdict, as without --timeline."
         ),
         epilog=EXAMPLE,
     )(replay_command)
@@ -64,8 +64,8 @@ def replay_command(
         None, "--line-interval", help="Seconds between lines, for logs with no timestamps at all.", metavar="S",
     ),
     timeline: bool = typer.Option(
-        False, "--timeline", help="Every change of verdict, when it came (at_ts, at_step) and at what figure; the "
-        "final verdict last. With --json: one decision JSON line per change.",
+        False, "--timeline", help="Every change of verdict, when it came (at_ts, at_step) and at what figure, then "
+        "the final verdict. With --json: one decision JSON line per change, the final verdict's last.",
     ),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
@@ -148,25 +148,27 @@ def first_step_ts(lines: list[str], regex: str | None) -> float | None:
 
 
 def render_timeline(changes: list[Decision], t0: float | None) -> None:
-    """One row per change of verdict, oldest first, the final verdict last (the one `dfo replay` prints without
-    --timeline); under the table, each row's time in full and its reason (which says how the run ended, if it did)."""
+    """One row per change of verdict, oldest first, each as it stood then, and a last row `end`: the verdict
+    `dfo replay` prints without --timeline (the same verdict as the row above it when nothing changed since,
+    with the figure as it stands at the end); under the table, each row's time in full and its reason."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False,
-                  title=f"{len(changes) - 1} change(s) of verdict (s: seconds after the first step line)")
-    for column in ("#", "at (UTC)", "s", "step", "verdict", "tok/s", "95% interval", "action"):
+                  title=f"the verdict at the first line, {max(0, len(changes) - 2)} change(s), the end "
+                        "(s: seconds after the first step line)")
+    for column in ("#", "at (UTC)", "s", "step", "verdict", "tok/s", "95%", "action"):
         table.add_column(column, justify="left" if column in ("at (UTC)", "verdict", "action") else "right",
-                         no_wrap=True)
-    for number, change in enumerate(changes, start=1):
+                         no_wrap=column != "95%", overflow="fold")  # a narrow terminal folds the interval
+    names = [str(number) for number in range(1, len(changes))] + ["end"]
+    for name, change in zip(names, changes):
         at = parse_ts(change.at_ts) if change.at_ts else None
         seconds = f"{at - t0:,.1f}" if at is not None and t0 is not None else ""
         figure = f"{change.steady_tok_s:,.0f}" if change.steady_tok_s is not None else ""
         interval = f"{change.interval[0]:,.0f}..{change.interval[1]:,.0f}" if change.interval else ""
-        table.add_row(str(number), text((change.at_ts or "")[11:23]), seconds,
+        table.add_row(name, text((change.at_ts or "")[11:19]), seconds,
                       text(change.at_step if change.at_step is not None else ""),
                       text(change.decision, style=COLOURS.get(change.decision, "white")), figure, interval, change.action)
     console.print(table)
-    for number, change in enumerate(changes, start=1):
-        console.print(f"  #{number} {markup(change.at_ts or '')}: {markup(change.reason)}",
-                      highlight=False, soft_wrap=True)
+    for name, change in zip(names, changes):
+        console.print(f"  {name}: {markup(change.at_ts or '')}: {markup(change.reason)}", highlight=False, soft_wrap=True)
 
 
 def render(decision: Decision) -> None:

@@ -71,14 +71,14 @@ def replay(
 
 
 def replay_timeline(lines: Iterable[str], **options) -> list[Decision]:
-    """`replay(lines, **options)`'s verdict and every change of verdict before it, oldest first: each the
-    Decision as it stood when the verdict changed (its `at_step`, `at_ts`, `steady_tok_s` and `interval` are
-    those of that moment). A change is a new verdict, signature, action or ending, or a new steady level
-    declared (a shift re-opened the verdict and the new level was declared); the figure refining under a held
-    declaration is not one. The first entry is the verdict at the log's first line; the last is exactly what
-    `replay` returns. When that is the verdict of the change before it (a steady level declared and then
-    refined), both are listed: the change with the figure it was declared at (what `--until-decided`,
-    `stop_when: steady` and a notification acted on), the final with the figure the log's end gives."""
+    """Every change of verdict on the way to `replay(lines, **options)`'s verdict, oldest first, then that
+    verdict: each change the Decision as it stood when the verdict changed (its `at_step`, `at_ts`,
+    `steady_tok_s` and `interval` are those of that moment: what a watcher acting on it would have acted on).
+    A change is a new verdict, signature, action or ending, or a new steady level declared (a shift re-opened
+    the verdict and the new level was declared); the figure refining under a held declaration is not one.
+    The first entry is the verdict at the log's first line; the last is exactly what `replay` returns, the
+    same verdict as the change before it when nothing changed since (then with the figure as it stands at
+    the end, which may have moved since it was declared)."""
     changes: list[Decision] = []
     seen: list[tuple] = [()]  # the judge's state when last looked at: a Decision is built only when it moved
 
@@ -95,8 +95,6 @@ def replay_timeline(lines: Iterable[str], **options) -> list[Decision]:
             changes.append(decision)
 
     final = replay(lines, **options, after_each=look)
-    if changes and changes[-1].to_json() == final.to_json():
-        changes.pop()  # the log ended on the change itself: listed once
     return [*changes, final]
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from tracegen import first_steady  # what `--until-decided`, `stop_when: steady` and `notify` act on
+from tracegen import changes_of, first_steady  # what `--until-decided`, `stop_when: steady` and `notify` act on
 
 from orchestrator.commands.replay import read_exit_code
 from orchestrator.decide import Decision, replay, replay_timeline
@@ -119,5 +119,5 @@ def score_first(log: RealLog, changes: list[Decision], t0: float | None) -> dict
         "first_level_error": error,
         "first_level_ok": error is not None and abs(error) <= LEVEL_TOLERANCE,
         "first_s": _ts(first.at_ts) - t0 if first is not None and first.at_ts and t0 is not None else None,
-        "changes": len(changes) - 1,  # verdict changes after the first line's
+        "changes": changes_of(changes),  # verdict changes after the first line's
     }

@@ -61,23 +61,22 @@ def test_the_timeline_lists_each_verdict_as_a_watcher_saw_it_and_ends_on_the_fin
     assert changes[-1].to_json() == final.to_json()
     assert changes[0].decision == "undecided"
     steady = [d for d in changes if d.decision == "steady"]
-    if len(steady) == 3 and steady[2].at_step == steady[1].at_step:
-        steady = steady[:2]  # the final repeats the last change with the figure refined since (the docstring)
-    assert len(steady) == 2 and steady[0].at_step < 300 <= steady[1].at_step
+    assert len(steady) == 3 and steady[0].at_step < 300 <= steady[1].at_step == steady[2].at_step  # the final last
     assert abs(steady[0].steady_tok_s / 100_000 - 1) < 0.02 and abs(steady[1].steady_tok_s / 70_000 - 1) < 0.02
     assert steady[0].interval[0] <= steady[0].steady_tok_s <= steady[0].interval[1]
     assert [d.at_ts for d in steady] == sorted(d.at_ts for d in steady)
-    keys = [(d.decision, d.at_step if d.decision == "steady" else None) for d in changes]
-    assert all(a != b for a, b in zip(keys[:-1], keys[1:-1]))  # no change listed twice in a row (the final may repeat)
+    keys = [(d.decision, d.at_step if d.decision == "steady" else None) for d in changes[:-1]]
+    assert all(a != b for a, b in zip(keys, keys[1:]))  # each entry before the final one a change
 
 
 def test_a_figure_refining_under_one_declaration_is_not_a_change_but_a_crash_and_an_ending_are():
+    """Each change is kept as it was when it came (the figure a watcher would have acted on); the final verdict
+    follows it, the same verdict when nothing changed since, with the figure as it stands at the end."""
     frames, exception = CRASH_TEXTS["cudagraph_overwritten"]
     lines = steady_log(400) + thread_traceback(frames, exception, "Thread-2 (drafter)")
-    # the final entry repeats the steady change when the log's end refined its figure (replay_timeline's docstring)
-    refined = replay_timeline(steady_log(400))
-    assert [d.decision for d in refined][:2] == ["undecided", "steady"] and len(refined) <= 3
-    assert len({d.evidence.get("steady_declared_step") for d in refined[1:]}) == 1  # one declaration
-    assert [d.decision for d in replay_timeline(lines)] == ["undecided", "steady", "crash"]
+    held = replay_timeline(steady_log(400))
+    assert [d.decision for d in held] == ["undecided", "steady", "steady"]
+    assert held[1].at_step == held[2].at_step and held[1].evidence["last_step"] < held[2].evidence["last_step"] == 400
+    assert [d.decision for d in replay_timeline(lines)] == ["undecided", "steady", "crash", "crash"]
     ended = replay_timeline(steady_log(400), exit_code=0)
     assert [(d.decision, d.ended) for d in ended] == [("undecided", None), ("steady", None), ("steady", "exited")]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orchestrator.decide import DecideConfig
+from orchestrator.decide.replay import verdict_key
 from orchestrator.logfmt import format_ts
 
 T0 = 1_795_000_000.0  # 2026-11-18: any fixed epoch works, the judge only uses differences
@@ -558,6 +559,12 @@ def score(trace: Trace, decision, changes: list | None = None) -> dict:
     }
 
 
+def changes_of(timeline: list) -> int:
+    """How many times a timeline's verdict changed after the first line's (the final entry counts when it is
+    not the same verdict as the change before it)."""
+    return sum(verdict_key(a) != verdict_key(b) for a, b in zip(timeline, timeline[1:]))
+
+
 def first_steady(changes: list):
     """The first steady verdict of a timeline (replay_timeline's): the first `steady`, or a `too_slow` (declared
     on the step the level was, with the steady figure) when none came before it; None if neither came."""
@@ -586,5 +593,5 @@ def score_first(trace: Trace, changes: list, premature: bool) -> dict:
         "first_delay_steps": step - trace.warmup_end_step if step is not None and trace.warmup_end_step is not None
         and not premature else None,
         "first_ok": ok,
-        "changes": len(changes) - 1,
+        "changes": changes_of(changes),  # verdict changes after the first line's
     }
