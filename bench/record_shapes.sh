@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Record real trainer logs whose throughput moves the way the verdict rule must follow (issue 27's shapes),
 # on a single-GPU H200 machine (device kind nvidia-h200), from the repository root:
-#     bash bench/record_shapes.sh gpu1|gpu2
+#     bash bench/record_shapes.sh gpu1|gpu2|gpu3
 # Each run is `python -m trainer ... > LOG 2>&1` under `timeout -s TERM` (the trainer checkpoints and exits
 # 75), with bench/gpu_cotenant.py on the same GPU following a schedule (seconds since the run's launch),
 # or for the CPU runs busy loops pinned to the run's cores. GPU runs go one after another (on cores 0-7);
@@ -66,5 +66,17 @@ case "${1:-}" in
         # h200-small nographs threads: a 15% co-tenant from 75 s on a noisy run
         gpu small-thr-nographs-drop15 150 "hold --at 75 --duty 0.15 --until 150" -- --preset h200-small --variant nographs --steps $BIG
         wait ;;
-    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2" >&2; exit 2 ;;
+    gpu3)  # a second held-out set (tests/data/heldout2), recorded after the first was scored
+        cpu tiny-thr-eager-cpuquiet 480 8-11 11 9999 hold -- --preset tiny-cpu --variant eager --steps $BIG
+        cpu tiny-thr-eager-cpudrop2 480 12-15 14,15 120 hold -- --preset tiny-cpu --variant eager --steps $BIG
+        # qwen3-8b-shape eager, nothing beside it: the quiet compute-bound run, steady on its 2nd-3rd line
+        gpu qwen-thr-eager-quiet 70 "hold --at 9999 --until 70" -- --preset qwen3-8b-shape --variant eager --steps $BIG
+        # the same with a 60% co-tenant from 35 s: a large drop some 20 s after the first step
+        gpu qwen-thr-eager-drop60 105 "hold --at 35 --duty 0.60 --until 105" -- --preset qwen3-8b-shape --variant eager --steps $BIG
+        # the same with the whole GPU taken 3 s in every 20 s from 40 s: periodic unmarked pauses
+        gpu qwen-thr-eager-pulse 125 "pulse --at 40 --on 3 --every 20 --until 125" -- --preset qwen3-8b-shape --variant eager --steps $BIG
+        # h200-small eager threads (fast steps): a co-tenant rising 0 -> 80% from 30 s to 140 s (a leak)
+        gpu small-thr-eager-leak 140 "ramp --at 30 --duty 0.80 --until 140" -- --preset h200-small --variant eager --steps $BIG
+        wait ;;
+    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3" >&2; exit 2 ;;
 esac
