@@ -18,22 +18,25 @@ W=/tmp/shapes; mkdir -p "$W"
 gpu() {
     local name=$1 secs=$2 co=$3; shift 4
     echo "$name: taskset -c 0-7 timeout -s TERM $secs python3 -m trainer $* --run-name $name --wandb off; co-tenant: python3 bench/gpu_cotenant.py $co" >>"$OUT/COMMANDS.txt"
-    # shellcheck disable=SC2086
-    taskset -c 0-7 python3 bench/gpu_cotenant.py $co >"$W/$name.cotenant" 2>&1 &
-    local co_pid=$!
+    local co_pid=
+    if [[ $co != none ]]; then  # none: the run alone on its GPU
+        # shellcheck disable=SC2086
+        taskset -c 0-7 python3 bench/gpu_cotenant.py $co >"$W/$name.cotenant" 2>&1 &
+        co_pid=$!
+    fi
     taskset -c 0-7 timeout -s TERM "$secs" python3 -m trainer "$@" --run-name "$name" --wandb off --out "$W/runs" \
         >"$OUT/$name.log" 2>&1
     echo "$name exit=$?" >>"$OUT/COMMANDS.txt"
-    kill "$co_pid" 2>/dev/null; wait "$co_pid" 2>/dev/null
+    [[ -n $co_pid ]] && { kill "$co_pid" 2>/dev/null; wait "$co_pid" 2>/dev/null; }
     tail -n 3 "$OUT/$name.log" | cut -c1-200
 }
 
-# cpu NAME SECONDS CORES BUSY_CORE FROM_S PATTERN -- trainer args...   (BUSY: a comma list of cores; PATTERN: hold | pulse)
+# cpu NAME SECONDS CORES BUSY_CORE FROM_S PATTERN -- trainer args...   (BUSY: a comma list of cores; PATTERN: hold | pulse | none)
 cpu() {
     local name=$1 secs=$2 cores=$3 busy=$4 from=$5 pattern=$6; shift 7
     echo "$name: taskset -c $cores timeout -s TERM $secs python3 -m trainer $* --run-name $name --wandb off; co-tenant: $pattern busy loop on core $busy from t=$from s" >>"$OUT/COMMANDS.txt"
-    # one busy loop per core of BUSY (a comma list)
-    ( sleep "$from"
+    # one busy loop per core of BUSY (a comma list); PATTERN none: the run alone on its cores
+    [[ $pattern != none ]] && ( sleep "$from"
       if [[ $pattern == hold ]]; then
           for c in ${busy//,/ }; do timeout $((secs - from)) taskset -c "$c" python3 -c 'while True: pass' & done; wait
       else  # pulse: 3 s busy in every 20 s
@@ -67,10 +70,10 @@ case "${1:-}" in
         gpu small-thr-nographs-drop15 150 "hold --at 75 --duty 0.15 --until 150" -- --preset h200-small --variant nographs --steps $BIG
         wait ;;
     gpu3)  # a second held-out set (tests/data/heldout2), recorded after the first was scored
-        cpu tiny-thr-eager-cpuquiet 480 8-11 11 9999 hold -- --preset tiny-cpu --variant eager --steps $BIG
+        cpu tiny-thr-eager-cpuquiet 480 8-11 - 0 none -- --preset tiny-cpu --variant eager --steps $BIG
         cpu tiny-thr-eager-cpudrop2 480 12-15 14,15 120 hold -- --preset tiny-cpu --variant eager --steps $BIG
         # qwen3-8b-shape eager, nothing beside it: the quiet compute-bound run, steady on its 2nd-3rd line
-        gpu qwen-thr-eager-quiet 70 "hold --at 9999 --until 70" -- --preset qwen3-8b-shape --variant eager --steps $BIG
+        gpu qwen-thr-eager-quiet 70 none -- --preset qwen3-8b-shape --variant eager --steps $BIG
         # the same with a 60% co-tenant from 35 s: a large drop some 20 s after the first step
         gpu qwen-thr-eager-drop60 105 "hold --at 35 --duty 0.60 --until 105" -- --preset qwen3-8b-shape --variant eager --steps $BIG
         # the same with the whole GPU taken 3 s in every 20 s from 40 s: periodic unmarked pauses
