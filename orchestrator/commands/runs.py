@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import codecs
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Optional
@@ -39,7 +40,7 @@ EXAMPLES = {
     "runs": "Example: dfo runs --active   |   dfo runs --batch sweep1 --json   |   dfo runs train_trees_20261129-1140",
     "logs": "Example: dfo logs train_nographs_20261129-1140 -n 200 -f",
     "resume": "Example: dfo resume train_nographs_20261129-1140 --watch",
-    "stop": "Example: dfo stop train_nographs_20261129-1140 --grace 60",
+    "stop": "Example: dfo stop train_nographs_20261129-1140 --grace 60   |   dfo stop RUN1 RUN2   |   dfo stop --all",
 }
 
 HostOpt = typer.Option(..., "--host", help="Target (container name from the inventory), e.g. ct200.", metavar="TARGET",
@@ -66,7 +67,8 @@ def register(app: typer.Typer) -> None:
     )(resume_command)
     app.command(
         "stop",
-        help="SIGTERM a run's process group, SIGKILL after the grace period, record how it ended (checks the PID is still the run's).",
+        help="SIGTERM a run's process group, SIGKILL after the grace period, record how it ended (checks the PID is still "
+             "the run's); several NAMEs, or --all active runs, one after the other.",
         epilog=EXAMPLES["stop"],
     )(stop_command)
 
@@ -453,7 +455,10 @@ def _follow(target, store: Store, run: Run, lines: int) -> Run | None:
 
 
 def stop_command(
-    name: str = typer.Argument(..., help="Run name (see `dfo runs`).", metavar="NAME", autocompletion=complete_runs),
+    names: Optional[list[str]] = typer.Argument(None, help="Run names (see `dfo runs --active`); several are stopped one "
+                                                           "after the other.", metavar="NAME",
+                                                autocompletion=complete_runs),
+    all_runs: bool = typer.Option(False, "--all", help="Stop every active (launching/running) run of this registry."),
     grace: Optional[float] = typer.Option(
         None, "--grace", min=0, metavar="S",
         help="Seconds between SIGTERM and SIGKILL. Default: the run's variant's `stop_grace_s`, else 90 s, above the "
@@ -462,35 +467,117 @@ def stop_command(
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
 ) -> None:
+    names = list(dict.fromkeys(names or ()))  # a name given twice is stopped once
+    if all_runs and names:
+        raise UsageError("give run names or --all, not both")
+    if not all_runs and not names:
+        raise UsageError("name the runs to stop (see `dfo runs --active`), or give --all")
+    try:
+        raise typer.Exit(_stop_command(names, all_runs, grace, inventory, as_json))
+    except runs_lib.StopInterrupted:  # said on stderr by the stop it interrupted
+        raise typer.Exit(130) from None
+
+
+def _stop_command(names: list[str], all_runs: bool, grace: Optional[float], inventory: Optional[Path],
+                  as_json: bool) -> int:
     with Store() as store:
-        if store.nodes_of(name):
-            _stop_nodes(store, name, grace, inventory, as_json)
-            return
-        run = store.get_run(name)
-        inv = _inventory_of(run, inventory)
-        stopped = None
-        with Connections(inv) as connections:
-            target = connections.container(run.target)
-            if runs_lib.worth_a_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a
-                run = _look_for_start(target, store, run, inv.watch.start_grace_s)  # start never seen answered
-                stopped = None if run.active else runs_lib.Stopped(run, None)  # it ended, or never started
-            try:
-                stopped = stopped or runs_lib.stop(target, store, name, grace_s=_grace(inv, run, grace),
-                                                   python=inv.target(run.target).python, on_wait=say_waiting())
-            except runs_lib.StopInterrupted as interrupted:
-                _warn(str(interrupted))
-                raise typer.Exit(130) from None
-        not_started = why_not_started(store, stopped.run)
-    run = stopped.run
+        if not all_runs and len(names) == 1:  # one run: its own output, its error as the command's
+            outcome = _stop_one(store, names[0], grace, inventory)
+            if as_json:
+                print_json(outcome.json)
+            for line in () if as_json else outcome.lines:
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
+            return 0
+        if all_runs:
+            names = active_run_names(store)
+            if not names:
+                if as_json:
+                    print_json([])
+                else:
+                    console.print(f"no active runs to stop (registry: {store.path})", highlight=False, markup=False)
+                return 0
+            _warn(f"stopping {len(names)} active run{'' if len(names) == 1 else 's'} of {store.path}"
+                  + f": {', '.join(names)}")
+        for name in names:  # every name known before anything is stopped
+            store.nodes_of(name) or store.get_run(name)
+        return _stop_many(store, names, grace, inventory, as_json)
+
+
+def active_run_names(store: Store) -> list[str]:
+    """The registry's active (launching/running) runs, oldest first, a multi-node run once by its own name."""
+    names = []
+    for run in store.list_runs(active=True):
+        group = store.node_group(run.name)
+        names.append(group[0] if group else run.name)
+    return list(dict.fromkeys(names))
+
+
+def _stop_many(store: Store, names: list[str], grace: Optional[float], inventory: Optional[Path], as_json: bool) -> int:
+    """`dfo stop A B`, `dfo stop --all`: each run stopped in turn, identity-checked as one is, a line each (a
+    run that could not be stopped says why and the next is stopped all the same); 1 when any failed."""
+    results, failed = [], 0
+    for done, name in enumerate(names):
+        try:
+            outcome = _stop_one(store, name, grace, inventory)
+        except runs_lib.StopInterrupted:
+            if names[done + 1:]:
+                _warn(f"not stopped: {', '.join(names[done + 1:])}")
+            raise
+        except DfoError as exc:
+            failed += 1
+            results.append({"run": name, "error": str(exc)})
+            if not as_json:
+                _warn(f"{name}: not stopped: {exc}")
+            continue
+        results.append(outcome.json)
+        for line in () if as_json else outcome.lines:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
     if as_json:
-        print_json({"run": run.name, "state": run.state, "exit_code": run.exit_code, "signal": stopped.signal,
-                    **({"launch_failed": not_started} if not_started else {})})
-    elif not_started:
-        console.print(f"{run.name} never started ({not_started}); nothing to stop", highlight=False, markup=False)
+        print_json(results)
+    elif len(names) > 1 or failed:
+        _warn(f"{len(names) - failed} of {len(names)} run{'' if len(names) == 1 else 's'} stopped or already ended"
+              + (f"; {failed} not stopped" if failed else ""))
+    return 1 if failed else 0
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    """What `dfo stop` says of one run: its --json object and its lines of text."""
+
+    json: dict
+    lines: list[str]
+
+
+def _stop_one(store: Store, name: str, grace: Optional[float], inventory: Optional[Path]) -> StopOutcome:
+    """Stop one run (a multi-node one on every node); a DfoError says why it could not be; Ctrl-C: StopInterrupted
+    after its line on stderr (exit 130)."""
+    if store.nodes_of(name):
+        return _stop_nodes(store, name, grace, inventory)
+    run = store.get_run(name)
+    inv = _inventory_of(run, inventory)
+    stopped = None
+    with Connections(inv) as connections:
+        target = connections.container(run.target)
+        if runs_lib.worth_a_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a
+            run = _look_for_start(target, store, run, inv.watch.start_grace_s)  # start never seen answered
+            stopped = None if run.active else runs_lib.Stopped(run, None)  # it ended, or never started
+        try:
+            stopped = stopped or runs_lib.stop(target, store, name, grace_s=_grace(inv, run, grace),
+                                               python=inv.target(run.target).python, on_wait=say_waiting())
+        except runs_lib.StopInterrupted as interrupted:
+            _warn(str(interrupted))
+            raise
+    not_started = why_not_started(store, stopped.run)
+    run = stopped.run
+    as_json = {"run": run.name, "state": run.state, "exit_code": run.exit_code, "signal": stopped.signal,
+               **({"launch_failed": not_started} if not_started else {})}
+    if not_started:
+        line = f"{run.name} never started ({not_started}); nothing to stop"
     elif stopped.signal is None:
-        console.print(f"{run.name} had already ended: {run.state}, exit code {_text(run.exit_code) or 'unknown'}")
+        line = f"{run.name} had already ended: {run.state}, exit code {_text(run.exit_code) or 'unknown'}"
     else:
-        console.print(f"stopped {run.name} (SIG{stopped.signal}): exit code {_text(run.exit_code) or 'none (killed)'}")
+        line = f"stopped {run.name} (SIG{stopped.signal}): exit code {_text(run.exit_code) or 'none (killed)'}"
+    return StopOutcome(as_json, [line])
 
 
 def _grace(inv, run: Run, grace: Optional[float]) -> float:
@@ -509,7 +596,7 @@ def _look_for_start(target, store: Store, run: Run, grace_s: float) -> Run:
     return runs_lib.resolve_launch(target, store, run, grace_s=grace_s)
 
 
-def _stop_nodes(store: Store, name: str, grace: Optional[float], inventory: Optional[Path], as_json: bool) -> None:
+def _stop_nodes(store: Store, name: str, grace: Optional[float], inventory: Optional[Path]) -> StopOutcome:
     from ..multinode import stop_nodes
 
     nodes = store.nodes_of(name)
@@ -526,16 +613,13 @@ def _stop_nodes(store: Store, name: str, grace: Optional[float], inventory: Opti
                                  python_of=lambda target: inv.target(target).python, on_wait=say_waiting())
         except runs_lib.StopInterrupted as interrupted:
             _warn(str(interrupted))
-            raise typer.Exit(130) from None
+            raise
     runs = [store.get_run(node) for node in nodes]
-    if as_json:
-        print_json({"run": name, "nodes": [{"run": r.name, "state": r.state, "exit_code": r.exit_code} for r in runs],
-                    "signals": [s.signal for s in stopped]})
-        return
-    if not stopped:
-        console.print(f"{name} had already ended on every node")
-    for run in runs:
-        console.print(f"{run.name} ({run.target}): {run.state}, exit code {_text(run.exit_code) or 'none'}")
+    as_json = {"run": name, "nodes": [{"run": r.name, "state": r.state, "exit_code": r.exit_code} for r in runs],
+               "signals": [s.signal for s in stopped]}
+    lines = [] if stopped else [f"{name} had already ended on every node"]
+    lines += [f"{run.name} ({run.target}): {run.state}, exit code {_text(run.exit_code) or 'none'}" for run in runs]
+    return StopOutcome(as_json, lines)
 
 
 def resume_command(

@@ -1,0 +1,112 @@
+"""What users of ops tools (docker, gh, sky) reach for first: `dfo stop A B` and `dfo stop --all`, `dfo runs`
+filters and columns, `dfo runs rm/prune`. Runs are `command:` variants on the local target `here`, driven
+through the CLI in this process (harness.cli.dfo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from harness import write_inventory
+from harness.cli import dfo
+
+from orchestrator.store import Run, Store
+
+
+def local_inventory(tmp_path: Path) -> Path:
+    return write_inventory(tmp_path, {
+        "defaults": {"workspace": str(tmp_path / "ws")},
+        "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
+        "variants": {"long": {"command": "echo started; exec sleep 300"}}})
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """An inventory with a 5-minute `long` variant and two registries (`a`, `b`); every run still going at the
+    end is killed (its process group), whatever the test did."""
+    inventory = local_inventory(tmp_path)
+    homes = {key: tmp_path / key for key in ("a", "b")}
+    yield inventory, {key: {"DFO_HOME": str(home)} for key, home in homes.items()}
+    for home in homes.values():
+        if (home / "dfo.db").exists():
+            with Store(home / "dfo.db") as store:
+                for run in store.list_runs():
+                    if run.pid and run.state == "running":
+                        try:
+                            os.killpg(run.pid, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
+
+
+def launch(inventory: Path, env: dict, name: str) -> int:
+    done = dfo("launch", "--host", "here", "--variant", "long", "--name", name, "--no-preflight", "-i", inventory,
+               "--json", env=env)
+    assert done.returncode == 0, done.output
+    return json.loads(done.stdout)["pid"]
+
+
+def alive(pid: int) -> bool:
+    """The process is there and not a zombie (a run's wrapper may be this process's child, unreaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_stop_takes_several_names_and_says_one_line_each(lab):
+    inventory, env = lab
+    pids = [launch(inventory, env["a"], name) for name in ("s1", "s2")]
+    stopped = dfo("stop", "s1", "s2", "--grace", "10", env=env["a"])
+    assert stopped.returncode == 0, stopped.output  # before: "Got unexpected extra argument (s2)", exit 2
+    lines = stopped.stdout.splitlines()
+    assert [line.split(" (SIG")[0] for line in lines] == ["stopped s1", "stopped s2"], stopped.output
+    assert not any(map(alive, pids))
+    states = {run["name"]: run["state"] for run in json.loads(dfo("runs", "--json", "--no-refresh", env=env["a"]).stdout)}
+    assert states == {"s1": "stopped", "s2": "stopped"}
+    again = dfo("stop", "s1", "s2", "--json", env=env["a"])
+    assert again.returncode == 1  # as `dfo stop s1` alone: nothing to stop is refused, in a list of one object each
+    assert [(r["run"], "not running (state stopped)" in r["error"]) for r in json.loads(again.stdout)] == [
+        ("s1", True), ("s2", True)]
+
+
+def test_stop_of_several_names_refuses_an_unknown_one_before_stopping_any(lab):
+    inventory, env = lab
+    pid = launch(inventory, env["a"], "k1")
+    refused = dfo("stop", "k1", "k2x", env=env["a"])
+    assert refused.returncode == 2 and "no run named 'k2x'" in refused.stderr, refused.output
+    assert alive(pid)
+
+
+def test_stop_goes_on_past_a_run_it_cannot_stop_and_exits_non_zero(lab):
+    inventory, env = lab
+    with Store(Path(env["a"]["DFO_HOME"]) / "dfo.db") as store:  # a run on a target the inventory no longer has
+        store.add_run(Run(name="gone", target="ct999", state="running", pid=4242))
+    pid = launch(inventory, env["a"], "g1")
+    stopped = dfo("stop", "gone", "g1", "--grace", "10", "-i", inventory, env=env["a"])
+    assert stopped.returncode == 1, stopped.output
+    assert stopped.stderr.startswith("gone: not stopped: ") and "ct999" in stopped.stderr
+    assert stopped.stdout.startswith("stopped g1 (SIGTERM)") and not alive(pid)
+    assert "1 of 2 runs stopped or already ended; 1 not stopped" in stopped.stderr
+
+
+def test_stop_all_stops_this_registrys_active_runs_only_and_says_how_many(lab):
+    inventory, env = lab
+    mine = [launch(inventory, env["a"], name) for name in ("m1", "m2")]
+    theirs = launch(inventory, env["b"], "t1")
+    with Store(Path(env["a"]["DFO_HOME"]) / "dfo.db") as store:  # an ended run is not stopped again
+        store.add_run(Run(name="old", target="here", state="exited", exit_code=0))
+    stopped = dfo("stop", "--all", "--grace", "10", "--json", env=env["a"])
+    assert stopped.returncode == 0, stopped.output
+    assert [(r["run"], r["state"]) for r in json.loads(stopped.stdout)] == [("m1", "stopped"), ("m2", "stopped")]
+    assert "stopping 2 active runs of" in stopped.stderr and "m1, m2" in stopped.stderr
+    assert not any(map(alive, mine)) and alive(theirs)
+    none_left = dfo("stop", "--all", env=env["a"])
+    assert none_left.returncode == 0 and "no active runs to stop" in none_left.stdout
+    both = dfo("stop", "--all", "t1", env=env["b"])
+    assert both.returncode == 2 and "give run names or --all, not both" in both.stderr and alive(theirs)
+    assert dfo("stop", env=env["b"]).returncode == 2
