@@ -71,7 +71,9 @@ def make_lab(tmp_path: Path, monkeypatch, *, gpus: list[int] | None = None, gpu_
         "hosts": {"local": {"transport": "local", "containers": {"here": container}}},
         "variants": {"trees": {"compile": "trees", "preset": "tiny-cpu", "args": {"steps": 2000}},
                      "nographs": {"compile": "nographs", "preset": "tiny-cpu"},
-                     "mine": {"command": f"{PY} {scripts}/steady_trainer.py 400 0.02"}},
+                     "mine": {"command": f"{PY} {scripts}/steady_trainer.py 400 0.02"},  # 8 s
+                     # 2 min: for a test that needs its run alive while dfo processes start on a loaded machine
+                     "long": {"command": f"{PY} {scripts}/steady_trainer.py 6000 0.02"}},
         "fallback": ["trees", "nographs"],
         "watch": FAST_WATCH,
     })
@@ -218,7 +220,7 @@ def test_a_container_out_of_reach_for_good_ends_the_watch_undecided_and_a_short_
     lab = session(tmp_path, inventory)
     workspace = tmp_path / "ws"
     try:
-        lab.launch("mine", "u1")
+        lab.launch("long", "u1")  # still running after the outage, however slow the machine
         watcher = lab.watcher(unreachable_s=2, decide_config=DecideConfig(min_steady_steps=10_000))
         watcher.attach("u1")
         run_until(watcher, lambda w: len(lab.store.samples("u1")) >= 5)
@@ -309,7 +311,7 @@ def test_a_second_dfo_stop_that_finds_the_run_ended_by_the_first_keeps_the_first
     lab = session(tmp_path, inventory)
     paused = tmp_path / "paused"
     try:
-        lab.launch("mine", "d1")
+        lab.launch("long", "d1")  # "mine" (8 s) ended on its own while a loaded machine started the second dfo
         second = subprocess.Popen([str(Path(sys.executable).parent / "dfo"), "stop", "d1", "--grace", "5", "--json"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env={**os.environ, "DFO_TEST_PAUSE_AT": "identified", "DFO_TEST_PAUSE_FILE": str(paused)})
