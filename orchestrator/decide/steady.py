@@ -17,6 +17,9 @@ the evidence). With p = `precision` (default 5%):
    min_steady_seconds on a quiet run, whose intervals vary within the precision and QUIET_REL, shift_hold_s
    on any other), for `confirm_blocks` consecutive new blocks. The dispersion of the interval throughputs (IQR / median,
    `noise_rel`) is reported, with `noisy` when it exceeds `noisy_rel`; it never blocks the verdict.
+3b. No declaration (nor an early final answer) while the level moves inside the window after the cut: its
+   change point's newer part (2+ blocks) beyond the shift threshold and WINDOW_SHIFT_Z standard errors from
+   the older part keeps the run undecided until MSER's cut passes the move (`_moving`).
 4. The figure is the mean of the batch means, the centre of its own interval.
 5. Once steady, the median of the newest m blocks (m, 2m, 4m: m spans the minimum steps and seconds) further
    than min(1.6 p, 8%) on a quiet run, min(3 p, 15%) on any other, from the median of the blocks before them,
@@ -72,6 +75,8 @@ MSER_LATEST = 0.75  # MSER's truncation point is accepted in the first 3/4 of th
 SHIFT_Z = 4.0  # a level shift must stand this many standard errors out (checked on every block) ...
 SHIFT_PRECISIONS = 1.6  # ... and move the level by more than 1.6x the precision ...
 SHIFT_REL_MAX = 0.08  # ... or by 8%, whichever is less: a 10% move that holds is caught, measured low by the noise too
+WINDOW_SHIFT_Z = 3.0  # before a declaration, a move by the shift threshold and 3 (not SHIFT_Z) standard errors
+# inside the window is a shift (_window_shift): it only delays an answer, so it errs on the side of waiting
 SHIFT_NOISY_PRECISIONS, SHIFT_NOISY_REL_MAX = 3.0, 0.15  # on a noisy run: 3x, 15% (its slow swings reach 14.5%)
 QUIET_REL = 0.05  # a run whose intervals vary (IQR / median) within this and the precision is quiet
 SHIFT_BEFORE_BLOCKS = 100  # the level a shift is measured from: at most the 100 blocks before it
@@ -638,6 +643,11 @@ class SteadyDetector:
                 return
             self._undecided(f"warming up: {n - self._origin} blocks, no warm-up end with {need_after} blocks after it yet", d)
             return
+        moving = self._moving(d, n)
+        if moving is not None and not timed_out:
+            self._good_blocks_in_a_row = self._out_of_reach_in_a_row = 0
+            self._undecided(f"warming up: {moving}", d)
+            return
         stats = self._window_stats(d)
         checks = self._checks(stats)
         minimums_ok, minimums_why = self._minimums_met(stats["noise_rel"])
@@ -658,6 +668,39 @@ class SteadyDetector:
                       f"{self.config.confirm_blocks} needed")
         why = (minimums_why or confirming) if checks["ok"] else self._why_not(checks)
         self._undecided(f"warming up: {why} (warm-up end at block {d - self._origin} of {n - self._origin})", d, checks)
+
+    def _window_shift(self, d: int, n: int) -> int | None:
+        """Before a declaration: has the level moved inside the window after the cut, blocks [d, n)? The change
+        point c of the window (the split minimising both parts' squared deviations) with its newer part
+        [c, n) at least 2 blocks, whose median lies further than the shift threshold (`shift_threshold`, by
+        the window's noise, as once steady) and WINDOW_SHIFT_Z standard errors (the pooled residuals' spread, widened by their autocorrelation time) from the
+        older part's median; None when the level did not move."""
+        if n - d < 6:
+            return None
+        c = self._change_point(d, n)
+        older, newer = self._medians[d:c], self._medians[c:n]
+        if len(older) < 2 or len(newer) < 2:
+            return None
+        a, b = median(older), median(newer)
+        residuals = [v - a for v in older] + [v - b for v in newer]
+        se = (1.25 * stdev(residuals) * math.sqrt(autocorrelation_time(residuals))
+              * math.sqrt(1 / len(older) + 1 / len(newer)))
+        gap = abs(b - a)
+        noise = noise_of([v for block in self._raw[d:n] for v in block])
+        threshold = shift_threshold(self.config.precision, noisy=not self._quiet(noise))
+        return c if gap > threshold * a and gap > WINDOW_SHIFT_Z * se else None
+
+    def _moving(self, d: int, n: int) -> str | None:
+        """Why no declaration may come while the level moves inside the window after the cut (`_window_shift`),
+        or None when it does not: a figure over both levels is neither (a drop seconds before a declaration was
+        declared at the level before it, +30..+39%). The answer waits until MSER's cut passes the move and the
+        new level is judged on its own."""
+        c = self._window_shift(d, n)
+        if c is None:
+            return None
+        older, newer = median(self._medians[d:c]), median(self._medians[c:n])
+        return (f"the level moved at step {self._block_first_step[c]} ({older:,.0f} -> ~{newer:,.0f} tok/s, "
+                f"{newer / older - 1:+.0%}); waiting for the new level to be judged on its own")
 
     def _early_answer_allowed(self, stats: dict, checks: dict) -> bool:
         """Whether a final answer may come before max_undecided_s (the precision out of reach, or the run's end):
@@ -686,6 +729,8 @@ class SteadyDetector:
             return False
         d = mser_truncation(self._prefix1, self._prefix2, start, n, need_after)
         if d is None or d - start > (n - start) * MSER_LATEST:
+            return False
+        if self._moving(d, n) is not None:
             return False
         stats = self._window_stats(d)
         checks = self._checks(stats)
