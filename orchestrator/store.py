@@ -540,14 +540,25 @@ class Store:
         started = [known for known in names if known.startswith(name)]
         return started[:n] or difflib.get_close_matches(name, names, n=1, cutoff=0.6)
 
-    def list_runs(self, *, active: bool | None = None, batch: str | None = None, target: str | None = None) -> list[Run]:
-        """Runs, oldest first, optionally only active (launching/running) or finished ones, of a batch or target."""
+    def list_runs(self, *, active: bool | None = None, batch: str | None = None, target: str | None = None,
+                  states: Sequence[str] = (), started_since: str | None = None, limit: int | None = None) -> list[Run]:
+        """Runs, oldest first, optionally only active (launching/running) or finished ones, of a batch or target,
+        in one of `states`, started at or after `started_since` (RFC 3339 UTC text, as utc_now writes it), the
+        newest `limit` of them."""
         clause, params = _where(batch=batch, target=target)
+        conditions = [clause[len(" WHERE "):]] if clause else []
         if active is not None:
-            states = f"state {'IN' if active else 'NOT IN'} ({', '.join('?' for _ in RunState.active())})"
-            clause = f"{clause} AND {states}" if clause else f" WHERE {states}"
+            conditions.append(f"state {'IN' if active else 'NOT IN'} ({', '.join('?' for _ in RunState.active())})")
             params.extend(str(state) for state in RunState.active())
-        return [_decode_run(r) for r in self._query(f"SELECT * FROM runs{clause} ORDER BY id", params)]
+        if states:
+            conditions.append(f"state IN ({', '.join('?' for _ in states)})")
+            params.extend(str(state) for state in states)
+        if started_since is not None:
+            conditions.append("started_at >= ?")
+            params.append(started_since)
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+        newest = f" ORDER BY id DESC LIMIT {int(limit)}" if limit is not None else " ORDER BY id DESC"
+        return [_decode_run(r) for r in reversed(self._query(f"SELECT * FROM runs{where}{newest}", params))]
 
     def lineage(self, name: str) -> list[str]:
         """The chain of `name` from its root down to `name`, along `parent` links (oldest first)."""

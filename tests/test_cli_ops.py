@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from harness import write_inventory
-from harness.cli import dfo
+from harness.cli import dfo, dfo_process
 
 from orchestrator.store import Run, Store
 
@@ -110,3 +112,74 @@ def test_stop_all_stops_this_registrys_active_runs_only_and_says_how_many(lab):
     both = dfo("stop", "--all", "t1", env=env["b"])
     assert both.returncode == 2 and "give run names or --all, not both" in both.stderr and alive(theirs)
     assert dfo("stop", env=env["b"]).returncode == 2
+
+
+def registry_of_runs(home: Path) -> None:
+    """Five runs started 10 min, 1 h, 3 h, 2 days and 10 days ago, in several states."""
+    now = datetime.now(timezone.utc)
+
+    def ago(**delta) -> str:
+        return (now - timedelta(**delta)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    with Store(home / "dfo.db") as store:
+        store.add_run(Run(name="old", target="ct200", state="exited", exit_code=0, pid=1001, started_at=ago(days=10),
+                          ended_at=ago(days=10, minutes=-5)))
+        store.add_run(Run(name="twodays", target="ct200", state="crashed", exit_code=1, pid=1002, started_at=ago(days=2),
+                          ended_at=ago(days=2, seconds=-42), decision={"decision": "crash"}))
+        store.add_run(Run(name="threeh", target="ct201", state="stopped", exit_code=75, pid=1003, started_at=ago(hours=3),
+                          ended_at=ago(hours=1), decision={"decision": "steady", "steady_tok_s": 7129.4}))
+        store.add_run(Run(name="oneh", target="ct201", state="running", pid=1004, started_at=ago(hours=1)))
+        store.add_run(Run(name="tenmin", target="ct202", state="failed", started_at=ago(minutes=10)))
+
+
+def names(ran) -> list[str]:
+    assert ran.returncode == 0, ran.output
+    return [run["name"] for run in json.loads(ran.stdout)]
+
+
+def test_runs_filters_by_state_age_and_count(tmp_path):
+    registry_of_runs(tmp_path)
+    env = {"DFO_HOME": str(tmp_path)}
+
+    def runs(*args: str):
+        return dfo("runs", "--json", "--no-refresh", *args, env=env)
+    assert names(runs("--state", "crashed", "--state", "stopped")) == ["twodays", "threeh"]
+    assert names(runs("--since", "2h")) == ["oneh", "tenmin"]
+    assert names(runs("--since", "3d")) == ["twodays", "threeh", "oneh", "tenmin"]
+    assert names(runs("--since", (datetime.now() - timedelta(days=5)).strftime("%Y-%m-%d"))) == [
+        "twodays", "threeh", "oneh", "tenmin"]
+    assert names(runs("--limit", "2")) == ["oneh", "tenmin"]  # the newest two, oldest first as always
+    assert names(runs("--limit", "1", "--state", "exited", "--state", "crashed")) == ["twodays"]
+    typo = runs("--state", "runing")
+    assert typo.returncode == 2 and typo.stdout == ""
+    assert ("dfo: error: --state: unknown state 'runing' (did you mean 'running'?); states: launching, running, "
+            "exited, crashed, stopped, lost, failed") in typo.stderr
+    for bad in ("yesterday", "2 hours", "-3d"):
+        refused = runs("--since", bad)
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.output
+        assert "--since: expected an age (30m, 2h, 3d, 1w) or an ISO date" in refused.stderr
+    none = dfo("runs", "--no-refresh", "--state", "lost", env=env)
+    assert none.returncode == 0 and "no runs in state lost" in none.stdout
+
+
+def test_runs_shows_start_duration_and_steady_tok_s_and_keeps_target_and_pid_at_80_columns(tmp_path):
+    registry_of_runs(tmp_path)
+    env = {"DFO_HOME": str(tmp_path)}
+    wide = dfo_process("runs", "--no-refresh", env={**env, "COLUMNS": "120"})  # a process: its own console width
+    assert wide.returncode == 0, wide.output
+    header, _, *rows = wide.stdout.splitlines()
+    assert header.split() == ["name", "target", "PID", "state", "start", "took", "tok/s", "decision", "variant"]
+    row = {line.split()[0]: line for line in rows}
+    assert re.search(r"\bstopped 75\s+\d\d:\d\d\s+2h00m\s+7,129\s+steady", row["threeh"]), wide.stdout
+    assert re.search(r"\bcrashed 1\s+\d\d-\d\d \d\d:\d\d\s+42s\s+crash", row["twodays"]), wide.stdout
+    assert re.search(r"running\s+\d\d:\d\d\s+1h00m", row["oneh"]), wide.stdout  # an active run: so far
+    long_names = tmp_path / "long"
+    long_names.mkdir()
+    with Store(long_names / "dfo.db") as store:
+        for pid, name in enumerate(["train_nographs_20261129-1140-2", "sweep.trees.ct200.r1.2-nographs"], start=123456):
+            store.add_run(Run(name=name, target="ct200", state="crashed", exit_code=1, pid=pid,
+                              started_at="2026-11-29T11:40:03.123Z", decision={"decision": "crash"}))
+    narrow = dfo_process("runs", "--no-refresh", env={"DFO_HOME": str(long_names), "COLUMNS": "80"})
+    lines = narrow.stdout.splitlines()
+    assert max(map(len, lines)) <= 80, narrow.stdout
+    assert re.search(r"^train_nographs_20261129-1140-2\s+ct200\s+123456\s+crashed 1", narrow.stdout, re.M)
+    assert "not shown for lack of width:" in narrow.stdout  # what it left out is said, never target or PID

@@ -31,13 +31,14 @@ from ..states import RunState
 from ..store import Run, Store
 from ..sanitize import markup, visible
 from .common import (InventoryOpt, JsonOpt, complete_runs, complete_targets, complete_variants, console, err_console,
-                     fit_table, print_json, say_waiting)
+                     fit_table, number, print_json, say_waiting)
 
 EXAMPLES = {
     "push": "Example: dfo push --host ct200 -i inventory/lab.yaml",
     "launch": "Example: dfo launch --host ct200 --variant nographs --set steps=2000   (then: dfo watch NAME)   |   "
               "dfo launch --host ct200 --host ct201 --variant ps-trees-2n   (one run on two nodes)",
-    "runs": "Example: dfo runs --active   |   dfo runs --batch sweep1 --json   |   dfo runs train_trees_20261129-1140",
+    "runs": "Example: dfo runs --active   |   dfo runs --state crashed --since 3d --limit 20   |   dfo runs --batch sweep1 --json   |   "
+            "dfo runs train_trees_20261129-1140",
     "logs": "Example: dfo logs train_nographs_20261129-1140 -n 200 -f",
     "resume": "Example: dfo resume train_nographs_20261129-1140 --watch",
     "stop": "Example: dfo stop train_nographs_20261129-1140 --grace 60   |   dfo stop RUN1 RUN2   |   dfo stop --all",
@@ -54,7 +55,8 @@ def register(app: typer.Typer) -> None:
         help="Preflight a target, push the trainer if needed, start a run detached with a named log, record it.",
         epilog=EXAMPLES["launch"],
     )(launch_command)
-    app.command("runs", help="List the runs in the registry (name, target, variant, state, PID, decision); NAME: one run in full.", epilog=EXAMPLES["runs"])(
+    app.command("runs", help="List the runs in the registry (name, target, PID, state, start, duration, steady tok/s, decision, variant), "
+                "filtered by --state, --since, --limit; NAME: one run in full.", epilog=EXAMPLES["runs"])(
         runs_command
     )
     app.command("logs", help="Show the tail of a run's log; -f follows it until Ctrl-C (the run goes on).", epilog=EXAMPLES["logs"])(
@@ -214,6 +216,12 @@ def runs_command(
                                          metavar="NAME", autocompletion=complete_runs),
     batch: Optional[str] = typer.Option(None, "--batch", metavar="BATCH", help="Only runs of this batch."),
     active: bool = typer.Option(False, "--active", help="Only launching/running runs."),
+    states: list[str] = typer.Option([], "--state", metavar="STATE",
+                                     help=f"Only runs in this state (repeatable): {', '.join(RunState)}."),
+    since: Optional[str] = typer.Option(None, "--since", metavar="WHEN",
+                                        help="Only runs started since WHEN: an age (30m, 2h, 3d, 1w) or an ISO date/time "
+                                             "(2026-11-29, 2026-11-29T11:40; local time)."),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, metavar="N", help="Only the newest N runs (of those chosen)."),
     no_refresh: bool = typer.Option(False, "--no-refresh", help="Show the registry as it is: no look at the targets of active runs."),
     recheck: bool = typer.Option(False, "--recheck", help="Look for every run whose start was never settled (`lost` "
                                                           "without a PID, or `launching` by a dfo that died) now, even one "
@@ -226,6 +234,9 @@ def runs_command(
     def due(run: Run) -> bool:
         return runs_lib.look_due(run, recheck=recheck)
 
+    chosen = dict(batch=batch, active=True if active else None, states=[check_state(state) for state in states],
+                  started_since=None if since is None else since_utc(since), limit=limit)
+
     with Store() as store:
         if name is not None and store.nodes_of(name):  # a multi-node run: its nodes
             nodes = [store.get_run(node) for node in store.nodes_of(name)]
@@ -233,7 +244,7 @@ def runs_command(
                 _refresh(store, nodes, inventory, recheck)
             show_nodes(store, name, as_json)
             return
-        runs = [store.get_run(name)] if name is not None else store.list_runs(batch=batch, active=True if active else None)
+        runs = [store.get_run(name)] if name is not None else store.list_runs(**chosen)
         behind = [run for run in runs if due(run) or (name is not None and needs_sync(run))]
         if not no_refresh and behind:  # the active runs' rows and histories, a named run's history
             _refresh(store, runs, inventory, recheck, history_of=behind)
@@ -242,12 +253,14 @@ def runs_command(
         if name is not None:
             show_run(name, as_json)
             return
-        runs = store.list_runs(batch=batch, active=True if active else None)
+        runs = store.list_runs(**chosen)
     if as_json:
         print_json([run.as_dict() for run in runs])
         return
     if not runs:
-        what = f"{'active ' if active else ''}runs{f' in batch {batch}' if batch else ''}"
+        chose = ([f"in batch {batch}"] if batch else []) + ([f"in state {' or '.join(states)}"] if states else []) \
+            + ([f"started since {since}"] if since else [])
+        what = " ".join([f"{'active ' if active else ''}runs", *chose])
         console.print(f"no {what} (registry: {store.path})", highlight=False, markup=False)
         return
     console.print(runs_table(runs, console.width))
@@ -336,15 +349,28 @@ def _refresh(store: Store, runs: list[Run], given: Optional[Path], recheck: bool
                                                             if now.active else f", exit code {_text(now.exit_code)}"))
 
 
-RUN_COLUMNS = ("name", "target", "variant", "state", "started", "PID", "decision")
-DROPPED_FIRST = ("PID", "started", "target", "variant")
-"""Columns given up, in this order, when the table is wider than the terminal: names are never wrapped."""
+RUN_COLUMNS = ("name", "target", "PID", "state", "start", "took", "tok/s", "decision", "variant")
+DROPPED_FIRST = ("variant", "took", "start", "tok/s", "decision")
+"""Columns given up, in this order, when the table is wider than the terminal (the caption names them): names are
+never wrapped, and target and PID are never given up (a target too long for the width folds onto a second line)."""
+FOLDED = ("name", "target")
 
 
 def runs_table(runs: list[Run], width: int, now: datetime | None = None) -> Table:
-    """The `dfo runs` table, fitted into `width` columns by leaving out the least useful columns first."""
-    rows = [_run_row(run, now or datetime.now().astimezone()) for run in runs]
-    return fit_table(RUN_COLUMNS, lambda shown, hidden: _table(shown, rows, hidden), width, DROPPED_FIRST)
+    """The `dfo runs` table, fitted into `width` columns by leaving out the least useful columns first; before the
+    start time is given up it is shortened to its date alone (`11-29`), or its time for a run of today."""
+    now = now or datetime.now().astimezone()
+    for short in (False, True):
+        rows = [_run_row(run, now, short=short) for run in runs]
+        hidden: list[str] = []
+
+        def build(shown: list[str], left_out: list[str], rows=rows) -> Table:
+            hidden[:] = left_out
+            return _table(shown, rows, left_out)
+        table = fit_table(RUN_COLUMNS, build, width, DROPPED_FIRST)
+        if "start" not in hidden:
+            break
+    return table
 
 
 def state_text(run: Run) -> str:
@@ -352,30 +378,79 @@ def state_text(run: Run) -> str:
     return run.state if run.exit_code is None or run.state == "exited" else f"{run.state} {run.exit_code}"
 
 
-def _run_row(run: Run, now: datetime) -> dict[str, str]:
+def _run_row(run: Run, now: datetime, *, short: bool = False) -> dict[str, str]:
+    from ..view import duration
+
     state = state_text(run)
     if runs_lib.start_unsettled(run) and run.checked_at:  # looked for at a target that did not answer
         state += f", checked {_local_time(run.checked_at, now, seconds=True)}"
+    decision = {} if run.unreadable else run.decision or {}
     return {"name": run.name, "target": run.target, "variant": run.variant or "", "state": state,
-            "started": _local_time(run.started_at, now), "PID": _text(run.pid),
-            "decision": "(unreadable)" if run.unreadable else (run.decision or {}).get("decision", "")}
+            "start": _local_time(run.started_at, now, short=short), "PID": _text(run.pid),
+            "took": duration(_took_s(run, now)) if run.started_at and (run.ended_at or run.active) else "",
+            "tok/s": number(decision.get("steady_tok_s")),
+            "decision": "(unreadable)" if run.unreadable else decision.get("decision", "")}
 
 
-def _local_time(utc_text: str | None, now: datetime, *, seconds: bool = False) -> str:
-    """`HH:MM` (`HH:MM:SS` with `seconds`) in the workstation's time zone for a time of today, else `mm-dd HH:MM`."""
+def _took_s(run: Run, now: datetime) -> float:
+    """How long the run ran: start to end, or to now while it is active."""
+    end = datetime.fromisoformat(run.ended_at) if run.ended_at else now
+    return (end - datetime.fromisoformat(run.started_at)).total_seconds()
+
+
+def check_state(text: str) -> str:
+    """A `--state` value, or a UsageError naming the valid ones (and the closest)."""
+    import difflib
+
+    known = [str(state) for state in RunState]
+    if text in known:
+        return text
+    close = difflib.get_close_matches(text, known, n=1, cutoff=0.5)
+    guess = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UsageError(f"--state: unknown state {text!r}{guess}; states: {', '.join(known)}")
+
+
+AGE_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def since_utc(text: str, now: datetime | None = None) -> str:
+    """`--since WHEN` as the registry's RFC 3339 UTC text: an age (`30m`, `2h`, `3d`, `1w`) before `now`, or an
+    ISO date or date-time (local time unless it names its zone); a UsageError saying both forms otherwise."""
+    import re
+    from datetime import timedelta, timezone
+
+    now = now or datetime.now().astimezone()
+    age = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if age:
+        when = now - timedelta(seconds=float(age[1]) * AGE_UNITS_S[age[2]])
+    else:
+        try:
+            when = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise UsageError(f"--since: expected an age (30m, 2h, 3d, 1w) or an ISO date (2026-11-29, "
+                             f"2026-11-29T11:40), got {text!r}") from None
+        when = when if when.tzinfo else when.replace(tzinfo=now.tzinfo)
+    return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _local_time(utc_text: str | None, now: datetime, *, seconds: bool = False, short: bool = False) -> str:
+    """`HH:MM` (`HH:MM:SS` with `seconds`) in the workstation's time zone for a time of today, else `mm-dd HH:MM`
+    (`short`: `mm-dd` alone)."""
     if not utc_text:
         return ""
     local = datetime.fromisoformat(utc_text).astimezone(now.tzinfo)
-    return f"{local:%H:%M:%S}" if seconds and local.date() == now.date() else (
-        f"{local:%H:%M}" if local.date() == now.date() else f"{local:%m-%d %H:%M}")
+    if local.date() != now.date():
+        return f"{local:%m-%d}" if short else f"{local:%m-%d %H:%M}"
+    return f"{local:%H:%M:%S}" if seconds else f"{local:%H:%M}"
 
 
 def _table(columns: list[str], rows: list[dict[str, str]], hidden: list[str] = ()) -> Table:
     caption = f"not shown for lack of width: {', '.join(hidden)} (see dfo runs --json)" if hidden else None
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), caption=caption,
                   caption_justify="left")
-    for column in columns:  # only a name too long for even the narrowest table is folded (never cut short)
-        table.add_column(column, no_wrap=column != "name", overflow="fold" if column == "name" else "ellipsis")
+    for column in columns:  # only a name or target too long for even the narrowest table is folded (never cut short)
+        table.add_column(column, no_wrap=column not in FOLDED, overflow="fold" if column in FOLDED else "ellipsis",
+                         justify="right" if column in ("PID", "took", "tok/s") else "left")
     for row in rows:
         table.add_row(*(Text(row[column]) for column in columns))
     return table
