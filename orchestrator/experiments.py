@@ -21,12 +21,16 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from . import runs
 from .errors import InvalidName, InventoryError, UnknownTarget
-from .inventory import Inventory, _name_problem, chain_problems, describe_validation_error
+from .agent.protocol import read_number
+from .inventory import WEEK_S, Inventory, Number, _name_problem, chain_problems, describe_validation_error
 from .yamlfile import load_mapping, read_yaml_file
 
 SLUG_MAX = 40
 
 Scalar = Union[bool, int, float, str]
+MAX_GPUS = 1024  # GPUs of one target: beyond any machine
+MAX_CELLS = 100_000  # runs of one batch
+GpuCount = Number(ge=1, le=MAX_GPUS, integer=True)
 
 
 class _Strict(BaseModel):
@@ -43,17 +47,23 @@ class StopWhen(_Strict):
         return "steady" if self.kind == "steady" else f"{self.value:g} {self.kind}"
 
 
+MAX_STOP_STEPS = 10**12
+MAX_STOP_MINUTES = WEEK_S / 60
+
+
 def _stop_when(value: Any) -> Any:
     if isinstance(value, StopWhen) or value == "steady":
         return StopWhen() if value == "steady" else value
     if isinstance(value, dict) and len(value) == 1:
         (kind, amount), = value.items()
-        number = isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount > 0
-        if kind == "steps" and number and float(amount).is_integer():
-            return StopWhen(kind="steps", value=int(amount))
-        if kind == "minutes" and number:
-            return StopWhen(kind="minutes", value=float(amount))
-    raise ValueError(f"expected steady, {{steps: N}} or {{minutes: M}} (N, M > 0), got {value!r}")
+        steps = read_number(amount, 1, MAX_STOP_STEPS, integer=True) if kind == "steps" else None
+        minutes = read_number(amount, 0, MAX_STOP_MINUTES) if kind == "minutes" else None
+        if steps is not None:
+            return StopWhen(kind="steps", value=steps)
+        if minutes:
+            return StopWhen(kind="minutes", value=minutes)
+    raise ValueError(f"expected steady, {{steps: N}} or {{minutes: M}} (N an integer from 1 to {MAX_STOP_STEPS:,}, "
+                     f"M a number above 0 and at most {MAX_STOP_MINUTES:g}), got {value!r:.80}")
 
 
 def _fallback(value: Any) -> Any:
@@ -61,26 +71,26 @@ def _fallback(value: Any) -> Any:
 
 
 class Concurrency(_Strict):
-    per_target: int = Field(1, ge=1)  # runs at once on one target (they never share a GPU)
-    total: Optional[int] = Field(None, ge=1)  # runs at once over the whole batch (null: no cap)
+    per_target: Number(ge=1, le=MAX_GPUS, integer=True) = 1  # runs at once on one target (they never share a GPU)
+    total: Optional[Number(ge=1, le=MAX_CELLS, integer=True)] = None  # runs at once over the whole batch (null: no cap)
 
 
 class Matrix(_Strict):
     variant: list[str] = Field(min_length=1)
     set: list[dict[str, Scalar]] = Field([{}], min_length=1)  # one settings mapping per column of the matrix
     args: dict[str, list[Scalar]] = {}  # crossed: {batch_size: [4, 8], lr: [1e-3, 3e-4]} gives 4 settings
-    gpus: list[Annotated[int, Field(ge=1)]] = []  # GPU counts to cross (empty: the file's `gpus`)
+    gpus: list[GpuCount] = []  # GPU counts to cross (empty: the file's `gpus`)
 
 
 class Experiments(_Strict):
     batch: str
     targets: list[str] = Field(min_length=1)  # target names, `host:NAME` (its containers) or `all`
     matrix: Matrix
-    repeats: int = Field(1, ge=1)
+    repeats: Number(ge=1, le=1000, integer=True) = 1
     concurrency: Concurrency = Concurrency()
     stop_when: Annotated[StopWhen, BeforeValidator(_stop_when)] = StopWhen()
     fallback: Annotated[Optional[list[str]], BeforeValidator(_fallback)] = None  # null: the inventory's chain
-    gpus: Optional[int] = Field(None, ge=1)  # GPUs per cell (null: the whole target)
+    gpus: Optional[GpuCount] = None  # GPUs per cell (null: the whole target)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ from pydantic import (
 
 from .decide.config import DecideConfig
 from .errors import InvalidName, InventoryError, UnknownTarget, UnknownVariant
-from .logfmt import metrics_regex_problem
+from .agent.protocol import read_number
+from .logfmt import MAX_TOK_S, metrics_regex_problem
 from .names import check_name
 from .sanitize import is_visible, url_origin
 from .yamlfile import load_mapping, read_yaml_file
@@ -98,6 +99,41 @@ def _wandb_tag(value: Any) -> Any:
 
 
 WandbTag = Annotated[str, BeforeValidator(_wandb_tag)]
+
+
+def Number(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
+           integer: bool = False) -> Any:
+    """The type of every numeric setting of the inventory and the experiments file: a finite number (an integer
+    when `integer`) within its stated bounds (one of ge/gt, one of le/lt), through read_number, the check of
+    every figure from outside dfo. `.inf`, `.nan`, `true`, 1e400 and a value out of range are refused with one
+    line naming the key and the range (`watch.stall_floor_s: expected a number above 0 and at most 604800, got
+    inf`), where pydantic's own float takes infinity and its int takes `true` as 1."""
+    low, high = (ge if gt is None else gt), (le if lt is None else lt)
+    if gt is None and lt is None:
+        bounds = f"from {_bound(low)} to {_bound(high)}"
+    else:
+        bounds = f"{'above' if gt is not None else 'at least'} {_bound(low)} and " \
+                 f"{'below' if lt is not None else 'at most'} {_bound(high)}"
+    expected = f"expected {'an integer' if integer else 'a number'} {bounds}"
+
+    def check(value: Any) -> Any:
+        number = read_number(value, low, high, integer=integer)
+        if number is None or number in (gt, lt):
+            raise ValueError(f"{expected}, got {value!r:.60}")
+        return number
+
+    return Annotated[int if integer else float, BeforeValidator(check)]
+
+
+def _bound(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e7 else f"{value:g}".replace("e+0", "e").replace("e+", "e")
+
+
+WEEK_S = 7 * 24 * 3600.0  # the longest wait or duration any setting may ask for
+MAX_GPU_INDEX = 1023
+Port = Number(ge=1, le=65535, integer=True)
+Seconds = Number(gt=0, le=WEEK_S)
+TokensPerSecond = Number(gt=0, le=MAX_TOK_S)
 Ctid = Annotated[Optional[int], BeforeValidator(_ctid)]
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
@@ -109,29 +145,29 @@ class _Strict(BaseModel):
 class GpuIdle(_Strict):
     """A GPU counts as idle when both of these hold."""
 
-    max_memory_mib: int = Field(1024, ge=0)
-    max_util_pct: float = Field(10, ge=0, le=100)
+    max_memory_mib: Number(ge=0, le=2**20, integer=True) = 1024  # MiB: 1 TiB at most
+    max_util_pct: Number(ge=0, le=100) = 10
 
 
 class Defaults(_Strict):
     user: Optional[str] = "root"  # unset or null: ~/.ssh/config's User, else root; set: wins over ~/.ssh/config
     workspace: str = "/workspace"
     python: str = "python3"
-    connect_timeout: float = Field(10, gt=0)
+    connect_timeout: Number(gt=0, le=600) = 10
     gpu_idle: GpuIdle = GpuIdle()
-    min_free_disk_gb: float = Field(5, ge=0)
+    min_free_disk_gb: Number(ge=0, le=1e6) = 5
 
 
 class Container(_Strict):
     ctid: Ctid = None  # null: run on the host itself, no pct
-    gpus: list[Annotated[int, Field(ge=0)]] = []  # empty: every GPU the container sees
+    gpus: list[Number(ge=0, le=MAX_GPU_INDEX, integer=True)] = []  # empty: every GPU the container sees
     workspace: Optional[str] = None
     python: Optional[str] = None
 
 
 class Host(_Strict):
     address: SshWord = None  # an IP, a DNS name or an ~/.ssh/config alias
-    port: Optional[int] = Field(None, ge=1, le=65535)  # None: ~/.ssh/config, else 22
+    port: Optional[Port] = None  # None: ~/.ssh/config, else 22
     user: SshWord = None
     transport: Literal["ssh", "local"] = "ssh"
     containers: dict[str, Container] = {}
@@ -145,8 +181,8 @@ class Notify(_Strict):
     command: Optional[str] = None
     webhook: Optional[Annotated[str, BeforeValidator(_http_url)]] = None
     decisions: Optional[list[Literal["steady", "drifting", "crash", "stall", "too_slow", "stopped", "exited"]]] = None
-    timeout_s: float = Field(10, gt=0, le=120)
-    retries: int = Field(2, ge=0, le=10)
+    timeout_s: Number(gt=0, le=120) = 10
+    retries: Number(ge=0, le=10, integer=True) = 2
 
     @model_validator(mode="after")
     def _says_how(self) -> "Notify":
@@ -163,12 +199,12 @@ class Variant(_Strict):
     env: dict[EnvName, str] = {}
     command: Optional[str] = None  # a user's own trainer, run in the workspace
     metrics: Optional[Annotated[str, AfterValidator(_metrics_regex)]] = None
-    baseline_tok_s: Optional[float] = Field(None, gt=0)
+    baseline_tok_s: Optional[TokensPerSecond] = None
     notify: Optional[Notify] = None  # replaces the inventory's notify: for this variant's runs
     tags: list[WandbTag] = []  # W&B tags of its built-in trainer runs (with the batch as group, the variant as job type)
-    nodes: int = Field(1, ge=1)  # > 1: a multi-node run, launched with that many --host (docs/multinode.md)
-    stop_grace_s: Optional[float] = Field(None, gt=0)  # a stop's SIGTERM -> SIGKILL wait for its runs (STOP_GRACE_S)
-    master_port: int = Field(29500, ge=1, le=65535)  # its rendezvous port on the first target
+    nodes: Number(ge=1, le=1024, integer=True) = 1  # > 1: a multi-node run, launched with that many --host (docs/multinode.md)
+    stop_grace_s: Optional[Seconds] = None  # a stop's SIGTERM -> SIGKILL wait for its runs (STOP_GRACE_S)
+    master_port: Port = 29500  # its rendezvous port on the first target
 
     @model_validator(mode="after")
     def _command_or_builtin(self) -> "Variant":
@@ -198,17 +234,17 @@ loses the checkpoint the SIGTERM asked for (docs/trainer.md, exit 75)."""
 
 
 class Watch(_Strict):  # the decide/ keys take their defaults from DecideConfig (docs/decisions.md)
-    first_step_grace_s: float = Field(_DECIDE.first_step_grace_s, gt=0)
-    min_steady_steps: int = Field(_DECIDE.min_steady_steps, ge=1)
-    min_steady_seconds: float = Field(_DECIDE.min_steady_seconds, ge=0)
-    stall_factor: float = Field(_DECIDE.stall_factor, gt=1)
-    stall_floor_s: float = Field(_DECIDE.stall_floor_s, gt=0)
-    too_slow_tolerance: float = Field(_DECIDE.too_slow_tolerance, ge=0, lt=1)
-    precision: float = Field(_DECIDE.precision, gt=0, lt=1)  # steady: no trend beyond it, its interval within it
-    max_undecided_s: float = Field(_DECIDE.max_undecided_s, gt=0)  # then a final answer: steady (noisy) or drifting
-    baseline_tok_s: Optional[float] = Field(None, gt=0)
-    unreachable_s: float = Field(300, gt=0)  # a host out of reach this long ends the watch of its runs
-    start_grace_s: float = Field(START_GRACE_S, gt=0)  # a start that got no answer: how long its run may take to show
+    first_step_grace_s: Seconds = _DECIDE.first_step_grace_s
+    min_steady_steps: Number(ge=1, le=10**9, integer=True) = _DECIDE.min_steady_steps
+    min_steady_seconds: Number(ge=0, le=WEEK_S) = _DECIDE.min_steady_seconds
+    stall_factor: Number(gt=1, le=1000) = _DECIDE.stall_factor
+    stall_floor_s: Seconds = _DECIDE.stall_floor_s
+    too_slow_tolerance: Number(ge=0, lt=1) = _DECIDE.too_slow_tolerance
+    precision: Number(gt=0, lt=1) = _DECIDE.precision  # steady: no trend beyond it, its interval within it
+    max_undecided_s: Seconds = _DECIDE.max_undecided_s  # then a final answer: steady (noisy) or drifting
+    baseline_tok_s: Optional[TokensPerSecond] = None
+    unreachable_s: Seconds = 300  # a host out of reach this long ends the watch of its runs
+    start_grace_s: Seconds = START_GRACE_S  # a start that got no answer: how long its run may take to show
 
     def decide_mapping(self) -> dict[str, Any]:
         """The keys DecideConfig.from_mapping takes (it skips baseline_tok_s and unreachable_s itself)."""

@@ -65,8 +65,9 @@ def test_errors_name_the_file_and_key_path_with_what_was_expected():
     """)
     text = "\n".join(problems)
     assert "sweep.yaml: matrix: unknown key 'sett' (did you mean 'set'?)" in problems
-    assert "sweep.yaml: repeats: expected a number greater than or equal to 1, got 0" in problems
-    assert "sweep.yaml: stop_when: expected steady, {steps: N} or {minutes: M} (N, M > 0), got {'hours': 2}" in problems
+    assert "sweep.yaml: repeats: expected an integer from 1 to 1000, got 0" in problems
+    assert ("sweep.yaml: stop_when: expected steady, {steps: N} or {minutes: M} (N an integer from 1 to "
+            "1,000,000,000,000, M a number above 0 and at most 10080), got {'hours': 2}") in problems
     assert "concurrency.per_target" in text
     assert len(problems) == 4  # cross-checks wait until the shape is right
 

@@ -427,3 +427,58 @@ def test_discover_of_a_host_with_a_newline_or_a_leading_dash_names_it_in_one_lin
         done = dfo("inventory", "discover", "--", host, home=tmp_path / "state")
         assert_clean_error(done, 2, f"HOST {host!r}: expected a word ssh takes as it is")
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ inventory and experiments numbers
+
+
+@pytest.mark.parametrize("setting, line", [
+    ("variants: {v: {compile: trees, baseline_tok_s: .inf}}",
+     "variants.v.baseline_tok_s: expected a number above 0 and at most 1e12, got inf"),
+    ("watch: {baseline_tok_s: .nan}", "watch.baseline_tok_s: expected a number above 0 and at most 1e12, got nan"),
+    ("watch: {stall_floor_s: .inf}", "watch.stall_floor_s: expected a number above 0 and at most 604800, got inf"),
+    ("watch: {unreachable_s: 1.0e+400}", "watch.unreachable_s: expected a number above 0 and at most 604800, got inf"),
+    ("watch: {min_steady_seconds: -5}", "watch.min_steady_seconds: expected a number from 0 to 604800, got -5"),
+    ("watch: {precision: .nan}", "watch.precision: expected a number above 0 and below 1, got nan"),
+    ("watch: {min_steady_steps: true}", "watch.min_steady_steps: expected an integer from 1 to 1e9, got True"),
+    ("defaults: {connect_timeout: .inf}", "defaults.connect_timeout: expected a number above 0 and at most 600, got inf"),
+    ("defaults: {gpu_idle: {max_util_pct: .nan}}",
+     "defaults.gpu_idle.max_util_pct: expected a number from 0 to 100, got nan"),
+    ("notify: {command: 'true', timeout_s: .inf}",
+     "notify.timeout_s: expected a number above 0 and at most 120, got inf"),
+    ("variants: {v: {compile: trees, stop_grace_s: .inf}}",
+     "variants.v.stop_grace_s: expected a number above 0 and at most 604800, got inf"),
+])
+def test_an_inventory_number_that_is_not_finite_and_in_range_is_one_line_naming_the_key_and_the_range(tmp_path,
+                                                                                                     setting, line):
+    """`baseline_tok_s: .inf` passed (pydantic's float takes infinity): every comparison with it was then false,
+    so a run was never too slow; `stall_floor_s: .inf` meant no stall verdict ever."""
+    from test_hostile import assert_clean_error, dfo
+
+    path = tmp_path / "lab.yaml"
+    path.write_text(HOSTS + setting + "\n")
+    done = dfo("inventory", "check", "-i", str(path), home=tmp_path / "state")
+    assert_clean_error(done, 2, f"{path}: {line}")
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("setting, line", [
+    ("stop_when: {minutes: .inf}", "stop_when: expected steady, {steps: N} or {minutes: M} (N an integer from 1 to "
+                                   "1,000,000,000,000, M a number above 0 and at most 10080), got {'minutes': inf}"),
+    ("stop_when: {steps: 1.0e+300}", "stop_when: expected steady, {steps: N} or {minutes: M} (N an integer from 1 to "
+                                  "1,000,000,000,000, M a number above 0 and at most 10080), got {'steps': 1e+300}"),
+    ("repeats: 1.0e+9", "repeats: expected an integer from 1 to 1000, got 1000000000.0"),
+    ("gpus: true", "gpus: expected an integer from 1 to 1024, got True"),
+    ("concurrency: {per_target: .inf}", "concurrency.per_target: expected an integer from 1 to 1024, got inf"),
+])
+def test_an_experiments_number_that_is_not_finite_and_in_range_is_one_line_naming_the_key_and_the_range(setting,
+                                                                                                       line):
+    from orchestrator.errors import InventoryError
+    from orchestrator.experiments import parse_experiments
+    from orchestrator.inventory import parse_inventory
+
+    inventory = parse_inventory(HOSTS + "variants: {trees: {compile: trees, preset: tiny-cpu}}\n")
+    with pytest.raises(InventoryError) as info:
+        parse_experiments(f"batch: s\ntargets: [ct200]\nmatrix: {{variant: [trees]}}\n{setting}\n", inventory,
+                          source="sweep.yaml")
+    assert info.value.problems == [f"sweep.yaml: {line}"]

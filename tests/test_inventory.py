@@ -201,8 +201,8 @@ def test_a_name_yaml_reads_as_a_number_says_to_quote_it(tmp_path: Path) -> None:
     [
         ("- a\n- b\n", "expected a mapping with at least 'hosts:', got list"),
         ("", "expected a mapping with at least 'hosts:', got an empty file"),
-        ("hosts: {p: {address: x, port: twenty}}\n", "hosts.p.port: expected an integer, got 'twenty'"),
-        ("hosts: {p: {address: x, port: 70000}}\n", "hosts.p.port: expected a number less than or equal to 65535, got 70000"),
+        ("hosts: {p: {address: x, port: twenty}}\n", "hosts.p.port: expected an integer from 1 to 65535, got 'twenty'"),
+        ("hosts: {p: {address: x, port: 70000}}\n", "hosts.p.port: expected an integer from 1 to 65535, got 70000"),
         ("hosts: {p: {address: x, containers: [ct200]}}\n", "hosts.p.containers: expected a mapping, got ['ct200']"),
     ],
 )
