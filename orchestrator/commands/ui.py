@@ -1,4 +1,4 @@
-"""`dfo ui`: serve the dashboard (orchestrator/ui/) until Ctrl-C.
+"""`dfo ui`: serve the dashboard (orchestrator/ui/) until Ctrl-C or SIGTERM.
 
 Binds its socket before printing anything, so the first line on stdout is the URL that works (the port
 `--port 0` got, the token of a widened bind) and a busy port is one line and exit 1, nothing served.
@@ -7,8 +7,8 @@ Binds its socket before printing anything, so the first line on stdout is the UR
 from __future__ import annotations
 
 import errno
-import ipaddress
 import secrets
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -19,6 +19,7 @@ import typer
 from ..errors import DfoError, UsageError
 from ..inventory import load_inventory
 from ..store import Store
+from ..ui import is_loopback
 from .common import InventoryOpt, say
 
 DEFAULT_PORT = 8765
@@ -56,6 +57,7 @@ def ui_command(
         load_inventory(inventory)  # a bad file is one line now, not an error page later
     token = None if is_loopback(host) else secrets.token_urlsafe(32)
     sock = bind(host, port)
+    previous = signal.signal(signal.SIGTERM, stop_as_ctrl_c)
     try:
         with Store() as store:
             path = store.path
@@ -69,20 +71,19 @@ def ui_command(
             server.run(sockets=[sock])
         finally:
             app.state.close()
-    except KeyboardInterrupt:  # uvicorn hands a Ctrl-C on once it has shut down; one before it started ends here too
+    except KeyboardInterrupt:  # uvicorn hands a Ctrl-C or SIGTERM on once it has shut down; one before it started
+        # ends here too
         pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         sock.close()
     say("dfo ui: stopped")
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def stop_as_ctrl_c(signum: int, frame: object) -> None:
+    """SIGTERM ends `dfo ui` as Ctrl-C does: uvicorn shuts down on it, then raises it again with the handler it
+    found, this one (Python's default would end the process silently with 143, no "stopped" line)."""
+    raise KeyboardInterrupt
 
 
 def bind(host: str, port: int) -> socket.socket:

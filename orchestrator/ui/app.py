@@ -29,7 +29,6 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup, escape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -42,11 +41,10 @@ from ..errors import DfoError, UnknownRun, UsageError
 from ..names import check_name
 from ..sanitize import visible
 from ..store import Run, Store
-from . import pages
+from . import is_loopback, pages
 
 COOKIE = "dfo_ui_token"
 LOG_LINES = 60
-LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
 LIVE_RUNS_S = 2  # how often the runs list asks for a fresh copy
 LIVE_RUN_S = 5  # a run's page
 SYNC_EVERY_S = 5.0  # how often the active runs and the opened ones are brought up to date (Syncer)
@@ -148,6 +146,22 @@ class UnknownBatch(UsageError):
                          hint="run `dfo batch FILE` first")
 
 
+class LoopbackHostOnly:
+    """Answers only requests whose Host header names a loopback address (`127.0.0.1:PORT`, `[::1]:PORT`,
+    `localhost:PORT`): a DNS-rebound page, whose Host is the attacker's name, gets 400."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not is_loopback(Request(scope).headers.get("host", "")):
+            response = HTMLResponse("<!doctype html><title>dfo ui</title><p>Invalid host header.</p>", 400)
+            response.headers.update(HEADERS)
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 class TokenGate:
     """Every request needs `token`: as ?token= (answered with a redirect that drops it from the URL and sets
     the cookie) or as the cookie. Compared in constant time."""
@@ -243,9 +257,7 @@ def create_app(store_path: str | Path, *, inventory: Optional[Path] = None, toke
         return page("error.html", 404, message=f"no page at {visible(request.url.path)}", hint="")
 
     static = StaticFiles(packages=[("orchestrator.ui", "static")])
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=["*"] if token else LOOPBACK_HOSTS)]
-    if token:
-        middleware.append(Middleware(TokenGate, token=token))
+    middleware = [Middleware(TokenGate, token=token) if token else Middleware(LoopbackHostOnly)]
     app = Starlette(
         routes=[
             Route("/", runs_list),
