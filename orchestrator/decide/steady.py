@@ -86,6 +86,7 @@ MIN_BATCHES = 10  # batches are as long as the autocorrelation time, but there a
 MAX_LAG1 = 0.9  # autocorrelation estimates are clipped to [0, 0.9]: tau <= 19
 REACH_MIN_SECONDS = 40.0  # the precision is judged out of reach only on a window this long after the warm-up
 DECLINE_MIN_SECONDS = 60.0  # once steady, a decline is judged on a figure window this long (2+ slow swings)
+DECLINE_Z = 1.644854  # ... with the slope's ONE-sided 95% bound below 0 (a fall is the question; two-sided held 63 s)
 DECLINE_HOLD_S = 5.0  # ... and re-opens the verdict once it has held on every look this long
 DECLINE_HOLD_MAX_S = 90.0  # after one, a new level must be flat across as long as the fall was seen, up to 90 s
 
@@ -214,9 +215,9 @@ class Trend:
     mk_p: float
 
 
-def trend(values: list[float]) -> Trend:
-    """Theil-Sen over at most TREND_POINTS evenly spaced points; Sen's rank interval and Mann-Kendall's
-    variance are widened by the subsample's autocorrelation time (Hamed and Rao's correction, AR(1) form)."""
+def trend(values: list[float], z: float = 1.959964) -> Trend:
+    """Theil-Sen over at most TREND_POINTS evenly spaced points; Sen's rank interval (at +/- z: 95% two-sided by
+    default) and Mann-Kendall's variance are widened by the subsample's autocorrelation time (Hamed and Rao's correction, AR(1) form)."""
     index, points, stride = _subsample(values)
     k = len(points)
     if k < 3:
@@ -235,7 +236,7 @@ def trend(values: list[float]) -> Trend:
     inflation = (1 + r) / (1 - r)
     var_s = k * (k - 1) * (2 * k + 5) / 18 * inflation
     big_n = len(slopes)
-    c = 1.959964 * math.sqrt(var_s)
+    c = z * math.sqrt(var_s)
     lo_rank, hi_rank = math.floor((big_n - c) / 2), math.ceil((big_n + c) / 2)
     lo = slopes[lo_rank] if lo_rank >= 0 else -math.inf
     hi = slopes[hi_rank - 1] if hi_rank <= big_n else math.inf
@@ -501,7 +502,7 @@ class SteadyDetector:
         see (it compares the newest blocks with the ones just before them, and a leak moves both)? The newest
         blocks spanning min_steady_seconds more than p / 2 below the declared figure, and the Theil-Sen slope over
         the window's batch means (`level_of()`: that Level), taken across the whole window, beyond -p with its
-        95% interval wholly below 0, on every look for DECLINE_HOLD_S. (It asked for the interval below -p, the
+        one-sided 95% upper bound (DECLINE_Z) below 0, on every look for DECLINE_HOLD_S. (It asked for the interval below -p, the
         newest 30 s p below the figure and 30 s of looks: a leak of 0.1% a second, a fall of 6% a minute, was
         held steady 100-160 s after its declaration; now 54 s (median), at most 80.) Then the verdict re-opens (`_restart`),
         recorded as a level shift of shape `decline`, and the figure is no longer given for a level that is
@@ -517,7 +518,7 @@ class SteadyDetector:
             self._declining_since = None
             return False
         level = level_of()
-        slope = trend(level.means)
+        slope = trend(level.means, z=DECLINE_Z)
         across = (len(level.means) - 1) / (abs(level.mean) or 1.0)
         change, hi = slope.slope * across, slope.hi * across
         falling = change < -precision and hi < 0
