@@ -522,6 +522,21 @@ class Store:
         with self._write() as db:
             db.execute("DELETE FROM runs WHERE name = ?", (name,))
 
+    def forget_runs(self, names: Sequence[str]) -> list[str]:
+        """Remove the runs `names` and everything recorded of them (events, samples, GPU samples, notifications,
+        multi-node membership) in one transaction (`dfo runs rm`/`prune`); returns the names it removed."""
+        names = list(dict.fromkeys(names))
+        if not names:
+            return []
+        marks = ", ".join("?" for _ in names)
+        with self._write() as db:
+            found = [row["name"] for row in db.execute(f"SELECT name FROM runs WHERE name IN ({marks}) ORDER BY id", names)]
+            for table in ("events", "samples", "gpu_samples", "notifications"):
+                db.execute(f"DELETE FROM {table} WHERE run IN ({marks})", names)
+            db.execute(f"DELETE FROM run_nodes WHERE node_run IN ({marks}) OR run IN ({marks})", names + names)
+            db.execute(f"DELETE FROM runs WHERE name IN ({marks})", names)
+        return found
+
     def find_run(self, name: str) -> Run | None:
         rows = self._query("SELECT * FROM runs WHERE name = ?", (name,))
         return _decode_run(rows[0]) if rows else None

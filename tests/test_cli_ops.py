@@ -183,3 +183,49 @@ def test_runs_shows_start_duration_and_steady_tok_s_and_keeps_target_and_pid_at_
     assert max(map(len, lines)) <= 80, narrow.stdout
     assert re.search(r"^train_nographs_20261129-1140-2\s+ct200\s+123456\s+crashed 1", narrow.stdout, re.M)
     assert "not shown for lack of width:" in narrow.stdout  # what it left out is said, never target or PID
+
+
+def test_runs_rm_removes_ended_runs_and_refuses_a_running_one_unless_forced(lab):
+    inventory, env = lab
+    home = Path(env["a"]["DFO_HOME"])
+    pid = launch(inventory, env["a"], "live")
+    with Store(home / "dfo.db") as store:
+        store.add_run(Run(name="done1", target="here", state="exited", exit_code=0, started_at="2026-11-29T11:40:03.123Z"))
+        store.add_event("done1", "decision", {"decision": "steady"})
+        store.add_samples("done1", [{"step": 1, "ts": 1.0, "tok_s": 100.0}])
+    refused = dfo("runs", "rm", "done1", "live", env=env["a"])
+    assert refused.returncode == 1, refused.output  # before: "Got unexpected extra argument", exit 2
+    assert "live may still be running; nothing removed" in refused.stderr and "dfo stop live" in refused.stderr
+    assert names(dfo("runs", "--json", "--no-refresh", env=env["a"])) == ["live", "done1"] and alive(pid)
+    unknown = dfo("runs", "rm", "done1", "nope", env=env["a"])
+    assert unknown.returncode == 2 and "no run named 'nope'" in unknown.stderr
+    removed = dfo("runs", "rm", "done1", "--json", env=env["a"])
+    assert removed.returncode == 0 and json.loads(removed.stdout)["removed"] == ["done1"], removed.output
+    with Store(home / "dfo.db") as store:
+        assert store.find_run("done1") is None and store.events("done1") == [] and store.samples("done1") == []
+    forced = dfo("runs", "rm", "live", "--force", "--grace", "10", env=env["a"])
+    assert forced.returncode == 0, forced.output
+    assert forced.stdout.startswith("stopped live (SIGTERM)") and "removed 1 run: live" in forced.stdout
+    assert not alive(pid) and names(dfo("runs", "--json", "--no-refresh", env=env["a"])) == []
+
+
+def test_runs_prune_removes_old_runs_and_keeps_a_running_one_unless_forced(lab):
+    inventory, env = lab
+    home = Path(env["a"]["DFO_HOME"])
+    registry_of_runs(home)  # started 10 min .. 10 days ago; "oneh" says running (PID 1004, not this test's)
+    pid = launch(inventory, env["a"], "live")
+    long_ago = (datetime.now(timezone.utc) - timedelta(days=9)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    with Store(home / "dfo.db") as store:
+        store.update_run("live", started_at=long_ago)
+    pruned = dfo("runs", "prune", env=env["a"])  # 7 days by default
+    assert pruned.returncode == 0, pruned.output
+    assert "removed 1 run older than 7d: old" in pruned.stdout
+    assert "kept 1 run that may still be running (live)" in pruned.stderr and alive(pid)
+    assert names(dfo("runs", "--json", "--no-refresh", env=env["a"])) == ["twodays", "threeh", "oneh", "tenmin", "live"]
+    forced = dfo("runs", "prune", "--older-than", "1d", "--force", "--grace", "10", "--json", env=env["a"])
+    assert forced.returncode == 0, forced.output
+    assert json.loads(forced.stdout) == {"removed": ["twodays", "live"], "stopped": ["live"], "kept": [],
+                                         "not_removed": []}
+    assert not alive(pid)
+    bad = dfo("runs", "prune", "--older-than", "soon", env=env["a"])
+    assert bad.returncode == 2 and "--older-than: expected an age (30m, 2h, 3d, 1w) or an ISO date" in bad.stderr

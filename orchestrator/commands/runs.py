@@ -11,16 +11,17 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import typer
 from rich import box
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from .. import runs as runs_lib
 from ..connections import Connections
-from ..errors import DfoError, RemoteError, UsageError
+from ..errors import DfoError, RefusedError, RemoteError, UsageError
 from ..events import LevelShift
 from ..inventory import TargetSpec, load_inventory
 from ..launchplan import Gate
@@ -38,7 +39,9 @@ EXAMPLES = {
     "launch": "Example: dfo launch --host ct200 --variant nographs --set steps=2000   (then: dfo watch NAME)   |   "
               "dfo launch --host ct200 --host ct201 --variant ps-trees-2n   (one run on two nodes)",
     "runs": "Example: dfo runs --active   |   dfo runs --state crashed --since 3d --limit 20   |   dfo runs --batch sweep1 --json   |   "
-            "dfo runs train_trees_20261129-1140",
+            "dfo runs train_trees_20261129-1140   |   dfo runs rm NAME   |   dfo runs prune --older-than 7d",
+    "rm": "Example: dfo runs rm train_nographs_20261129-1140 train_trees_20261129-1150   |   dfo runs rm RUN --force",
+    "prune": "Example: dfo runs prune   (runs older than 7 days)   |   dfo runs prune --older-than 1d --json",
     "logs": "Example: dfo logs train_nographs_20261129-1140 -n 200 -f",
     "resume": "Example: dfo resume train_nographs_20261129-1140 --watch",
     "stop": "Example: dfo stop train_nographs_20261129-1140 --grace 60   |   dfo stop RUN1 RUN2   |   dfo stop --all",
@@ -55,10 +58,18 @@ def register(app: typer.Typer) -> None:
         help="Preflight a target, push the trainer if needed, start a run detached with a named log, record it.",
         epilog=EXAMPLES["launch"],
     )(launch_command)
-    app.command("runs", help="List the runs in the registry (name, target, PID, state, start, duration, steady tok/s, decision, variant), "
-                "filtered by --state, --since, --limit; NAME: one run in full.", epilog=EXAMPLES["runs"])(
-        runs_command
-    )
+    runs_help = ("List the runs in the registry (name, target, PID, state, start, duration, steady tok/s, decision, "
+                 "variant), filtered by --state, --since, --limit; NAME: one run in full. `dfo runs rm NAME...` and "
+                 "`dfo runs prune` remove runs from the registry.")
+    runs_app = typer.Typer(cls=RunsGroup, help=runs_help)
+    runs_app.command("list", help=runs_help, epilog=EXAMPLES["runs"])(runs_command)
+    runs_app.command("rm", help="Remove runs from the registry with everything recorded of them (never their logs). A "
+                                "run that may still be going is refused unless --force, which stops it first "
+                                "(identity-checked, as dfo stop).", epilog=EXAMPLES["rm"])(rm_command)
+    runs_app.command("prune", help="Remove the runs that ended (or started) more than --older-than ago from the "
+                                   "registry. Runs that may still be going are kept unless --force, which stops them "
+                                   "first.", epilog=EXAMPLES["prune"])(prune_command)
+    app.add_typer(runs_app, name="runs")
     app.command("logs", help="Show the tail of a run's log; -f follows it until Ctrl-C (the run goes on).", epilog=EXAMPLES["logs"])(
         logs_command
     )
@@ -73,6 +84,17 @@ def register(app: typer.Typer) -> None:
              "the run's); several NAMEs, or --all active runs, one after the other.",
         epilog=EXAMPLES["stop"],
     )(stop_command)
+
+
+class RunsGroup(TyperGroup):
+    """`dfo runs`: its `list` command (`dfo runs [NAME] [OPTIONS]`, `dfo runs --help`) unless the first word names
+    one of its other commands (`dfo runs rm ...`, `dfo runs prune ...`). A run named `rm` or `prune` is shown by
+    `dfo runs list rm`."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        if not args or args[0] not in self.commands:
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
 
 
 def push_command(host: str = HostOpt, inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> None:
@@ -413,7 +435,7 @@ def check_state(text: str) -> str:
 AGE_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def since_utc(text: str, now: datetime | None = None) -> str:
+def since_utc(text: str, now: datetime | None = None, option: str = "--since") -> str:
     """`--since WHEN` as the registry's RFC 3339 UTC text: an age (`30m`, `2h`, `3d`, `1w`) before `now`, or an
     ISO date or date-time (local time unless it names its zone); a UsageError saying both forms otherwise."""
     import re
@@ -427,7 +449,7 @@ def since_utc(text: str, now: datetime | None = None) -> str:
         try:
             when = datetime.fromisoformat(text.strip())
         except ValueError:
-            raise UsageError(f"--since: expected an age (30m, 2h, 3d, 1w) or an ISO date (2026-11-29, "
+            raise UsageError(f"{option}: expected an age (30m, 2h, 3d, 1w) or an ISO date (2026-11-29, "
                              f"2026-11-29T11:40), got {text!r}") from None
         when = when if when.tzinfo else when.replace(tzinfo=now.tzinfo)
     return when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -454,6 +476,101 @@ def _table(columns: list[str], rows: list[dict[str, str]], hidden: list[str] = (
     for row in rows:
         table.add_row(*(Text(row[column]) for column in columns))
     return table
+
+
+GraceOpt = typer.Option(None, "--grace", min=0, metavar="S",
+                        help="With --force: seconds between SIGTERM and SIGKILL (default: as dfo stop).")
+
+
+def rm_command(
+    names: list[str] = typer.Argument(..., metavar="NAME", autocompletion=complete_runs,
+                                      help="Runs to remove (a multi-node run with all its nodes)."),
+    force: bool = typer.Option(False, "--force", help="Stop a run that may still be going first (identity-checked, as "
+                                                      "dfo stop), then remove it."),
+    grace: Optional[float] = GraceOpt,
+    inventory: Optional[Path] = InventoryOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    with Store() as store:
+        names = list(dict.fromkeys(names))
+        check_known(store, names)  # before anything is removed
+        going = [name for name in names if _may_be_going(store, name)]
+        if going and not force:
+            raise RefusedError(f"{', '.join(going)} may still be running; nothing removed",
+                               hint=f"`dfo stop {' '.join(going)}` first, or --force stops and removes "
+                                    f"{'it' if len(going) == 1 else 'them'}")
+        raise typer.Exit(_remove(store, names, going, grace, inventory, as_json))
+
+
+def prune_command(
+    older_than: str = typer.Option("7d", "--older-than", metavar="AGE",
+                                   help="Remove runs that ended (or, never ended, started) more than AGE ago: 30m, 12h, "
+                                        "7d, 2w, or before an ISO date (2026-11-29)."),
+    force: bool = typer.Option(False, "--force", help="Stop such runs that may still be going first (identity-checked, "
+                                                      "as dfo stop), then remove them; without it they are kept."),
+    grace: Optional[float] = GraceOpt,
+    inventory: Optional[Path] = InventoryOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    cutoff = datetime.fromisoformat(since_utc(older_than, option="--older-than"))
+    with Store() as store:
+        old = [run.name for run in store.list_runs() if (when := _last_seen(store, run)) and when < cutoff]
+        names = list(dict.fromkeys((group[0] if (group := store.node_group(name)) and
+                                    set(store.nodes_of(group[0])) <= set(old) else name) for name in old))
+        going = [name for name in names if _may_be_going(store, name)]
+        kept = [] if force else going
+        if kept:
+            _warn(f"kept {len(kept)} run{'' if len(kept) == 1 else 's'} that may still be running ({', '.join(kept)}): "
+                  f"`dfo stop` {'it' if len(kept) == 1 else 'them'} first, or --force stops and removes "
+                  f"{'it' if len(kept) == 1 else 'them'}")
+        chosen = [name for name in names if name not in kept]
+        if not chosen and not as_json:
+            console.print(f"no runs older than {older_than} to remove (registry: {store.path})", highlight=False,
+                          markup=False)
+            return
+        raise typer.Exit(_remove(store, chosen, [] if kept else going, grace, inventory, as_json, kept=kept,
+                                 why=f" older than {older_than}"))
+
+
+def _may_be_going(store: Store, name: str) -> bool:
+    """Whether the registry may be behind a run (or a node of it) that is still going: active, or its start never
+    seen answered (runs.needs_look)."""
+    return any(runs_lib.needs_look(store.get_run(node)) for node in store.nodes_of(name) or [name])
+
+
+def _last_seen(store: Store, run: Run) -> datetime | None:
+    """When a run was last known to be going: its end, else its start, else its first event (a launch that never
+    started); None when the registry holds none of them."""
+    events = store.events(run.name)
+    when = run.ended_at or run.started_at or (events[0]["at"] if events else None)
+    return datetime.fromisoformat(when).astimezone() if when else None
+
+
+def _remove(store: Store, names: list[str], going: list[str], grace: Optional[float], inventory: Optional[Path],
+            as_json: bool, *, kept: Sequence[str] = (), why: str = "") -> int:
+    """Stop the runs of `going` (each identity-checked, as dfo stop), then remove those that stopped and the rest
+    of `names`; one line says what was removed. 1 when a stop failed (that run stays)."""
+    failed: dict[str, str] = {}
+    for name in going:
+        try:
+            outcome = _stop_one(store, name, grace, inventory)
+        except DfoError as exc:
+            failed[name] = str(exc)
+            _warn(f"{name}: not stopped, not removed: {exc}")
+            continue
+        for line in () if as_json else outcome.lines:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    chosen = [name for name in names if name not in failed]
+    nodes = [node for name in chosen for node in store.nodes_of(name)]
+    store.forget_runs(chosen + nodes)
+    if as_json:
+        print_json({"removed": chosen, "stopped": [name for name in going if name not in failed], "kept": list(kept),
+                    "not_removed": [{"run": name, "error": error} for name, error in failed.items()]})
+    elif chosen:
+        console.print(f"removed {len(chosen)} run{'' if len(chosen) == 1 else 's'}{why}: {', '.join(chosen)} "
+                      f"(registry: {store.path}; their logs stay on their targets)", highlight=False, markup=False,
+                      soft_wrap=True)
+    return 1 if failed else 0
 
 
 def _warn(text: str) -> None:
@@ -573,9 +690,14 @@ def _stop_command(names: list[str], all_runs: bool, grace: Optional[float], inve
                 return 0
             _warn(f"stopping {len(names)} active run{'' if len(names) == 1 else 's'} of {store.path}"
                   + f": {', '.join(names)}")
-        for name in names:  # every name known before anything is stopped
-            store.nodes_of(name) or store.get_run(name)
+        check_known(store, names)  # before anything is stopped
         return _stop_many(store, names, grace, inventory, as_json)
+
+
+def check_known(store: Store, names: Sequence[str]) -> None:
+    """UnknownRun (with its did-you-mean) for the first name that is neither a run nor a multi-node run."""
+    for name in names:
+        store.nodes_of(name) or store.get_run(name)
 
 
 def active_run_names(store: Store) -> list[str]:
