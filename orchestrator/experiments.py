@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import runs
-from .errors import InvalidName, InventoryError, UnknownTarget
+from .errors import InventoryError
 from .agent.protocol import read_number
 from .inventory import WEEK_S, Inventory, Number, _name_problem, chain_problems, describe_validation_error
 from .yamlfile import load_mapping, read_yaml_file
@@ -156,25 +156,8 @@ def parse_experiments(text: str, inventory: Inventory, *, source: str = "<memory
 
 
 def resolve_targets(selectors: list[str], inventory: Inventory) -> tuple[list[str], list[str]]:
-    """Target names for `ct200`, `host:pve1` and `all` (in inventory order, each once), and the problems."""
-    names: list[str] = []
-    problems = []
-    for index, selector in enumerate(selectors):
-        if selector == "all":
-            found = inventory.target_names()
-        elif selector.startswith("host:"):
-            host = inventory.hosts.get(selector.removeprefix("host:"))
-            found = list(host.containers) if host else []
-            if host is None:
-                problems.append(f"targets.{index}: unknown host {selector[5:]!r}; known hosts: {', '.join(inventory.hosts)}")
-        else:
-            try:
-                found = [inventory.target(selector).name]
-            except (UnknownTarget, InvalidName) as exc:
-                found = []
-                problems.append(f"targets.{index}: {exc.message} (or use host:NAME, all)")
-        names += [name for name in found if name not in names]
-    return names, problems
+    """Target names for `ct200`, `host:pve1` and `all`, and the problems (Inventory.select_targets)."""
+    return inventory.select_targets(selectors)
 
 
 def _cross_checks(experiments: Experiments, inventory: Inventory, targets: list[str]) -> list[str]:

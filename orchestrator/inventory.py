@@ -284,6 +284,37 @@ class Inventory(_Strict):
     def target_names(self) -> list[str]:
         return [name for host in self.hosts.values() for name in host.containers]
 
+    def select_targets(self, selectors: Sequence[str], where: str = "targets") -> tuple[list[str], list[str]]:
+        """Target names for `ct200`, `host:pve1` (its containers) and `all` (in inventory order, each once), and
+        the problems, each starting `where` (`targets.0`, `--host`). The one reading of a target selector: a batch
+        file's `targets:` and every `--host` (dfo preflight, dfo launch)."""
+        names: list[str] = []
+        problems = []
+        for index, selector in enumerate(selectors):
+            at = f"{where}.{index}" if where == "targets" else where
+            if selector == "all":
+                found = self.target_names()
+            elif selector.startswith("host:"):
+                host = self.hosts.get(selector.removeprefix("host:"))
+                found = list(host.containers) if host else []
+                if host is None:
+                    problems.append(f"{at}: unknown host {selector[5:]!r}; known hosts: {', '.join(self.hosts)}")
+            else:
+                try:
+                    found = [self.target(selector).name]
+                except (UnknownTarget, InvalidName) as exc:
+                    found = []
+                    problems.append(f"{at}: {exc.message} (or use host:NAME, all)")
+            names += [name for name in found if name not in names]
+        return names, problems
+
+    def targets_of(self, selectors: Sequence[str], option: str = "--host") -> list[str]:
+        """select_targets for a command line: the names, or one UsageError line per problem."""
+        names, problems = self.select_targets(selectors, where=option)
+        if problems:
+            raise InventoryError(problems)
+        return names
+
     def target(self, name: str) -> "TargetSpec":
         """The resolved target `name` (a container name); UnknownTarget lists the known ones."""
         check_name(name, "target")

@@ -229,3 +229,17 @@ def test_runs_prune_removes_old_runs_and_keeps_a_running_one_unless_forced(lab):
     assert not alive(pid)
     bad = dfo("runs", "prune", "--older-than", "soon", env=env["a"])
     assert bad.returncode == 2 and "--older-than: expected an age (30m, 2h, 3d, 1w) or an ISO date" in bad.stderr
+
+
+def test_launch_takes_host_all_and_host_name_as_preflight_and_batch_do(lab):
+    inventory, env = lab
+    launched = dfo("launch", "--host", "all", "--variant", "long", "--name", "a1", "--no-preflight", "-i", inventory,
+                   "--json", env=env["a"])
+    assert launched.returncode == 0, launched.output  # before: "unknown target 'all'"
+    assert json.loads(launched.stdout)["target"] == "here"
+    by_host = dfo("launch", "--host", "host:local", "--variant", "long", "--name", "a2", "--no-preflight", "-i",
+                  inventory, "--json", env=env["a"])
+    assert by_host.returncode == 0 and json.loads(by_host.stdout)["target"] == "here", by_host.output
+    unknown = dfo("launch", "--host", "host:pve9", "--variant", "long", "-i", inventory, env=env["a"])
+    assert unknown.returncode == 2 and "--host: unknown host 'pve9'; known hosts: local" in unknown.stderr
+    assert dfo("stop", "--all", "--grace", "10", env=env["a"]).returncode == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -148,8 +149,26 @@ def test_preflight_of_a_target_without_a_gpu_says_what_still_works_instead_of_fa
     env = {"DFO_HOME": str(tmp_path / "state"), "COLUMNS": "100"}
     shown = dfo("preflight", "--host", "box1", "-i", str(inventory.source), env=env)
     assert shown.returncode == 0, shown.stdout + shown.stderr
-    assert "FAIL" not in shown.stdout and "1 of 1 targets ready: box1 (CPU only)" in shown.stdout
+    assert "FAIL" not in shown.stdout and "1 of 1 target ready: box1 (CPU only)" in shown.stdout  # was "1 targets"
     assert "box1 has no GPU (nvidia-smi finds none): it is ready for CPU runs" in " ".join(shown.stdout.split())
     listed = local_inventory(tmp_path, gpus=[0])  # the inventory says it has a GPU: now it is a failure
     failed = dfo("preflight", "--host", "box1", "-i", str(listed.source), env=env)
     assert failed.returncode == 1 and "FAIL" in failed.stdout and "has no GPU" not in failed.stdout
+
+
+def test_preflight_json_ok_says_ready_as_the_text_does_and_host_all_checks_every_target(tmp_path: Path, smi) -> None:
+    smi.set_mode("no_devices")
+    inventory = local_inventory(tmp_path)
+    env = {"DFO_HOME": str(tmp_path / "state")}
+    shown = dfo("preflight", "--host", "all", "--json", "-i", str(inventory.source), env=env)  # was: unknown target 'all'
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    [report] = json.loads(shown.stdout)
+    assert report["target"] == "box1" and report["cpu_only"] is True
+    assert report["ok"] is True and report["checks_ok"] is False  # the text says "1 of 1 target ready"; ok was false
+    by_host = dfo("preflight", "--host", "host:box", "--json", "-i", str(inventory.source), env=env)
+    assert [r["target"] for r in json.loads(by_host.stdout)] == ["box1"]
+    unknown = dfo("preflight", "--host", "host:nope", "--host", "ct9", "-i", str(inventory.source), env=env)
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    assert unknown.stderr.splitlines() == [
+        "dfo: error: --host: unknown host 'nope'; known hosts: box",
+        f"dfo: error: --host: unknown target 'ct9' in {inventory.source}; known targets: box1 (or use host:NAME, all)"]

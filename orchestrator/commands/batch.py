@@ -28,7 +28,7 @@ from ..inventory import load_inventory
 from ..sanitize import text
 from ..store import Store
 from ..view import duration, exit_wait_text, step_text
-from .common import (InventoryOpt, JsonOpt, basis_label, bring_up_to_date, console, fit_table, leave_half_done, number,
+from .common import (InventoryOpt, JsonOpt, basis_label, bring_up_to_date, console, counted, fit_table, leave_half_done, number,
                      print_basis_note, print_json, say, say_finishing)
 
 EXAMPLES = {
@@ -112,7 +112,7 @@ def show_plan(plan: Plan, as_json: bool) -> None:
     console.print(table)
     concurrency = plan.experiments.concurrency
     console.print(
-        f"{len(rows)} cells; stop when {plan.experiments.stop_when.describe()}; at most {concurrency.per_target} per target"
+        f"{counted(len(rows), 'cell')}; stop when {plan.experiments.stop_when.describe()}; at most {concurrency.per_target} per target"
         f"{f', {concurrency.total} in all' if concurrency.total else ''}; fallback chain: {' -> '.join(plan.chain) or 'none'}",
         highlight=False,
     )

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from ..errors import UsageError
 from ..inventory import Inventory, describe_validation_error, load_inventory, parse_inventory
-from .common import InventoryOpt, JsonOpt, console, err_console, print_json
+from .common import InventoryOpt, JsonOpt, console, counted, err_console, print_json
 
 CHECK_EXAMPLE = "Example: dfo inventory check -i inventory/lab.example.yaml"
 DISCOVER_EXAMPLE = "Example: dfo inventory discover root@10.1.2.6 -o lab.yaml   |   dfo inventory discover pve1 --merge lab.yaml"
@@ -45,7 +45,7 @@ def check(inventory: Optional[Path] = InventoryOpt, as_json: bool = JsonOpt) -> 
     if as_json:
         print_json({"inventory": inv.source, "targets": rows, "variants": list(inv.variants), "fallback": inv.fallback})
         return
-    table = Table(title=f"{inv.source}: {len(rows)} targets")
+    table = Table(title=f"{inv.source}: {counted(len(rows), 'target')}")
     for column in ("target", "host", "address", "ctid", "GPUs"):
         table.add_column(column)
     for row in rows:

@@ -16,9 +16,9 @@ from ..connections import Connections
 from ..errors import UsageError
 from ..inventory import load_inventory
 from ..preflight import GPU_CHECK_NAMES, TargetReport, preflight
-from .common import InventoryOpt, JsonOpt, complete_targets, console, print_json
+from .common import InventoryOpt, JsonOpt, complete_targets, console, counted, print_json
 
-PREFLIGHT_EXAMPLE = "Example: dfo preflight --host ct200 --host ct201 -i inventory/lab.yaml"
+PREFLIGHT_EXAMPLE = "Example: dfo preflight --host ct200 --host ct201 -i inventory/lab.yaml   |   dfo preflight --host all"
 TRUST_EXAMPLE = "Example: dfo hostkey trust pve1 -i inventory/lab.yaml"
 
 
@@ -36,8 +36,9 @@ def register(app: typer.Typer) -> None:
 
 
 def preflight_command(
-    hosts: list[str] = typer.Option(..., "--host", help="Target (container name) to check; repeat for more.", metavar="TARGET",
-                                    autocompletion=complete_targets),
+    hosts: list[str] = typer.Option(..., "--host", metavar="TARGET", autocompletion=complete_targets,
+                                    help="Target (container name) to check; repeat for more; `host:NAME` for every "
+                                         "container of a Proxmox host, `all` for every target of the inventory."),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
     accept_new_host_key: bool = typer.Option(
@@ -45,17 +46,20 @@ def preflight_command(
     ),
 ) -> None:
     inv = load_inventory(inventory)
+    hosts = inv.targets_of(hosts)
     with Connections(inv, accept_new_host_keys=accept_new_host_key, offer_accept_new=True) as connections:
         reports = preflight(connections, hosts)
-    if as_json:
-        print_json([{**report.to_json(), "cpu_only": report.cpu_only} for report in reports])
+    if as_json:  # `ok`: ready, as the text says (a CPU-only target is ready for CPU runs); `checks_ok`: every check passed
+        print_json([{**report.to_json(), "ok": report.ok or report.cpu_only, "checks_ok": report.ok,
+                     "cpu_only": report.cpu_only} for report in reports])
     else:
         console.print(report_table(reports))
         for report in reports:
             if report.cpu_only:
                 console.print(cpu_only_note(report), highlight=False, markup=False, soft_wrap=True)
         ready = [report.target + (" (CPU only)" if report.cpu_only else "") for report in reports if report.ok or report.cpu_only]
-        console.print(f"{len(ready)} of {len(reports)} targets ready" + (f": {', '.join(ready)}" if ready else ""))
+        console.print(f"{len(ready)} of {counted(len(reports), 'target')} ready"
+                      + (f": {', '.join(ready)}" if ready else ""))
     raise typer.Exit(0 if all(report.ok or report.cpu_only for report in reports) else 1)
 
 

@@ -32,7 +32,7 @@ from ..states import RunState
 from ..store import Run, Store
 from ..sanitize import markup, visible
 from .common import (InventoryOpt, JsonOpt, complete_runs, complete_targets, complete_variants, console, err_console,
-                     fit_table, number, print_json, say_waiting)
+                     counted, fit_table, number, print_json, say_waiting)
 
 EXAMPLES = {
     "push": "Example: dfo push --host ct200 -i inventory/lab.yaml",
@@ -123,7 +123,8 @@ def _warn_python(spec: TargetSpec, python_found: bool | None, torch_found: bool 
 def launch_command(
     hosts: list[str] = typer.Option(..., "--host", metavar="TARGET", autocompletion=complete_targets,
                                     help="Target (container name from the inventory), e.g. ct200; repeat it for a "
-                                         "multi-node run (procsplit variants; the first target hosts the rendezvous)."),
+                                         "multi-node run (procsplit variants; the first target hosts the rendezvous); "
+                                         "`host:NAME` (every container of a Proxmox host) or `all` give several."),
     variant: str = typer.Option(..., "--variant", help="Variant name from the inventory, e.g. nographs.", metavar="VARIANT",
                                 autocompletion=complete_variants),
     name: Optional[str] = typer.Option(None, "--name", metavar="NAME", help="Run name (default: train_<variant>_<YYYYmmdd-HHMM>)."),
@@ -148,6 +149,7 @@ def launch_command(
         check_name(name, "run name")  # before any connection: a bad name costs nothing
     watch = watch or until_decided  # --until-decided alone would launch and exit 0 before any decision
     inv = load_inventory(inventory)
+    hosts = inv.targets_of(hosts)  # `host:pve1`, `all`: those targets, one node each
     if len(hosts) > 1 or inv.variant(variant).nodes > 1:
         if chain is not None:
             raise UsageError("--chain: a multi-node run falls back along the inventory's fallback: list only "
@@ -298,7 +300,7 @@ def _say_not_looked_for(store: Store, skipped: list[Run]) -> None:
     if waiting:
         when = _local_time(max(run.checked_at for run in waiting), datetime.now().astimezone(), seconds=True)
         which = ", ".join(f"{run.name} ({run.state})" for run in waiting)
-        _warn(f"note: {len(waiting)} run{'s' if len(waiting) > 1 else ''} whose start was never settled not looked "
+        _warn(f"note: {counted(len(waiting), 'run')} whose start was never settled not looked "
               f"for again ({which}): "
               f"{'their' if len(waiting) > 1 else 'its'} target did not answer at {when} (tried at most every "
               f"{runs_lib.LOST_RECHECK_S:g} s; `dfo runs --recheck` looks now)")
@@ -520,7 +522,7 @@ def prune_command(
         going = [name for name in names if _may_be_going(store, name)]
         kept = [] if force else going
         if kept:
-            _warn(f"kept {len(kept)} run{'' if len(kept) == 1 else 's'} that may still be running ({', '.join(kept)}): "
+            _warn(f"kept {counted(len(kept), 'run')} that may still be running ({', '.join(kept)}): "
                   f"`dfo stop` {'it' if len(kept) == 1 else 'them'} first, or --force stops and removes "
                   f"{'it' if len(kept) == 1 else 'them'}")
         chosen = [name for name in names if name not in kept]
@@ -567,7 +569,7 @@ def _remove(store: Store, names: list[str], going: list[str], grace: Optional[fl
         print_json({"removed": chosen, "stopped": [name for name in going if name not in failed], "kept": list(kept),
                     "not_removed": [{"run": name, "error": error} for name, error in failed.items()]})
     elif chosen:
-        console.print(f"removed {len(chosen)} run{'' if len(chosen) == 1 else 's'}{why}: {', '.join(chosen)} "
+        console.print(f"removed {counted(len(chosen), 'run')}{why}: {', '.join(chosen)} "
                       f"(registry: {store.path}; their logs stay on their targets)", highlight=False, markup=False,
                       soft_wrap=True)
     return 1 if failed else 0
@@ -688,7 +690,7 @@ def _stop_command(names: list[str], all_runs: bool, grace: Optional[float], inve
                 else:
                     console.print(f"no active runs to stop (registry: {store.path})", highlight=False, markup=False)
                 return 0
-            _warn(f"stopping {len(names)} active run{'' if len(names) == 1 else 's'} of {store.path}"
+            _warn(f"stopping {counted(len(names), 'active run')} of {store.path}"
                   + f": {', '.join(names)}")
         check_known(store, names)  # before anything is stopped
         return _stop_many(store, names, grace, inventory, as_json)
@@ -732,7 +734,7 @@ def _stop_many(store: Store, names: list[str], grace: Optional[float], inventory
     if as_json:
         print_json(results)
     elif len(names) > 1 or failed:
-        _warn(f"{len(names) - failed} of {len(names)} run{'' if len(names) == 1 else 's'} stopped or already ended"
+        _warn(f"{len(names) - failed} of {counted(len(names), 'run')} stopped or already ended"
               + (f"; {failed} not stopped" if failed else ""))
     return 1 if failed else 0
 
