@@ -243,3 +243,22 @@ def test_launch_takes_host_all_and_host_name_as_preflight_and_batch_do(lab):
     unknown = dfo("launch", "--host", "host:pve9", "--variant", "long", "-i", inventory, env=env["a"])
     assert unknown.returncode == 2 and "--host: unknown host 'pve9'; known hosts: local" in unknown.stderr
     assert dfo("stop", "--all", "--grace", "10", env=env["a"]).returncode == 0
+
+
+def test_a_lost_run_says_why_in_runs_name_and_its_json(tmp_path):
+    with Store(tmp_path / "dfo.db") as store:
+        store.add_run(Run(name="gone", target="ct200", state="lost", pid=4242, started_at="2026-11-29T11:40:03.123Z",
+                          ended_at="2026-11-29T12:40:03.123Z"))
+        store.add_event("gone", "ended", {"state": "lost", "exit_code": None, "why": "ended while nobody watched"})
+        store.add_run(Run(name="unseen", target="ct200", state="lost"))
+        store.add_event("unseen", "launch_failed", {"error": "ct200: the start got no answer within 30 s"})
+    env = {"DFO_HOME": str(tmp_path)}
+    shown = dfo("runs", "gone", "--no-refresh", env=env)
+    assert shown.returncode == 0, shown.output
+    said = " ".join(line for line in shown.stdout.splitlines() if line.startswith("lost:"))
+    assert "its process is gone and wrote no exit status" in said and "OOM killer" in said, shown.stdout
+    assert "(recorded: ended while nobody watched)" in " ".join(shown.stdout.split())
+    unseen = json.loads(dfo("runs", "unseen", "--no-refresh", "--json", env=env).stdout)
+    assert unseen["lost_why"] == ("its start got no answer (ct200: the start got no answer within 30 s); it may be "
+                                  "running: `dfo runs unseen --recheck` looks for it")
+    assert "lost_why" in json.loads(dfo("runs", "gone", "--no-refresh", "--json", env=env).stdout)

@@ -324,15 +324,35 @@ def why_not_started(store: Store, run: Run) -> str | None:
     return (failed[-1]["data"] or {}).get("error") if failed else None
 
 
+LOST_WITHOUT_EXIT = ("its process is gone and wrote no exit status: killed by SIGKILL or the kernel's OOM killer, "
+                     "or its container restarted; its log's last lines may say more (`dfo logs {name}`)")
+
+
+def why_lost(store: Store, run: Run) -> str | None:
+    """Why a `lost` run is lost, from its record: a start that got no answer (its launch_failed error), or a
+    process that ended without an exit status (its `ended` event's why); None for any other run."""
+    if run.state != RunState.LOST:
+        return None
+    if runs_lib.start_unseen(run):
+        failed = store.events(run.name, kind="launch_failed")
+        error = (failed[-1]["data"] or {}).get("error") if failed else None
+        return (f"its start got no answer{f' ({error})' if error else ''}; it may be running: `dfo runs {run.name} "
+                "--recheck` looks for it")
+    ended = [event for event in store.events(run.name, kind="ended") if (event["data"] or {}).get("state") == "lost"]
+    found = (ended[-1]["data"] or {}).get("why") if ended else None
+    return LOST_WITHOUT_EXIT.format(name=run.name) + (f" (recorded: {found})" if found else "")
+
+
 def show_run(name: str, as_json: bool) -> None:
     """`dfo runs NAME`: one run's record, its verdict and where its W&B run is (URL, or offline directory)."""
     with Store() as store:
         run = store.get_run(name)
         wandb = store.events(name, kind="wandb")
         not_started = why_not_started(store, run)
+        lost = why_lost(store, run)
     where = (wandb[-1]["data"] or {}) if wandb else {}
     if as_json:
-        print_json({**run.as_dict(), "wandb": where or None, "launch_failed": not_started})
+        print_json({**run.as_dict(), "wandb": where or None, "launch_failed": not_started, "lost_why": lost})
         return
     decision = run.decision or {}
     verdict = decision.get("decision", "")
@@ -344,7 +364,7 @@ def show_run(name: str, as_json: bool) -> None:
             ("checked", f"{run.checked_at} (its target did not answer; `dfo runs {run.name} --recheck` looks again)"
                         if runs_lib.start_unsettled(run) and run.checked_at else ""),
             ("log", run.log_path or ""), ("batch", run.batch or ""), ("after", run.parent or ""),
-            ("decision", verdict), ("why", decision.get("reason") or not_started or ""),
+            ("decision", verdict), ("why", decision.get("reason") or not_started or ""), ("lost", lost or ""),
             ("registry", f"unreadable: {run.unreadable} (shown as empty)"
                          if run.unreadable else ""),
             *(("shift", LevelShift.describe(shift)) for shift in decision.get("level_shifts") or ()),
