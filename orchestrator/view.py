@@ -65,7 +65,8 @@ def state_text(watched: WatchedRun) -> Text:
     shift = decision.level_shifts[-1] if decision.level_shifts else None
     reopened = reopened_text(shift) if shift is not None and shift["declared_tok_s"] is None else None
     if decision.decision == "undecided":
-        label = reopened or ("waiting for the first step" if watched.latest is None else "warming up")
+        label = reopened or (("compiling" if watched.compiles else "waiting for the first step")
+                             if watched.latest is None else "warming up")
     elif decision.decision in ("exited", "stopped") and reopened:  # it ended before a new level held
         label = f"{decision.decision}; {reopened}"
     elif decision.decision == "steady" and decision.steady_tok_s is not None:
@@ -178,10 +179,20 @@ def elapsed_text(watched: WatchedRun, now: float | None = None) -> str:
     return f"running {duration(end - start)}" if watched.alive is not False else f"ran {duration(end - start)}"
 
 
+def first_step_text(watched: WatchedRun, now: float | None = None) -> str:
+    """Before the first step: `compiling, 42s` while the trainer's event=start names a compiled variant, else
+    `no step yet, 42s` (the time since the run started); once it ended, `ran 3s, no step`."""
+    start = parse_ts(watched.run.started_at) if watched.run.started_at else None
+    if watched.alive is False:
+        return " ".join(filter(None, [elapsed_text(watched, now), "no step"]))
+    phase = "compiling" if watched.compiles else "no step yet"
+    return f"{phase}, {duration((now or time.time()) - start)}" if start is not None else phase
+
+
 def progress_line(watched: WatchedRun) -> Text:
     latest = watched.latest
     if latest is None:
-        return Text(" ".join(filter(None, [elapsed_text(watched), "no step yet"])), style="dim")
+        return Text(first_step_text(watched), style="dim")
     parts = [part for part in (elapsed_text(watched), step_text(watched)) if part]
     parts.append(f"{latest.tok_s:,.0f} tok/s {sparkline(watched.throughput)}")
     if latest.loss is not None:
@@ -205,8 +216,8 @@ def run_panel(watched: WatchedRun) -> Panel:
     for line in (memory_text(watched), exit_wait_text(watched)):
         if line is not None:
             body.add_row(line)
-    if watched.decision.decision != "undecided" or watched.latest is not None:
-        body.add_row(text(watched.decision.reason, style="dim"))
+    if watched.decision.decision != "undecided" or watched.decision.at_step is not None:  # a reason about steps
+        body.add_row(text(watched.decision.reason, style="dim"))  # (not one from before them beside step 650)
     for row in gpu_rows(watched):
         body.add_row(text(row))
     for line in list(watched.lines)[-3:]:

@@ -94,6 +94,7 @@ class WatchedRun:
     throughput: deque = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))
     latest: StepRecord | None = None
     steps_total: int | None = None  # the trainer's own step count (its event=start steps=), when it says
+    compiles: bool = False  # its event=start names a compiled variant (not eager): before its first step it compiles
     step_times: deque = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))  # (ts, step) of recent steps
     lines: deque = field(default_factory=lambda: deque(maxlen=RECENT_LINES))
     gpu_now: list[dict] = field(default_factory=list)
@@ -640,6 +641,8 @@ class Watcher:
             watched.lines.append(line[:300])
             if isinstance(record, EventRecord) and record.event == "start" and record.count("steps") is not None:
                 watched.steps_total = record.count("steps")
+            if isinstance(record, EventRecord) and record.event == "start":
+                watched.compiles = record.fields.get("variant", "eager") != "eager"
             if isinstance(record, EventRecord) and record.event == "wandb":  # where its W&B record is: kept
                 self._emit(watched, ev.Wandb, **{k: record.fields[k] for k in ("mode", "url", "dir") if k in record.fields})
         watched.judge.observe(observation_from_record(record, received))

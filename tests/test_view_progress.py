@@ -4,6 +4,7 @@ watcher (LocalTarget and its agent), rendered as a terminal would show them."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 from rich.console import Console
@@ -78,3 +79,50 @@ def test_watch_panel_and_batch_view_show_elapsed_step_of_total_eta_and_tok_s(tmp
     eta = int(minutes or 0) * 60 + int(secs.rstrip("s"))
     assert 0.5 * (400 - step) * 0.05 < eta < 3 * (400 - step) * 0.05 + 2  # about 0.05 s a step to go
     assert "counted.here.r1" in batch and "p1" in batch and " of 400" in batch and "1,000 tok/s" in batch
+
+
+COMPILING_TRAINER = """\
+import os, sys, time
+from datetime import datetime, timezone
+def now():
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+print(f"ts={now()} event=start run=r variant={sys.argv[1]} steps=100000", flush=True)
+while not os.path.exists(sys.argv[2]):  # "compiling" until the test says go
+    time.sleep(0.05)
+for step in range(1, 100001):
+    print(f"ts={now()} event=step step={step} tok_s=1000.0 loss=2.0", flush=True)
+    time.sleep(0.05)
+"""
+
+
+def panels_before_and_after_the_first_step(tmp_path, monkeypatch, compile_variant: str) -> tuple[str, str]:
+    """The watch panel of a run whose event=start names `compile_variant`, once before its first step, once after
+    its fifth."""
+    go = tmp_path / "go"
+    inventory = script_inventory(tmp_path, monkeypatch, "v", COMPILING_TRAINER, f"{compile_variant} {go}")
+    with Connections(inventory) as connections, Store(tmp_path / "state" / "dfo.db") as store:
+        launch(connections.container("here"), spec_for(inventory, "here", "v"), store, name="c1")
+        watcher = Watcher(inventory, connections, store)
+        try:
+            watcher.attach("c1")
+            run_until(watcher, lambda w: any("event=start" in line for line in w.runs()[0].lines))
+            before = shown(render(watcher))
+            go.touch()
+            run_until(watcher, lambda w: w.runs()[0].latest and w.runs()[0].latest.step >= 5)
+            after = shown(render(watcher))
+        finally:
+            watcher.close()
+            stop(connections.container("here"), store, "c1", grace_s=2)
+    return before, after
+
+
+def test_watch_panel_names_the_compile_phase_then_only_the_steps(tmp_path, monkeypatch):
+    compiling, stepping = panels_before_and_after_the_first_step(tmp_path, monkeypatch, "trees")
+    assert re.search(r"compiling, \d+s", compiling), compiling  # was: "running 3s no step yet"
+    assert "no step yet" not in compiling
+    assert "step " in stepping and "compiling" not in stepping and "waiting for the first step" not in stepping
+
+
+def test_watch_panel_of_an_eager_run_before_its_first_step_says_no_step_yet_and_for_how_long(tmp_path, monkeypatch):
+    waiting, _ = panels_before_and_after_the_first_step(tmp_path, monkeypatch, "eager")
+    assert re.search(r"no step yet, \d+s", waiting) and "compiling" not in waiting, waiting
