@@ -72,6 +72,7 @@ class Decision:
     shift_suspected: dict | None = None  # steady, but a level shift being confirmed: RunJudge.shift_suspected()
     degrading: dict | None = None  # memory climbing since steady (RunJudge.degrading()): what, how fast, full when
     degrading_at_end: dict | None = None  # degrading's measure when the run ended or got a crash/stall/too_slow verdict
+    rate: str | None = None  # what steady_tok_s is the rate of: "train" (marked phases and unmarked pauses left out)
 
     def __post_init__(self) -> None:
         self.decision, self.action = Verdict.of(self.decision), Action.of(self.action)  # text from the registry too
@@ -491,6 +492,7 @@ class RunJudge:
             shift_suspected=self.shift_suspected() if verdict == Verdict.STEADY else None,
             degrading=self.degrading() if verdict in (Verdict.STEADY, Verdict.UNDECIDED) else None,
             degrading_at_end=climbed,
+            rate="train" if estimate.steady else None,
         )
 
     def _common_evidence(self) -> dict:

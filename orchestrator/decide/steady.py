@@ -4,7 +4,9 @@ Steady means "the level stopped moving", not "the noise is small" (docs/decision
 the evidence). With p = `precision` (default 5%):
 1. Steps marked eval/checkpoint/warmup are dropped; the rest form blocks of `block_size` steps (counted by
    the step numbers the trainer reports: a line stands for the steps since the previous line) whose MEDIANS
-   are the series, so a single-step dip cannot move it.
+   are the series, so a single-step dip cannot move it. A line taking PAUSE_GAP_FACTOR x the usual seconds per
+   step is an unmarked pause (an eval the trainer did not mark) and is dropped too (`_paused`): the figure is
+   the training rate, and `pauses` counts them.
 2. On every new block, MSER-5 over the block medians picks the truncation point d*; it is accepted only in
    the first half of the series and with at least `min_blocks_after_warmup` blocks after it.
 3. After d*, both of:
@@ -85,6 +87,8 @@ TREND_P = 0.05  # Mann-Kendall: a trend is plausible at p < 0.05
 MIN_BATCHES = 10  # batches are as long as the autocorrelation time, but there are at least 10 of them
 MAX_LAG1 = 0.9  # autocorrelation estimates are clipped to [0, 0.9]: tau <= 19
 REACH_MIN_SECONDS = 40.0  # the precision is judged out of reach only on a window this long after the warm-up
+PAUSE_GAP_FACTOR = 4.0  # a line taking 4x the usual seconds per step is an unmarked pause (_paused) ...
+PAUSE_LINES, PAUSE_MIN_LINES = 50, 10  # ... the usual: the median of the last 50 lines, once there are 10
 DECLINE_MIN_SECONDS = 60.0  # once steady, a decline is judged on a figure window this long (2+ slow swings)
 DECLINE_Z = 1.644854  # ... with the slope's ONE-sided 95% bound below 0 (a fall is the question; two-sided held 63 s)
 DECLINE_HOLD_S = 5.0  # ... and re-opens the verdict once it has held on every look this long
@@ -329,6 +333,8 @@ class SteadyDetector:
         self._declared_tok_s = 0.0  # the figure when steady was declared
         self._declining_since: float | None = None  # since when every refine found the level fallen beyond p
         self.shifts: list[dict] = []
+        self._gaps: list[float] = []  # seconds per step of the last PAUSE_LINES lines (_paused)
+        self.pauses = {"lines": 0, "seconds": 0.0}  # unmarked pauses left out of the level, and their seconds
 
     def feed(self, obs: StepObs) -> bool:
         """Take one step; True when the estimate changed (a block completed)."""
@@ -337,8 +343,11 @@ class SteadyDetector:
         if self.first_step is None:
             self.first_step, self.first_ts, self._open_since = obs.step, obs.ts, obs.ts
         covered = obs.step - self.last_step if self.last_step is not None else 1  # steps this line stands for
+        previous_ts = self.last_ts
         self.last_step, self.last_ts = obs.step, obs.ts
         if obs.phase in DROPPED_PHASES or not (math.isfinite(obs.tok_s) and obs.tok_s > 0):
+            return False
+        if previous_ts is not None and self._paused((obs.ts - previous_ts) / covered, covered):
             return False
         if not self._pending:
             self._pending_first_step, self._pending_steps = obs.step - covered + 1, 0
@@ -348,6 +357,24 @@ class SteadyDetector:
             return False
         self._close_block()
         return True
+
+    def _paused(self, gap_per_step: float, covered: int) -> bool:
+        """An unmarked pause (an eval or a checkpoint the trainer does not mark, a host's other work): a line whose
+        seconds per step exceed PAUSE_GAP_FACTOR x the median of the last PAUSE_LINES lines' (after at least
+        PAUSE_MIN_LINES of them); its tok_s carries the pause (its tokens over its wall time), so it is left out
+        of the level like a marked eval, which makes the figure the training rate, and counted (`pauses`). Every
+        line's gap joins the median, so a lasting slowdown of that size is a level again within PAUSE_LINES / 2
+        lines."""
+        gaps = self._gaps
+        paused = (len(gaps) >= PAUSE_MIN_LINES and gap_per_step > 0
+                  and gap_per_step > PAUSE_GAP_FACTOR * median(gaps))
+        gaps.append(gap_per_step)
+        if len(gaps) > PAUSE_LINES:
+            del gaps[0]
+        if paused:  # the pause: the line's seconds beyond what its steps usually take
+            self.pauses["lines"] += 1
+            self.pauses["seconds"] = round(self.pauses["seconds"] + (gap_per_step - median(gaps[:-1])) * covered, 1)
+        return paused
 
     def _close_block(self) -> None:
         block, self._pending = self._pending, []
@@ -913,6 +940,12 @@ class SteadyDetector:
         )
         self.estimate.evidence = {**self._base_evidence(d), "figure_steps": list(self.estimate.figure_steps),
                                   "checks": checks}
+        if self.pauses["lines"]:  # the training rate; the wall clock's, pauses included, beside it
+            elapsed = self.last_ts - self.first_ts
+            wall = level.mean * max(0.0, 1 - self.pauses["seconds"] / elapsed) if elapsed > 0 else level.mean
+            self.estimate.evidence["pauses"] = {**self.pauses, "wall_tok_s": round(wall, 1)}
+            self.estimate.reason += (f"; the training rate: {self.pauses['lines']} unmarked pause(s), "
+                                     f"{self.pauses['seconds']:.0f} s, left out (wall clock ~{wall:,.0f} tok/s)")
 
     def _base_evidence(self, d: int) -> dict:
         n = len(self._medians)

@@ -142,7 +142,15 @@ def test_a_late_drop_reopens_the_verdict_within_60_s_and_ends_at_the_new_level()
 # ---- periodic unmarked eval pauses: the training rate or the wall-clock rate, not a blend
 
 
-@pytest.mark.xfail(strict=True, reason="the figure is 2.0-4.3% below the training rate and 25-56% above the "
-                                       "wall-clock rate: a blend (the goal: within 2% of one of them)")
 def test_eval_pauses_give_the_training_rate_or_the_wall_clock_rate():
+    """An unmarked 8-15-s pause every 30-45 s (no line during it, the line after it carries it in its tok_s): the
+    figure was 2.0-4.3% below the training rate and 25-56% above the wall clock's, a blend. Each pause line is
+    left out of the level as a marked eval is, and the decision says the figure is the training rate, with the
+    pauses and the wall-clock rate beside it."""
     assert missing("eval_pauses", lambda row, _: row["got"] == "steady" and row["level_ok"]) == []
+    for probe in (p for p in probes() if p.shape == "eval_pauses"):
+        decision = replay(probe.lines(), run=probe.name)
+        assert abs(decision.steady_tok_s / probe.level - 1) <= 0.01 and decision.rate == "train", decision.reason
+        pauses = decision.evidence["steady"]["pauses"]
+        assert pauses["lines"] >= 6 and abs(pauses["wall_tok_s"] / probe.wall_level - 1) <= 0.05, pauses
+        assert "the training rate: " in decision.reason and "unmarked pause(s)" in decision.reason
