@@ -475,7 +475,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_example_sweep_is_valid_against_the_example_lab():
-    plan = load_experiments(REPO / "inventory/compile-sweep.example.yaml", load_inventory(REPO / "inventory/lab.example.yaml"))
+    plan = load_experiments(REPO / "examples/compile-sweep.yaml", load_inventory(REPO / "inventory/lab.example.yaml"))
     assert len(plan.cells) == 3 * 2 * 2 * 2 * 2  # variants x set x drafter.layers x targets x repeats
     assert all(cell.gpus == 4 for cell in plan.cells)
 
@@ -488,7 +488,7 @@ def test_cli_refuses_a_broken_file_with_exit_2_and_prints_a_dry_run_plan(tmp_pat
     refused = dfo("batch", str(broken), "-i", str(inventory), env=env)
     assert refused.returncode == 2
     assert f"dfo: error: {broken}: stop_when: expected steady" in " ".join(refused.stderr.split())
-    plan = dfo("batch", str(REPO / "inventory/compile-sweep.example.yaml"), "-i", str(inventory), "--dry-run", "--json", env=env)
+    plan = dfo("batch", str(REPO / "examples/compile-sweep.yaml"), "-i", str(inventory), "--dry-run", "--json", env=env)
     assert plan.returncode == 0, plan.stderr
     cells = json.loads(plan.stdout)["cells"]
     assert len(cells) == 48 and {c["action"] for c in cells} == {"start"}

@@ -32,7 +32,7 @@ from .common import (InventoryOpt, JsonOpt, basis_label, bring_up_to_date, conso
                      print_basis_note, print_json, say, say_finishing)
 
 EXAMPLES = {
-    "batch": "Example: dfo batch inventory/compile-sweep.example.yaml -i inventory/lab.yaml --dry-run   (then without --dry-run)",
+    "batch": "Example: dfo batch examples/compile-sweep.yaml -i inventory/lab.yaml --dry-run   (then without --dry-run)",
     "report": "Example: dfo report compile-sweep --plot sweep.png --csv sweep.csv",
 }
 FAILED_STATES = ("failed", "error")
