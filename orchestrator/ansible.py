@@ -2,7 +2,8 @@
 
 Takes each host's `ansible_host` / `ansible_user` / `ansible_port` (and the older `ansible_ssh_*` spellings),
 with Ansible's precedence: `all` vars < group vars (parents before children) < host vars. Host ranges
-(`gpu[01:04].lab`) are expanded. Containers are not in an Ansible inventory: each host comes out with
+(`gpu[01:04].lab`, with a stride `gpu[01:09:2]`) are expanded; the JSON of `ansible-inventory --list` is read
+too. Each host's Ansible groups are kept in its comment (`# Ansible groups: gpu, lab`). Containers are not in an Ansible inventory: each host comes out with
 `containers: {}` and a comment saying how to fill it (`dfo inventory discover HOST --merge FILE`).
 
 This module reads the text it is given and returns text: no file or machine access.
@@ -20,19 +21,21 @@ import yaml
 from .discover import host_lines
 from .errors import UsageError
 from .names import check_name
+from .sanitize import visible
 
 CONNECTION_VARS = {
     "address": ("ansible_host", "ansible_ssh_host"),
     "user": ("ansible_user", "ansible_ssh_user"),
     "port": ("ansible_port", "ansible_ssh_port"),
 }
-RANGE_RE = re.compile(r"\[(\w+):(\w+)\]")
+RANGE_RE = re.compile(r"\[(\w*):(\w+)(?::(\w*))?\]")
 
 
 @dataclass
 class AnsibleHost:
     name: str
     vars: dict[str, Any] = field(default_factory=dict)
+    groups: list[str] = field(default_factory=list)  # the groups it is in, directly or through children (not all)
 
 
 @dataclass
@@ -43,19 +46,43 @@ class Group:
 
 
 def expand(pattern: str) -> list[str]:
-    """`gpu[01:03]` -> gpu01, gpu02, gpu03 (leading zeros kept); `[a:c]` letters too. One range per name."""
+    """`gpu[01:03]` -> gpu01, gpu02, gpu03 (leading zeros kept), `gpu[01:05:2]` -> gpu01, gpu03, gpu05 (a stride),
+    `[:2]` from 0, `[a:c]` letters too, as Ansible reads them. Several ranges in one name multiply."""
     match = RANGE_RE.search(pattern)
     if not match:
         return [pattern]
-    start, end = match.groups()
+    start, end, stride = match.group(1) or "0", match.group(2), match.group(3)
+    if stride is not None and not (stride.isdigit() and int(stride) > 0):
+        raise UsageError(f"host range {match.group(0)!r} in {pattern!r}: the stride must be a whole number above 0")
+    step = int(stride) if stride else 1
     if start.isdigit() and end.isdigit():
         width = len(start) if start.startswith("0") else 0
-        values = [str(n).zfill(width) for n in range(int(start), int(end) + 1)]
-    elif len(start) == len(end) == 1:
-        values = [chr(c) for c in range(ord(start), ord(end) + 1)]
+        values = [str(n).zfill(width) for n in range(int(start), int(end) + 1, step)]
+    elif len(start) == len(end) == 1 and start.isalpha() and end.isalpha():
+        values = [chr(c) for c in range(ord(start), ord(end) + 1, step)]
     else:
-        raise UsageError(f"host range {match.group(0)!r} in {pattern!r}: expected [N:M] or [a:z]")
+        raise UsageError(f"host range {match.group(0)!r} in {pattern!r}: expected [N:M], [N:M:STRIDE] or [a:z]")
+    if not values:
+        raise UsageError(f"host range {match.group(0)!r} in {pattern!r}: it names no host (its start is after its end)")
     return [name for value in values for name in expand(pattern[:match.start()] + value + pattern[match.end():])]
+
+
+def parse_listing(data: dict[str, Any], source: str) -> dict[str, Group]:
+    """`ansible-inventory --list` JSON: groups with lists of `hosts` and `children`, host vars under
+    `_meta.hostvars` (ranges already expanded, vars of every source already merged by Ansible itself)."""
+    groups: dict[str, Group] = {}
+    host_vars = (data.get("_meta") or {}).get("hostvars") or {}
+    for name, body in data.items():
+        if name == "_meta":
+            continue
+        if not isinstance(body, dict):
+            raise UsageError(f"{source}: group {name!r}: expected a mapping with hosts/vars/children")
+        group = groups.setdefault(name, Group())
+        for host in body.get("hosts") or []:
+            group.hosts[str(host)] = dict(host_vars.get(host) or {})
+        group.vars.update(body.get("vars") or {})
+        group.children += [str(child) for child in body.get("children") or []]
+    return groups
 
 
 def parse_yaml(text: str, source: str) -> dict[str, Group]:
@@ -65,6 +92,8 @@ def parse_yaml(text: str, source: str) -> dict[str, Group]:
         raise UsageError(f"{source}: not YAML or INI Ansible inventory: {str(exc).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise UsageError(f"{source}: expected an Ansible inventory (a mapping of groups such as `all:`)")
+    if "_meta" in data:  # the JSON of `ansible-inventory --list`
+        return parse_listing(data, source)
     groups: dict[str, Group] = {}
 
     def visit(name: str, body: Any) -> None:
@@ -143,7 +172,8 @@ def resolve(groups: dict[str, Group]) -> list[AnsibleHost]:
                 merged.update(groups[name].vars)
         for name in order:
             merged.update(groups[name].hosts.get(host, {}))
-        hosts.append(AnsibleHost(host, merged))
+        member = [name for name in groups if name not in ("all", "ungrouped") and _under(name, host, groups)]
+        hosts.append(AnsibleHost(host, merged, member))
     return hosts
 
 
@@ -170,12 +200,15 @@ def import_inventory(text: str, *, source: str, when: str) -> str:
     for host in hosts:
         values = {key: next((host.vars[name] for name in names if name in host.vars), None)
                   for key, names in CONNECTION_VARS.items()}
-        name, note = host.name, ""
+        name, notes = host.name, []
         try:
             check_name(name, "host")
         except Exception:
             name = re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-._") or "host"
-            note = f"Ansible name {host.name!r} is no valid dfo name"
+            notes.append(f"Ansible name {host.name!r} is no valid dfo name")
+        if host.groups:
+            notes.append(f"Ansible groups: {', '.join(host.groups)}")
+        note = visible("; ".join(notes))
         address = str(values["address"] or host.name)
         port = int(values["port"]) if values["port"] not in (None, "") else None
         user = str(values["user"]) if values["user"] not in (None, "") else None

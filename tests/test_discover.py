@@ -4,6 +4,7 @@ file, and `dfo inventory import` of Ansible inventories (YAML and INI)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import textwrap
@@ -190,3 +191,44 @@ def test_import_ansible_ini(tmp_path):
     broken.write_text("[proxmox]\npve1 ansible_host\n")
     bad = dfo("inventory", "import", str(broken))
     assert bad.returncode == 2 and "line 2: expected key=value after the host name, got 'ansible_host'" in bad.stderr
+
+
+def test_import_keeps_ansible_groups_and_expands_stride_ranges(tmp_path):
+    source = tmp_path / "hosts.yml"
+    source.write_text(textwrap.dedent("""\
+        all:
+          children:
+            lab:
+              children:
+                gpu:
+                  hosts:
+                    gpu[01:05:2]: {ansible_user: root}
+            cpu:
+              hosts:
+                box[:1]:
+        """))
+    shown = dfo("inventory", "import", str(source))
+    assert shown.returncode == 0, shown.stderr
+    assert sorted(parse_inventory(shown.stdout).hosts) == ["box0", "box1", "gpu01", "gpu03", "gpu05"]  # was gpu-01-05-2
+    lines = {line.split(":")[0].strip(): line for line in shown.stdout.splitlines() if line.startswith("  ") and
+             not line.startswith("    ")}
+    assert lines["gpu03"].endswith("# Ansible groups: lab, gpu") and lines["box1"].endswith("# Ansible groups: cpu")
+    stride0 = tmp_path / "zero.ini"
+    stride0.write_text("[gpu]\ngpu[1:4:0]\n")
+    bad = dfo("inventory", "import", str(stride0))
+    assert bad.returncode == 2 and "host range '[1:4:0]' in 'gpu[1:4:0]': the stride must be a whole number above 0" in bad.stderr
+
+
+def test_import_reads_the_json_of_ansible_inventory_list(tmp_path):
+    listing = {"_meta": {"hostvars": {"pve1": {"ansible_host": "10.1.2.6", "ansible_user": "ops"},
+                                      "pve2": {"ansible_host": "10.1.2.7", "ansible_port": 2222}}},
+               "all": {"children": ["ungrouped", "proxmox"]},
+               "proxmox": {"hosts": ["pve1", "pve2"]}, "ungrouped": {}}
+    source = tmp_path / "listing.json"
+    source.write_text(json.dumps(listing))
+    shown = dfo("inventory", "import", str(source))
+    assert shown.returncode == 0, shown.stderr
+    inventory = parse_inventory(shown.stdout)
+    assert {name: (h.address, h.port, h.user) for name, h in inventory.hosts.items()} == {
+        "pve1": ("10.1.2.6", None, "ops"), "pve2": ("10.1.2.7", 2222, None)}
+    assert "# Ansible groups: proxmox" in shown.stdout

@@ -33,7 +33,8 @@ def register(app: typer.Typer) -> None:
         epilog=DISCOVER_EXAMPLE,
     )(discover_command)
     inventory_app.command(
-        "import", help="Turn an Ansible inventory (YAML or INI) into a dfo inventory: its hosts with address, user, port.",
+        "import", help="Turn an Ansible inventory (YAML, INI, or the JSON of `ansible-inventory --list`) into a dfo "
+                  "inventory: its hosts with address, user, port, and their Ansible groups as comments.",
         epilog=IMPORT_EXAMPLE,
     )(import_command)
     app.add_typer(inventory_app, name="inventory")
@@ -107,7 +108,8 @@ def discover_command(
 
 
 def import_command(
-    file: Path = typer.Argument(..., help="Ansible inventory, YAML (all: hosts/children/vars) or INI ([group] lines).", metavar="FILE"),
+    file: Path = typer.Argument(..., help="Ansible inventory, YAML (all: hosts/children/vars), INI ([group] lines) or "
+                                          "`ansible-inventory --list` JSON.", metavar="FILE"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the inventory here (default: stdout).", metavar="FILE"),
 ) -> None:
     from ..ansible import import_inventory
