@@ -50,7 +50,9 @@ class UniqueKeyLoader(yaml.SafeLoader):
             if key_node.tag == MERGE_TAG:
                 continue
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, typing.Hashable) and key in seen:
+            if not isinstance(key, typing.Hashable):
+                continue  # `? [a]`: SafeLoader refuses it as an unhashable key, with its line
+            if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"duplicate key {key!r} (each key may appear once per mapping)", key_node.start_mark
                 )
