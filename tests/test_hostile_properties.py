@@ -632,3 +632,42 @@ def numbers(value: object) -> list[float]:
     if isinstance(value, (list, tuple)):
         return [n for item in value for n in numbers(item)]
     return [value] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def _experiments_paths() -> list[tuple[str, ...]]:
+    from orchestrator import experiments as exp
+
+    where = {(): exp.Experiments, ("matrix",): exp.Matrix, ("concurrency",): exp.Concurrency}
+    return [(*prefix, key) for prefix, model in where.items() for key in model.model_fields] + [("stop_when", "steps"),
+                                                                                                 ("stop_when", "minutes")]
+
+
+EXPERIMENTS_PATHS = _experiments_paths()
+
+
+@FAST
+@given(settings_=st.lists(st.tuples(st.sampled_from(EXPERIMENTS_PATHS), ANY_VALUE), min_size=1, max_size=3))
+@example(settings_=[(("repeats",), 1e9)])  # parse_experiments ran out of memory expanding the cells
+@example(settings_=[(("stop_when", "minutes"), float("inf"))])
+def test_an_experiments_file_with_any_value_at_any_key_plans_or_says_each_problem_in_one_line(settings_):
+    from orchestrator.experiments import parse_experiments
+
+    inventory = parse_inventory("hosts: {pve1: {address: 10.0.0.1, containers: {ct200: {ctid: 200}}}}\n"
+                                "variants: {trees: {compile: trees}}\n")
+    document: dict = {"batch": "s", "targets": ["ct200"], "matrix": {"variant": ["trees"]}}
+    for path, value in settings_:
+        node = document
+        for part in path[:-1]:
+            node[part] = node[part] if isinstance(node.get(part), dict) else {}
+            node = node[part]
+        node[path[-1]] = value
+    try:
+        text = yaml.safe_dump(document, allow_unicode=True)
+    except yaml.YAMLError:
+        return
+    try:
+        plan = parse_experiments(text, inventory, source="sweep.yaml")
+    except InventoryError as exc:
+        one_clean_line(exc.problems, "sweep.yaml")
+        return
+    assert all(math.isfinite(n) for n in numbers(plan.experiments.model_dump()))
