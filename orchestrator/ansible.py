@@ -3,7 +3,8 @@
 Takes each host's `ansible_host` / `ansible_user` / `ansible_port` (and the older `ansible_ssh_*` spellings),
 with Ansible's precedence: `all` vars < group vars (parents before children) < host vars. Host ranges
 (`gpu[01:04].lab`, with a stride `gpu[01:09:2]`) are expanded; the JSON of `ansible-inventory --list` is read
-too. Each host's Ansible groups are kept in its comment (`# Ansible groups: gpu, lab`). Containers are not in an Ansible inventory: each host comes out with
+too. Each host's Ansible groups are kept in its comment (`# Ansible groups: gpu, lab`) and as the inventory's
+`groups:` (`gpu: [host:gpu01, host:gpu03]`), which `--host gpu` reads. Containers are not in an Ansible inventory: each host comes out with
 `containers: {}` and a comment saying how to fill it (`dfo inventory discover HOST --merge FILE`).
 
 This module reads the text it is given and returns text: no file or machine access.
@@ -18,7 +19,7 @@ from typing import Any, Optional
 
 import yaml
 
-from .discover import host_lines
+from .discover import host_lines, scalar
 from .errors import UsageError
 from .names import check_name
 from .sanitize import visible
@@ -197,15 +198,15 @@ def import_inventory(text: str, *, source: str, when: str) -> str:
         raise UsageError(f"{source}: no hosts found", hint="an Ansible inventory lists hosts under groups, e.g. all: {hosts: {pve1: {ansible_host: 10.1.2.6}}}")
     lines = [f"# imported from the Ansible inventory {source} by `dfo inventory import` at {when}",
              "# containers: fill each host with `dfo inventory discover HOST --merge THIS_FILE`", "hosts:"]
+    members: dict[str, list[str]] = {}  # dfo group -> host:NAME of its hosts
     for host in hosts:
         values = {key: next((host.vars[name] for name in names if name in host.vars), None)
                   for key, names in CONNECTION_VARS.items()}
-        name, notes = host.name, []
-        try:
-            check_name(name, "host")
-        except Exception:
-            name = re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-._") or "host"
+        name, notes = _dfo_name(host.name, "host"), []
+        if name != host.name:
             notes.append(f"Ansible name {host.name!r} is no valid dfo name")
+        for group in host.groups:
+            members.setdefault(_dfo_name(group, "group"), []).append(f"host:{name}")
         if host.groups:
             notes.append(f"Ansible groups: {', '.join(host.groups)}")
         note = visible("; ".join(notes))
@@ -213,4 +214,16 @@ def import_inventory(text: str, *, source: str, when: str) -> str:
         port = int(values["port"]) if values["port"] not in (None, "") else None
         user = str(values["user"]) if values["user"] not in (None, "") else None
         lines += host_lines(name, address, port, user, [], host_comment=note)
+    if members:  # `--host GROUP` picks the targets of its hosts, once discover has filled them in
+        lines += ["groups:  # Ansible's groups: `dfo preflight --host GROUP` checks every container of their hosts"]
+        lines += [f"  {scalar(group)}: [{', '.join(scalar(member) for member in names)}]" for group, names in members.items()]
     return "\n".join(lines) + "\n"
+
+
+def _dfo_name(name: str, kind: str) -> str:
+    """`name` where dfo takes it as a host or group name, else its invalid characters made `-`."""
+    try:
+        check_name(name, kind)
+    except Exception:
+        return re.sub(r"[^A-Za-z0-9._-]", "-", name).strip("-._") or kind
+    return name

@@ -267,6 +267,7 @@ class Inventory(_Strict):
     watch: Watch = Watch()
     signatures: list[Signature] = []
     notify: Optional[Notify] = None
+    groups: dict[str, list[str]] = {}  # named sets of targets: `gpu: [ct200, host:pve2]`; `--host gpu` picks them
     _source: str = PrivateAttr("<memory>")  # the file it came from, for messages
 
     @property
@@ -285,8 +286,8 @@ class Inventory(_Strict):
         return [name for host in self.hosts.values() for name in host.containers]
 
     def select_targets(self, selectors: Sequence[str], where: str = "targets") -> tuple[list[str], list[str]]:
-        """Target names for `ct200`, `host:pve1` (its containers) and `all` (in inventory order, each once), and
-        the problems, each starting `where` (`targets.0`, `--host`). The one reading of a target selector: a batch
+        """Target names for `ct200`, `host:pve1` (its containers), a group of `groups:` and `all` (in inventory
+        order, each once), and the problems, each starting `where` (`targets.0`, `--host`). The one reading of a target selector: a batch
         file's `targets:` and every `--host` (dfo preflight, dfo launch)."""
         names: list[str] = []
         problems = []
@@ -299,12 +300,15 @@ class Inventory(_Strict):
                 found = list(host.containers) if host else []
                 if host is None:
                     problems.append(f"{at}: unknown host {selector[5:]!r}; known hosts: {', '.join(self.hosts)}")
+            elif selector in self.groups:  # its members, each a target or host:NAME (checked at load)
+                found = self.select_targets(self.groups[selector], where=f"groups.{selector}")[0]
             else:
                 try:
                     found = [self.target(selector).name]
                 except (UnknownTarget, InvalidName) as exc:
                     found = []
-                    problems.append(f"{at}: {exc.message} (or use host:NAME, all)")
+                    groups = f", a group ({', '.join(self.groups)})" if self.groups else ""
+                    problems.append(f"{at}: {exc.message} (or use host:NAME{groups}, all)")
             names += [name for name in found if name not in names]
         return names, problems
 
@@ -522,7 +526,27 @@ def _cross_checks(inventory: Inventory) -> list[str]:
             problems += _workspace_problem(inventory.defaults, host_name, host, name, container)
     names = {"hosts": {name: {"containers": host.containers} for name, host in inventory.hosts.items()},
              "variants": inventory.variants, "fallback": inventory.fallback}
-    return _name_checks(names) + problems
+    return _name_checks(names) + problems + _group_problems(inventory)
+
+
+def _group_problems(inventory: Inventory) -> list[str]:
+    """A group's name (a valid name, not `all`, not a target's) and its members (targets, or host:NAME of a
+    host of the inventory, which may have no containers yet: `dfo inventory import` writes such groups)."""
+    problems = []
+    targets = set(inventory.target_names())
+    for name, members in inventory.groups.items():
+        problems += _name_problem(f"groups.{name}", str(name), "group")
+        if name == "all":
+            problems.append("groups.all: `all` already means every target; choose another group name")
+        elif name in targets:
+            problems.append(f"groups.{name}: a target is named {name!r} already; choose another group name")
+        for index, member in enumerate(members):
+            known = (member.removeprefix("host:") in inventory.hosts if member.startswith("host:")
+                     else member in targets)
+            if not known:
+                what = f"host {member[5:]!r}" if member.startswith("host:") else f"target {member!r}"
+                problems.append(f"groups.{name}.{index}: unknown {what}; a group lists targets and host:NAME")
+    return problems
 
 
 def _name_checks(data: Any) -> list[str]:

@@ -213,6 +213,9 @@ def test_import_keeps_ansible_groups_and_expands_stride_ranges(tmp_path):
     lines = {line.split(":")[0].strip(): line for line in shown.stdout.splitlines() if line.startswith("  ") and
              not line.startswith("    ")}
     assert lines["gpu03"].endswith("# Ansible groups: lab, gpu") and lines["box1"].endswith("# Ansible groups: cpu")
+    imported = parse_inventory(shown.stdout)  # and as the inventory's groups, which --host GROUP reads
+    assert imported.groups == {"cpu": ["host:box0", "host:box1"], "lab": ["host:gpu01", "host:gpu03", "host:gpu05"],
+                               "gpu": ["host:gpu01", "host:gpu03", "host:gpu05"]}
     stride0 = tmp_path / "zero.ini"
     stride0.write_text("[gpu]\ngpu[1:4:0]\n")
     bad = dfo("inventory", "import", str(stride0))

@@ -227,3 +227,16 @@ def test_a_remote_workspace_must_be_absolute(tmp_path: Path) -> None:
     assert problems == [f"{tmp_path}/lab.yaml: hosts.pve1.containers.ct200.workspace: expected an absolute path on SSH host 'pve1' (e.g. /root/dfo), got '~/dfo'"]
     local = "defaults: {workspace: '~/dfo'}\nhosts:\n  me: {transport: local, containers: {here: {}}}\n"
     assert parse_inventory(local).target("here").workspace == str(Path.home() / "dfo")  # expanded on this machine
+
+
+def test_groups_name_targets_and_hosts_and_their_problems_come_in_one_round() -> None:
+    inventory = parse_inventory(with_hosts("ct200: {ctid: 200}\nct201: {ctid: 201}") + "groups:\n  pair: [ct201, host:pve1]\n")
+    assert inventory.targets_of(["pair"]) == ["ct201", "ct200"]  # each once, in the group's order
+    with pytest.raises(InventoryError) as refused:
+        parse_inventory(with_hosts("ct200: {ctid: 200}") + "groups:\n  ct200: [ct200]\n  all: [ct200]\n"
+                        "  x: [ct9, host:pve9]\n")
+    assert refused.value.problems == [
+        "<memory>: groups.ct200: a target is named 'ct200' already; choose another group name",
+        "<memory>: groups.all: `all` already means every target; choose another group name",
+        "<memory>: groups.x.0: unknown target 'ct9'; a group lists targets and host:NAME",
+        "<memory>: groups.x.1: unknown host 'pve9'; a group lists targets and host:NAME"]

@@ -172,3 +172,17 @@ def test_preflight_json_ok_says_ready_as_the_text_does_and_host_all_checks_every
     assert unknown.stderr.splitlines() == [
         "dfo: error: --host: unknown host 'nope'; known hosts: box",
         f"dfo: error: --host: unknown target 'ct9' in {inventory.source}; known targets: box1 (or use host:NAME, all)"]
+
+
+def test_preflight_host_takes_an_inventory_group(tmp_path: Path, smi) -> None:
+    smi.set_mode("no_devices")
+    (tmp_path / "ws").mkdir()
+    box = {"ctid": None, "workspace": str(tmp_path / "ws"), "python": sys.executable}
+    path = write_inventory(tmp_path, {"defaults": {"min_free_disk_gb": 0},
+                                      "hosts": {"box": {"transport": "local", "containers": {"box1": box, "box2": box}}},
+                                      "groups": {"second": ["box2"], "both": ["host:box"]}})
+    env = {"DFO_HOME": str(tmp_path / "state")}
+    for group, targets in (("second", ["box2"]), ("both", ["box1", "box2"])):
+        shown = dfo("preflight", "--host", group, "--json", "-i", path, env=env)
+        assert shown.returncode == 0, shown.output  # was: unknown target
+        assert [report["target"] for report in json.loads(shown.stdout)] == targets

@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
 def preflight_command(
     hosts: list[str] = typer.Option(..., "--host", metavar="TARGET", autocompletion=complete_targets,
                                     help="Target (container name) to check; repeat for more; `host:NAME` for every "
-                                         "container of a Proxmox host, `all` for every target of the inventory."),
+                                         "container of a Proxmox host, a group of the inventory's groups:, `all` for "
+                                         "every target."),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
     accept_new_host_key: bool = typer.Option(

@@ -124,7 +124,8 @@ def launch_command(
     hosts: list[str] = typer.Option(..., "--host", metavar="TARGET", autocompletion=complete_targets,
                                     help="Target (container name from the inventory), e.g. ct200; repeat it for a "
                                          "multi-node run (procsplit variants; the first target hosts the rendezvous); "
-                                         "`host:NAME` (every container of a Proxmox host) or `all` give several."),
+                                         "`host:NAME` (every container of a Proxmox host), a group of the inventory's "
+                                         "groups: or `all` give several."),
     variant: str = typer.Option(..., "--variant", help="Variant name from the inventory, e.g. nographs.", metavar="VARIANT",
                                 autocompletion=complete_variants),
     name: Optional[str] = typer.Option(None, "--name", metavar="NAME", help="Run name (default: train_<variant>_<YYYYmmdd-HHMM>)."),
