@@ -191,7 +191,7 @@ def _gpu_problems(experiments: Experiments, inventory: Inventory, targets: list[
         listed = inventory.target(name).gpus
         if len(listed) < asked:
             have = f"lists {len(listed)}" if listed else "lists none (give the container's `gpus:` in the inventory)"
-            problems.append(f"{key}: a cell asks for {asked} GPUs but target {name} {have}")
+            problems.append(f"{key}: a cell asks for {asked} GPU{'' if asked == 1 else 's'} but target {name} {have}")
     return problems
 
 

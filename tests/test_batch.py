@@ -108,6 +108,9 @@ def test_gpu_counts_are_checked_against_each_targets_listed_gpus():
     """)
     assert problems == ["sweep.yaml: matrix.gpus: a cell asks for 2 GPUs but target ct300 lists none "
                         "(give the container's `gpus:` in the inventory)"]
+    one = problems_of("batch: sweep\ntargets: [ct300]\nmatrix: {variant: [trees], gpus: [1]}\n")
+    assert one == ["sweep.yaml: matrix.gpus: a cell asks for 1 GPU but target ct300 lists none "
+                   "(give the container's `gpus:` in the inventory)"]  # was "1 GPUs"
 
 
 def test_yaml_syntax_error_points_at_the_line():
