@@ -183,16 +183,31 @@ class Notifier:
         try:
             request = urllib.request.Request(url, data=body, method="POST", headers={
                 "Content-Type": "application/json", "User-Agent": "dfo", **headers})
-            with urllib.request.urlopen(request, timeout=settings.timeout_s) as answer:
+            with NO_REDIRECTS.open(request, timeout=settings.timeout_s) as answer:
                 answer.read(4096)
                 return None
         except urllib.error.HTTPError as exc:
+            if 300 <= exc.code < 400:
+                return (f"permanent: {where} answered HTTP {exc.code} {exc.reason}: a redirect, not followed (set "
+                        "notify.webhook to the URL it points to)")
             permanent = 400 <= exc.code < 500 and exc.code not in (408, 429)
             return f"{'permanent: ' if permanent else ''}{where} answered HTTP {exc.code} {exc.reason}"
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             return f"{where}: {_scrubbed(str(getattr(exc, 'reason', exc)), settings.webhook)}"
         except ValueError:  # http.client.InvalidURL and kin quote the URL: never shown
             return f"permanent: {where}: the URL is not valid (fix notify.webhook)"
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A webhook's redirect is an answer, not followed: urllib would re-send the request as a GET (its body
+    dropped) to wherever the Location points, another host included, with the Authorization header that
+    carries the URL's credentials copied."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+NO_REDIRECTS = urllib.request.build_opener(_NoRedirect)
 
 
 def _without_credentials(url: str) -> tuple[str, dict[str, str]]:

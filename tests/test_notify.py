@@ -30,8 +30,9 @@ CRASH = {"decision": "crash", "run": "r1", "at_step": 3, "signature": "cudagraph
 class Receiver:
     """An HTTP server on 127.0.0.1 that records every POST and answers with the next scripted status."""
 
-    def __init__(self, statuses=(), delay_s: float = 0.0) -> None:
+    def __init__(self, statuses=(), delay_s: float = 0.0, location: str | None = None) -> None:
         self.posts: list[dict] = []
+        self.gets: list[dict] = []
         self.statuses = list(statuses)
         self.delay_s = delay_s
         receiver = self
@@ -44,8 +45,15 @@ class Receiver:
                 time.sleep(receiver.delay_s)
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
                 self.send_response(status)
+                if location:
+                    self.send_header("Location", location)
                 self.end_headers()
                 self.wfile.write(b"ok")
+
+            def do_GET(self) -> None:
+                receiver.gets.append({"path": self.path, "auth": self.headers.get("Authorization")})
+                self.send_response(200)
+                self.end_headers()
 
             def log_message(self, *args) -> None:
                 pass
@@ -64,8 +72,8 @@ class Receiver:
 def receiver():
     made = []
 
-    def make(statuses=(), delay_s=0.0) -> Receiver:
-        made.append(Receiver(statuses, delay_s))
+    def make(statuses=(), delay_s=0.0, location=None) -> Receiver:
+        made.append(Receiver(statuses, delay_s, location))
         return made[-1]
 
     yield make
@@ -210,6 +218,24 @@ def test_a_webhook_with_credentials_sends_them_as_basic_auth_and_shows_only_its_
     assert origin in caplog.text
     for secret in ("PASS", "hook-user", "secret", "T000"):
         assert secret not in shown
+
+
+@pytest.mark.parametrize("status", [301, 302, 303])
+def test_a_webhook_that_redirects_is_not_followed_and_its_credentials_reach_no_other_host(receiver, tmp_path, status):
+    """urllib followed a receiver's 30x as a GET (the decision dropped) to wherever its Location pointed, another
+    host included, with the Authorization header (the URL's credentials) copied."""
+    elsewhere = receiver()
+    hook = receiver(statuses=[status], location=elsewhere.url.replace("/services", "/collect"))
+    origin = hook.url.split("/services")[0]
+    url = hook.url.replace("http://", "http://hook-user:PASS@")
+    with registry(tmp_path / "dfo.db", ("r1", "trees")) as store:
+        send(Notifier(inventory_with(json.dumps({"webhook": url, "retries": 2})), store), "r1", STEADY)
+        [told] = store.notifications("r1")
+    assert len(hook.posts) == 1  # a redirect is permanent: not retried
+    assert elsewhere.gets == [] and elsewhere.posts == []
+    assert told["ok"] is False and told["detail"].startswith(f"permanent: {origin} answered HTTP {status} ")
+    assert told["detail"].endswith("a redirect, not followed (set notify.webhook to the URL it points to)")
+    assert "collect" not in told["detail"]
 
 
 def test_a_webhook_url_with_a_control_character_is_refused_at_load_without_showing_its_path():
