@@ -4,6 +4,7 @@ through the CLI in this process (harness.cli.dfo)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -12,10 +13,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from harness import write_inventory
-from harness.cli import dfo, dfo_process
+from harness.cli import dfo
 
+from orchestrator.commands.runs import runs_table
 from orchestrator.store import Run, Store
 
 
@@ -164,21 +167,22 @@ def test_runs_filters_by_state_age_and_count(tmp_path):
 def test_runs_shows_start_duration_and_steady_tok_s_and_keeps_target_and_pid_at_80_columns(tmp_path):
     registry_of_runs(tmp_path)
     env = {"DFO_HOME": str(tmp_path)}
-    wide = dfo_process("runs", "--no-refresh", env={**env, "COLUMNS": "120"})  # a process: its own console width
-    assert wide.returncode == 0, wide.output
-    header, _, *rows = wide.stdout.splitlines()
+    console = Console(width=120, file=io.StringIO())  # the table as a 120-column terminal shows it
+    with Store(tmp_path / "dfo.db") as store:
+        console.print(runs_table(store.list_runs(), 120))
+    header, _, *rows = console.file.getvalue().splitlines()
     assert header.split() == ["name", "target", "PID", "state", "start", "took", "tok/s", "decision", "variant"]
     row = {line.split()[0]: line for line in rows}
-    assert re.search(r"\bstopped 75\s+\d\d:\d\d\s+2h00m\s+7,129\s+steady", row["threeh"]), wide.stdout
-    assert re.search(r"\bcrashed 1\s+\d\d-\d\d \d\d:\d\d\s+42s\s+crash", row["twodays"]), wide.stdout
-    assert re.search(r"running\s+\d\d:\d\d\s+1h00m", row["oneh"]), wide.stdout  # an active run: so far
+    assert re.search(r"\bstopped 75\s+\d\d:\d\d\s+2h00m\s+7,129\s+steady", row["threeh"]), rows
+    assert re.search(r"\bcrashed 1\s+\d\d-\d\d \d\d:\d\d\s+42s\s+crash", row["twodays"]), rows
+    assert re.search(r"running\s+\d\d:\d\d\s+1h00m", row["oneh"]), rows  # an active run: so far
     long_names = tmp_path / "long"
     long_names.mkdir()
     with Store(long_names / "dfo.db") as store:
         for pid, name in enumerate(["train_nographs_20261129-1140-2", "sweep.trees.ct200.r1.2-nographs"], start=123456):
             store.add_run(Run(name=name, target="ct200", state="crashed", exit_code=1, pid=pid,
                               started_at="2026-11-29T11:40:03.123Z", decision={"decision": "crash"}))
-    narrow = dfo_process("runs", "--no-refresh", env={"DFO_HOME": str(long_names), "COLUMNS": "80"})
+    narrow = dfo("runs", "--no-refresh", env={"DFO_HOME": str(long_names), "COLUMNS": "80"})
     lines = narrow.stdout.splitlines()
     assert max(map(len, lines)) <= 80, narrow.stdout
     assert re.search(r"^train_nographs_20261129-1140-2\s+ct200\s+123456\s+crashed 1", narrow.stdout, re.M)
