@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from matplotlib import image
 
-from harness import write_inventory
+from harness import cli, write_inventory
 from orchestrator.batch import CellTable
 from orchestrator.store import Store
 
@@ -38,8 +38,8 @@ fallback: [crashy, fast]
 """
 
 
-def dfo(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([DFO, *args], capture_output=True, text=True, timeout=timeout, env=env)
+def dfo(*args: str, env: dict, timeout: float = 120) -> cli.Ran:
+    return cli.dfo(*args, env=env, timeout=timeout)
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from harness import write_inventory
+from harness.cli import DFO, Ran, dfo
 from harness.lxc import LxcContainer
 from harness.nvidia_smi import Gpu
 from orchestrator.connections import Connections
@@ -27,7 +28,6 @@ from orchestrator.store import Store
 
 pytestmark = [pytest.mark.lxc, pytest.mark.slow]
 
-DFO = str(Path(sys.executable).parent / "dfo")
 SECRET = "tok-7Hq2-Zz81-secret"
 TICKER = 'case "$DFO_TEST_TOKEN" in tok-*-secret) echo secret-ok;; esac; i=0; while :; do echo tick-$i; i=$((i + 1)); sleep 0.1; done'
 REPO = Path(__file__).resolve().parents[1]
@@ -41,11 +41,9 @@ class Lab:
     container: LxcContainer
     state: Path
 
-    def dfo(self, *args: str, timeout: float = 90, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        env = {**os.environ, "DFO_HOME": str(self.state), "DFO_TEST_TOKEN": SECRET, **(env or {})}
-        env.pop("DFO_INVENTORY", None)
-        return subprocess.run([DFO, *args, "-i", str(self.inventory)] if args[0] != "runs" else [DFO, *args],
-                              capture_output=True, text=True, timeout=timeout, env=env)
+    def dfo(self, *args: str, timeout: float = 90, env: dict[str, str] | None = None) -> Ran:
+        env = {"DFO_HOME": str(self.state), "DFO_TEST_TOKEN": SECRET, **(env or {})}
+        return dfo(*args, *(["-i", str(self.inventory)] if args[0] != "runs" else []), env=env, timeout=timeout)
 
     def follow(self, name: str) -> subprocess.Popen:
         env = {**os.environ, "DFO_HOME": str(self.state)}

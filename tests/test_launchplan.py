@@ -4,8 +4,6 @@ per target, counted from sshd's own log; a refusal, a lost dfo or a wrong answer
 from __future__ import annotations
 
 import importlib.metadata
-import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import write_inventory
+from harness import cli, write_inventory
 from harness.nvidia_smi import Gpu
 from harness.sshd import SshServer
 from orchestrator.batch import launcher
@@ -29,7 +27,6 @@ from orchestrator.remote.local import LocalTarget
 from orchestrator.runs import RunSpec, launch, spec_for
 from orchestrator.store import Store
 
-DFO = str(Path(sys.executable).parent / "dfo")
 SECRET = "tok-93Kd-secret"
 
 
@@ -94,10 +91,8 @@ def lab(tmp_path, sshd, ssh_home, containers):
     return inventory, running, stopped
 
 
-def dfo(inventory: Path, state: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DFO_HOME": str(state), "DFO_TEST_TOKEN": SECRET}
-    env.pop("DFO_INVENTORY", None)
-    return subprocess.run([DFO, *args, "-i", str(inventory)], capture_output=True, text=True, timeout=120, env=env)
+def dfo(inventory: Path, state: Path, *args: str) -> cli.Ran:
+    return cli.dfo(*args, "-i", str(inventory), env={"DFO_HOME": str(state), "DFO_TEST_TOKEN": SECRET})
 
 
 @pytest.mark.lxc

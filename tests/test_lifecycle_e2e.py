@@ -14,7 +14,6 @@ import select
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from harness import write_inventory
+from harness.cli import DFO, Ran, dfo
 from harness.lxc import LxcContainer
 from orchestrator.connections import Connections
 from orchestrator.inventory import load_inventory
@@ -34,7 +34,6 @@ from test_watch import FAST_WATCH, PY, write_trainers
 
 pytestmark = [pytest.mark.lxc, pytest.mark.slow]
 
-DFO = str(Path(sys.executable).parent / "dfo")
 # Steady for 1000 steps (about 20 s), then exit 3: long enough for a watcher's lease (15 s) to run out.
 LONG_THEN_CRASH = "{py} /workspace/scripts/steady_trainer.py 1000 0.02; exit 3"
 GATE = "/workspace/go"
@@ -53,10 +52,12 @@ class Lab:
         env.pop("DFO_INVENTORY", None)
         return env
 
-    def dfo(self, *args: str, timeout: float = 120, inventory: bool = True, **env: str) -> subprocess.CompletedProcess:
-        argv = [DFO, *args, *(["-i", str(self.inventory)] if inventory else [])]
+    def dfo(self, *args: str, timeout: float = 120, inventory: bool = True, **env: str) -> Ran:
+        """`dfo ARGS -i INVENTORY` in this process (harness.cli.dfo: a process of its own, within `timeout`, where
+        `env` arms a fault hook that ends dfo)."""
+        argv = [*args, *(["-i", str(self.inventory)] if inventory else [])]
         try:
-            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env(**env))
+            return dfo(*argv, env={"DFO_HOME": str(self.state), **env}, timeout=timeout)
         except subprocess.TimeoutExpired as exc:  # say where it was: a flake under load is otherwise mute
             said = b"".join(part for part in (exc.stdout, exc.stderr) if isinstance(part, bytes)).decode(errors="replace")
             with self.store() as store:
@@ -615,18 +616,18 @@ def test_dfo_stop_right_after_a_start_that_got_no_answer_waits_for_the_run_and_s
 
 
 def test_a_start_that_shows_only_after_its_grace_is_adopted_by_the_next_look_and_stopped_by_dfo_stop(lab: Lab) -> None:
-    # the start script waits 8 s before it starts the run; dfo gives up on its answer after 1 s, and its grace is
+    # the start script waits 12 s before it starts the run; dfo gives up on its answer after 1 s, and its grace is
     # made over at once (as on a machine slower than watch.start_grace_s): marked failed, then the run comes up.
     # Before, it ran on untracked: `dfo runs --recheck` did not look, `dfo stop` said it never started
     launched = lab.dfo("launch", "--host", "ct_a", "--variant", "gated", "--name", "late", "--no-preflight",
-                       DFO_TEST_SLOW_START="late:8")
+                       DFO_TEST_SLOW_START="late:12")
     assert launched.returncode == 1, launched.stderr
     with lab.store() as store:
         store.update_run("late", ended_at=format_ts(time.time() - START_GRACE_S - 1))
     assert json.loads(lab.dfo("runs", "late", "--json", inventory=False).stdout)["state"] == "failed"
     looks = []
 
-    def adopted() -> bool:  # looked for again until the start script (8 s) has started it
+    def adopted() -> bool:  # looked for again until the start script (12 s) has started it
         looks.append(lab.dfo("runs", "--recheck", "--json", inventory=False))
         return [row["state"] for row in json.loads(looks[-1].stdout) if row["name"] == "late"] == ["running"]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from harness import write_inventory
+from harness.cli import DFO, Ran, dfo
 from orchestrator.store import Store
 from test_runs import alive, wait_for
 
-DFO = str(Path(sys.executable).parent / "dfo")
 
 
 def proc_stat(pid: int) -> str:
@@ -55,9 +55,8 @@ class Lab:
         env = {k: v for k, v in os.environ.items() if k != "DFO_INVENTORY"}  # HOME is the test's ssh_home
         return {**env, "DFO_HOME": str(self.tmp / "state"), **extra}
 
-    def dfo(self, *args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run([DFO, *args, "-i", str(self.inventory)], capture_output=True, text=True, timeout=timeout,
-                              env=self.env(**env))
+    def dfo(self, *args: str, timeout: float = 120, **env: str) -> Ran:
+        return dfo(*args, "-i", str(self.inventory), env={"DFO_HOME": str(self.tmp / "state"), **env}, timeout=timeout)
 
     def popen(self, *args: str, **env: str) -> subprocess.Popen:
         return subprocess.Popen([DFO, *args, "-i", str(self.inventory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

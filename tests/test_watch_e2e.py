@@ -6,15 +6,12 @@ while nvidia-smi hangs."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from harness import write_inventory
+from harness import cli, write_inventory
 from harness.lxc import LxcContainer
 from orchestrator.connections import Connections
 from orchestrator.decide import DecideConfig
@@ -27,7 +24,6 @@ from test_watch import FAST_WATCH, PY, run_until, write_trainers
 
 pytestmark = [pytest.mark.lxc, pytest.mark.slow]
 
-DFO = str(Path(sys.executable).parent / "dfo")
 DECISION_KEYS = {"decision", "run", "at_step", "at_ts", "signature", "steady_tok_s", "warmup_end_step", "action", "next_run"}
 
 
@@ -51,10 +47,8 @@ def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
             stop(connections.container(run.target), store, run.name, grace_s=2)
 
 
-def dfo(inventory: Path, state: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DFO_HOME": str(state)}
-    env.pop("DFO_INVENTORY", None)
-    return subprocess.run([DFO, *args, "-i", str(inventory)], capture_output=True, text=True, timeout=timeout, env=env)
+def dfo(inventory: Path, state: Path, *args: str, timeout: float = 90) -> cli.Ran:
+    return cli.dfo(*args, "-i", str(inventory), env={"DFO_HOME": str(state)}, timeout=timeout)
 
 
 def processes(container: LxcContainer) -> str:

@@ -11,6 +11,10 @@ process's exit leaves (nothing half-done, threads gone).
 
 Environment: `env` adds to (a value of None removes from) the environment for the call; `$DFO_INVENTORY`
 is always removed first unless `env` gives it, so no developer's inventory leaks into a test.
+
+A fault hook that ends dfo (`os._exit`) or holds it for the test (orchestrator/faults.py) would end or hold the
+test itself in this process: `dfo` runs a command whose `env` arms one as a process (`dfo_process`, bounded by
+`timeout`), so a test helper may call `dfo` for every command it runs.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ from typing import Iterator, Mapping
 
 from click.testing import CliRunner
 
+from orchestrator import faults
 from orchestrator.cli import main  # imported here, before any test's COLUMNS: rich sizes its consoles at import
 
 DFO = str(Path(sys.executable).parent / "dfo")
 PROCESS_TIMEOUT_S = 120.0
+PROCESS_HOOKS = (faults.LAUNCH_EXIT_AT, faults.FALLBACK_EXIT_AT, faults.PAUSE_AT)
+"""The fault hooks that need dfo in a process of its own: an exit at a point, a pause the test lifts."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +68,11 @@ def _cwd(path: Path | None) -> Iterator[None]:
 
 
 def dfo(*args: str, env: Mapping[str, str | None] | None = None, cwd: Path | None = None,
-        input: str | None = None) -> Ran:
-    """Run `dfo ARGS` in this process and return what it left."""
+        input: str | None = None, timeout: float = PROCESS_TIMEOUT_S) -> Ran:
+    """Run `dfo ARGS` in this process and return what it left (as a process, within `timeout`, when `env` arms
+    one of PROCESS_HOOKS)."""
+    if any((env or {}).get(hook) for hook in PROCESS_HOOKS):
+        return dfo_process(*args, env=env, cwd=cwd, input=input, timeout=timeout)
     argv = [str(arg) for arg in args]
     runner = CliRunner()
     code = 0
