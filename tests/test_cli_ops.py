@@ -266,3 +266,16 @@ def test_a_lost_run_says_why_in_runs_name_and_its_json(tmp_path):
     assert unseen["lost_why"] == ("its start got no answer (ct200: the start got no answer within 30 s); it may be "
                                   "running: `dfo runs unseen --recheck` looks for it")
     assert "lost_why" in json.loads(dfo("runs", "gone", "--no-refresh", "--json", env=env).stdout)
+
+
+def test_stop_all_names_a_multinode_run_once_and_says_each_run_it_could_not_stop(tmp_path):
+    with Store(tmp_path / "dfo.db") as store:  # targets the (built-in) inventory does not have: nothing is reached
+        for rank in range(2):
+            store.add_run(Run(name=f"mn.node{rank}", target=f"gone{rank}", state="running", pid=4242 + rank))
+        store.add_nodes("mn", ["mn.node0", "mn.node1"], "10.0.0.1:29500")
+        store.add_run(Run(name="solo", target="gone", state="running", pid=4250))
+    stopped = dfo("stop", "--all", "--json", env={"DFO_HOME": str(tmp_path)})
+    assert stopped.returncode == 1, stopped.output
+    assert "stopping 2 active runs of" in stopped.stderr and stopped.stderr.rstrip().endswith(": mn, solo")
+    assert [(r["run"], "unknown target 'gone" in r["error"]) for r in json.loads(stopped.stdout)] == [
+        ("mn", True), ("solo", True)]
