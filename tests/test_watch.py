@@ -36,12 +36,15 @@ PY = sys.executable
 FAST_WATCH = {"min_steady_steps": 40, "min_steady_seconds": 1, "stall_floor_s": 30, "first_step_grace_s": 60}
 
 STEADY_TRAINER = """\
-import random, sys, time
+import os, random, sys, time
 from datetime import datetime, timezone
 steps, every = int(sys.argv[1]), float(sys.argv[2])
 level = float(sys.argv[3]) if len(sys.argv) > 3 else 1000.0
+gate = sys.argv[4] if len(sys.argv) > 4 else None  # its first step waits until this file exists
 rng = random.Random(7)
 print("ts=%s event=start" % datetime.now(timezone.utc).isoformat(), flush=True)
+while gate and not os.path.exists(gate):
+    time.sleep(0.05)
 for step in range(1, steps + 1):
     ts = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
     tok_s = level * (1 + rng.uniform(-0.004, 0.004))
@@ -92,6 +95,7 @@ def write_trainers(directory: Path) -> dict[str, str]:
         "silent": f"{PY} {directory}/steady_trainer.py 3 0.02; sleep 600",
         "slower": f"{PY} {directory}/steady_trainer.py 400 0.02 800",
         "paced": f"{PY} {directory}/steady_trainer.py 400 0.1",  # steady ~6 s after its start, not ~1 s
+        "gated": f"{PY} {directory}/steady_trainer.py 400 0.1 1000 {directory}/go",  # steps once `go` exists
     }
 
 
@@ -350,9 +354,10 @@ def test_a_watch_waiting_on_a_lease_held_on_another_workstation_says_who_holds_i
     # the watch only shows the run; it said nothing of why in its live view (the JSON `attached` alone named it)
     from orchestrator.logfmt import format_ts
 
-    # a run that steps every 0.1 s: its verdict (a quiet level) comes ~6 s after its start, after the hand-over
-    # below; at 0.02 s a step it came before the watch had printed its first line
-    lab.launch("paced", "h9")
+    # a run that steps every 0.1 s once the test opens its gate, after the hand-over below: its verdict (a quiet
+    # level) then comes ~6 s later. Ungated, a loaded machine gave the verdict before the hand-over: the watch
+    # ended on what it only showed, and never took over
+    lab.launch("gated", "h9")
     since = time.time() - 90
     lab.store.claim("chain:h9", "ws2-dfo", pid=4242, host="ws2.example.org", ttl_s=15, now=since)
     lab.store.claim("chain:h9", "ws2-dfo", pid=4242, host="ws2.example.org", ttl_s=600, now=time.time())  # renewed
@@ -374,6 +379,7 @@ def test_a_watch_waiting_on_a_lease_held_on_another_workstation_says_who_holds_i
         assert told.wait(timeout=30), "".join(lines)[-3000:]
         time.sleep(1)  # renewals tried meanwhile: the line must not repeat
         lab.store.release_claim("chain:h9", "ws2-dfo")  # that dfo ended: this watch takes the chain over
+        (tmp_path / "scripts" / "go").touch()
         watching.wait(timeout=90)
         reader.join(timeout=10)
         err = watching.stderr.read()
