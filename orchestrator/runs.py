@@ -325,8 +325,11 @@ def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool, 
         f"if ! (set -C; : > {log}) 2>/dev/null; then echo 'log exists' >&2; exit {LOG_EXISTS_EXIT}; fi",
         f"rm -f {q(exit_path(spec.workspace, name))}",
     ]
-    if with_secrets:
-        lines.append(f"if ! (umask 077; {secrets_from} > {secrets}); then rm -f {secrets} {log}; exit 1; fi")
+    if with_secrets:  # never through a file or link that is there already (planted by whoever can write the
+        # workspace: `>` would follow a link, or keep a file's mode), checked, then created with noclobber (O_EXCL)
+        planted = q(f"the secrets file {secrets_path(spec.workspace, name)} already exists (planted? remove it)")
+        lines += [f"if [ -e {secrets} ] || [ -L {secrets} ]; then echo {planted} >&2; rm -f {log}; exit 1; fi",
+                  f"if ! (umask 077; set -C; {secrets_from} > {secrets}); then rm -f {secrets} {log}; exit 1; fi"]
     if faults.slow_start_s(name):
         lines.append(f"sleep {faults.slow_start_s(name):g}")
     lines += [

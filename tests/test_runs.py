@@ -211,6 +211,32 @@ def test_a_launch_failing_halfway_removes_its_secrets_file_and_empty_log(store, 
     assert [e["kind"] for e in store.events("half")] == ["launch_failed"]
 
 
+@pytest.mark.parametrize("planted", ["link", "dangling link", "file"])
+def test_a_link_planted_at_the_secrets_path_gets_no_secret_and_the_launch_fails_in_one_line(store, workspace, tmp_path,
+                                                                                           planted):
+    """Someone who can write the workspace (a co-tenant of the container) planted `.dfo/secrets/NAME.env` (run names
+    are predictable) as a link to a file they can read: `cat > FILE` followed it and wrote the secrets there."""
+    stolen = tmp_path / "stolen"
+    if planted != "dangling link":
+        stolen.write_text("")
+        stolen.chmod(0o666)
+    secrets_dir = Path(workspace, ".dfo", "secrets")
+    secrets_dir.mkdir(parents=True)
+    if planted == "file":
+        (secrets_dir / "planted.env").write_text("")
+        (secrets_dir / "planted.env").chmod(0o666)
+        stolen = secrets_dir / "planted.env"
+    else:
+        (secrets_dir / "planted.env").symlink_to(stolen)
+    run_spec = spec(workspace, "sleep 30", secrets=("DFO_TEST_TOKEN",))
+    with pytest.raises(RemoteError) as info:
+        launch(LocalTarget("here"), run_spec, store, name="planted", environ={"DFO_TEST_TOKEN": "tok-4d1e"})
+    assert str(info.value) == (f"here: starting run planted failed: the secrets file {secrets_dir}/planted.env already "
+                               "exists (planted? remove it)")
+    assert not stolen.exists() or "tok-4d1e" not in stolen.read_text()
+    assert store.find_run("planted") is None and list(Path(workspace, "logs").iterdir()) == []
+
+
 def test_stop_terminates_the_process_group_and_records_the_exit(store, workspace):
     command = "sleep 60 & sleep 61; wait"
     run = launch(LocalTarget("here"), spec(workspace, command), store, name="s1").run
