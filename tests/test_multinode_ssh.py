@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from harness import write_inventory
+from harness.cli import DFO, Ran, dfo
 from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 from harness.sshd import SshServer
 
-DFO = str(Path(sys.executable).parent / "dfo")
 
 
 def free_port() -> int:
@@ -37,13 +37,10 @@ class TwoHosts:
     def __init__(self, tmp_path: Path, inventory: Path, port: int) -> None:
         self.tmp, self.inventory, self.port, self.state = tmp_path, inventory, port, tmp_path / "state"
 
-    def dfo(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-        env = {**os.environ, "DFO_HOME": str(self.state), **(env or {})}
-        env.pop("DFO_INVENTORY", None)
-        return subprocess.run([DFO, *args, "-i", str(self.inventory)], capture_output=True, text=True,
-                              timeout=timeout, env=env)
+    def dfo(self, *args: str, timeout: float = 120, env: dict | None = None) -> Ran:
+        return dfo(*args, "-i", str(self.inventory), env={"DFO_HOME": str(self.state), **(env or {})}, timeout=timeout)
 
-    def launch(self, *args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    def launch(self, *args: str, timeout: float = 120, env: dict | None = None) -> Ran:
         return self.dfo("launch", "--name", "mn", "--master-addr", "127.0.0.1", "--master-port", str(self.port),
                         "--json", *args, timeout=timeout, env=env)
 
@@ -51,8 +48,7 @@ class TwoHosts:
         return self.tmp / f"ws{node}" / "logs" / f"mn.node{node}.log"
 
     def runs(self) -> list[dict]:
-        env = {**os.environ, "DFO_HOME": str(self.state)}
-        return json.loads(subprocess.run([DFO, "runs", "--json"], capture_output=True, text=True, timeout=60, env=env).stdout)
+        return json.loads(dfo("runs", "--json", env={"DFO_HOME": str(self.state)}).stdout)
 
 
 @pytest.fixture
