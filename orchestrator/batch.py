@@ -665,14 +665,22 @@ def run_batch(
     poll_s: float = 1.0,
 ) -> list[CellRecord]:
     """Preflight the targets that still have cells to start, then schedule until every cell has an outcome."""
+    from .history import sync_before_attach  # agent channels load only when a batch runs
+
     table = CellTable(store)
     table.save_plan(plan, format_ts(time.time()))
     records = [r for r in table.records(plan.batch) if not CellState(r.state).is_final()]
     ours = frozenset(r.cell.target for r in records if r.state == "running")
+    # the runs the cells left running: rows and histories up to date before they are attached, as `dfo watch` does
+    # (history.sync_before_attach): one that ended meanwhile is judged at once from its whole log, not followed
+    last = [run for r in records if r.state == "running" and r.root_run and store.find_run(r.root_run) is not None
+            if (run := store.find_run(table.chain(r.root_run)[-1])) is not None]
+    problems = sync_before_attach(store, last, lambda run: connections) if last else {}
     catalogue = catalogue_for(inventory)
     scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb, ours=ours),
                           supervisor=Supervisor(inventory, connections, store, on_wait=watcher.stop_waiting), poll_s=poll_s,
                           on_progress=on_progress, catalogue=catalogue, on_interrupt=on_interrupt)
+    scheduler.news.extend(f"could not read the logs on {target} before resuming ({why})" for target, why in problems.items())
     return scheduler.run()
 
 

@@ -7,7 +7,8 @@
          offset, in the file its stored identity names (the agent reads again from 0 when the file is another
          one), the variant's parser (logfmt.make_parser: the one a watch uses), steps above the stored last one
          added with the new offset and identity in one transaction (store.add_samples), snapshot after snapshot
-         until one brings nothing new; a run that had ended before the first snapshot is then marked
+         until one reads every log to its end (less than the agent's budget: a run still logging is not chased
+         past it); a run that had ended before the first snapshot is then marked
          history_complete and is never looked at again
 
 A chain a live dfo holds (a watch, a batch: its claim, chains.Claims) is left to it: it stores those steps
@@ -30,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 from .chains import Claims, chain_key, inventory_for, refresh
 from .connections import Connections
+from .agent.agent import ONCE_BUDGET
 from .agent.protocol import ProtocolError
 from .errors import DfoError
 from .logfmt import StepRecord, make_parser
@@ -61,6 +63,12 @@ class _Reading:
     ident: dict | None = None
     samples: list[dict] = field(default_factory=list)
     moved: bool = False  # the offset moved (or the file was another one) since it was last stored
+    more: bool = False  # the last snapshot stopped short of the log's end (the agent's budget; a file read again)
+    start: int = 0  # the offset the last snapshot read from
+
+    @property
+    def read_to(self) -> int:
+        return self.caught.offset if self.caught.offset is not None else (self.run.log_offset or 0)
 
 
 def needs_sync(run: Run) -> bool:
@@ -73,8 +81,9 @@ def catch_up(target: Target, agent_cmd: Sequence[str], store: Store, runs: Seque
              *, snapshot_timeout: float = SNAPSHOT_TIMEOUT, deadline: float | None = None) -> list[CaughtUp]:
     """Store what the logs of `runs` (all on `target`) hold past each run's stored offset, exactly once: the steps
     above its stored last step, parsed by parser_of(run), with the offset and the file identity reached, after
-    each snapshot. Ends when a snapshot brings no new line; each run that had ended before the first one is then
-    history_complete. Raises DfoError (or agent ProtocolError) when the target does not answer: what was stored
+    each snapshot. Ends when a snapshot read every log to its end (less than the agent's budget of any: a run still
+    logging is not chased, the watch that follows it goes on from there); each run that had ended before the first
+    one is then history_complete. Raises DfoError (or agent ProtocolError) when the target does not answer: what was stored
     until then stays, and the next sync goes on from there."""
     observer = PollObserver(target, list(agent_cmd), sink=queue.Queue(), round_trip_timeout=snapshot_timeout)
     readings = {}
@@ -85,19 +94,66 @@ def catch_up(target: Target, agent_cmd: Sequence[str], store: Store, runs: Seque
     for _ in range(MAX_SNAPSHOTS):
         if deadline is not None and time.monotonic() > deadline:
             return [reading.caught for reading in readings.values()]
-        observer.poll_once()
-        news = _take(observer.observations, readings)
         for reading in readings.values():
+            reading.more, reading.start = False, reading.read_to
+        observer.poll_once()
+        _take(observer.observations, readings)
+        for reading in readings.values():
+            reading.more = reading.more or reading.read_to - reading.start >= ONCE_BUDGET // 2  # the agent's budget
             if reading.moved:
                 reading.caught.steps += store.add_samples(reading.run.name, reading.samples,
                                                           offset=reading.caught.offset, ident=reading.ident)
                 reading.samples, reading.moved = [], False
-        if not news:
+        if not any(reading.more for reading in readings.values()):  # every log read to its end as it was then
             for reading in readings.values():
                 if not reading.run.active:  # it had ended before the first snapshot: its log is read to its end
                     store.update_run(reading.run.name, history_complete=True)
             break
     return [reading.caught for reading in readings.values()]
+
+
+@dataclass
+class WholeLog:
+    """A run's log read from its first byte: every line (its text lines too, which the store does not keep), and
+    the offset and file identity the reading reached (where a watch follows it on from)."""
+
+    lines: list[str] = field(default_factory=list)
+    offset: int | None = None
+    ident: dict | None = None
+
+
+def read_whole_log(target: Target, agent_cmd: Sequence[str], run: Run, *, snapshot_timeout: float = SNAPSHOT_TIMEOUT,
+                   timeout: float = SYNC_TIMEOUT) -> WholeLog:
+    """Run `run`'s log from its first byte to its end, snapshot after snapshot over the agent's `--once` (until
+    one reads less than the agent's budget): what a watch judges a run it attaches to from (Watcher.attach), so
+    that the judge sees the lines before the stored offset too (a crash's traceback, not only the stored steps).
+    Raises DfoError (or agent ProtocolError) when the target does not answer or the log is not read within
+    `timeout` seconds."""
+    observer = PollObserver(target, list(agent_cmd), sink=queue.Queue(), round_trip_timeout=snapshot_timeout)
+    observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=0)
+    log = WholeLog()
+    deadline = time.monotonic() + timeout
+    for _ in range(MAX_SNAPSHOTS):
+        if time.monotonic() > deadline:
+            raise DfoError(f"the log of {run.name} was not read within {timeout:g} s")
+        start = log.offset or 0
+        observer.poll_once()
+        again = False
+        while True:
+            try:
+                obs = observer.observations.get_nowait()
+            except queue.Empty:
+                break
+            if obs.run != run.name:
+                continue
+            if obs.kind == "lines":
+                log.lines.extend(obs.lines)
+                log.offset, log.ident = obs.offset, obs.data.get("ident")
+            elif obs.kind == "truncated":  # another file now: read again from its start
+                log, again = WholeLog(), True
+        if not again and (log.offset or 0) - start < ONCE_BUDGET // 2:
+            break
+    return log
 
 
 def _take(observations: queue.Queue, readings: dict[str, _Reading]) -> bool:
@@ -121,6 +177,7 @@ def _take(observations: queue.Queue, readings: dict[str, _Reading]) -> bool:
             reading.caught.offset, reading.ident, reading.moved, news = obs.offset, obs.data.get("ident"), True, True
         elif obs.kind == "truncated":
             reading.caught.offset, reading.ident, reading.moved, news = 0, None, True, True
+            reading.more = True
 
 
 SAMPLE_FIELDS = ("step", "ts", "tok_s", "loss", "phase", "acc", "lr", "q_fill", "active", "mem_gb")
@@ -172,6 +229,19 @@ def sync_history(store: Store, runs: Sequence[Run], connections_for: Callable[[R
                 problems[target_name] = f"its logs were not read within {timeout:g} s"
     finally:
         claims.release_all()
+    return problems
+
+
+def sync_before_attach(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], Any]) -> dict[str, str]:
+    """What `dfo watch` and `dfo batch` call before they attach `runs`: sync_history of their rows (an end nobody
+    saw recorded, ended_at the exit file's time), and of the history of those that had ended (read to their log's
+    end once: history_complete, then judged at once and never followed). A running run's history is brought up
+    to date by the attach itself (Watcher._replay: judged from its whole log, what is new stored, followed on
+    from there), so its log is not read twice. Returns {target: why it could not be read}."""
+    problems = sync_history(store, runs, connections_for, history_of=[])
+    ended = [fresh for run in runs if (fresh := store.find_run(run.name)) is not None and not fresh.active]
+    if ended:
+        problems.update(sync_history(store, ended, connections_for))
     return problems
 
 

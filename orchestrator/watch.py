@@ -14,9 +14,11 @@ lease runs out (the first one was killed) it takes over, storing the steps the f
 The clock lives here, never in decide/: ticks are the workstation's time moved onto the container's clock
 (the agent's hello carries its time), so a skewed host clock cannot fake a stall.
 
-Re-attaching (`attach` of a run watched before) re-feeds the judge from the stored samples and resumes the
-log at the stored offset; a step already stored is never stored again. Actions run on worker threads so a
-slow stop never freezes the loop; their outcome comes back through the observation queue.
+Re-attaching (`attach` of a run with a stored history: watched before, or looked at) judges it from its whole
+log, read again from its start (the stored steps miss its text lines), stores what it logged since, and follows
+the log from there; a step already stored is never stored again; a run that had ended is judged at once and
+not followed (_ended_before). Actions run on worker threads so a slow stop never freezes the loop; their outcome
+comes back through the observation queue.
 
 What it must not do: render (view.py does), parse options (commands/watch.py does), decide anything itself
 (decide/ does), or signal a run on close: closing stops watching, never the runs.
@@ -39,7 +41,7 @@ from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, UnknownRun
 from .gpu import failure_kind
-from .history import SAMPLE_FIELDS, catch_up, sample_of
+from .history import SAMPLE_FIELDS, catch_up, read_whole_log, sample_of
 from .inventory import Inventory
 from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_parser, parse_ts, step_problem
 from .notify import Notifier
@@ -111,7 +113,10 @@ class WatchedRun:
     exit_wait: "ExitWait | None" = None  # dfo's stop of it sent SIGTERM and waits for it to checkpoint and exit
     lost: bool = False  # its container was unreachable for longer than unreachable_s: the watch gave up on it
     dirty: bool = False  # fed since the decision was last read
-    ended: bool = False  # no longer followed: dfo stopped it and read its log to the end (Watcher._read_to_end)
+    ended: bool = False  # no longer followed: dfo stopped it and read its log to the end (Watcher._read_to_end),
+    # or it had ended before the watch (Watcher._ended_before)
+    replaying: bool = False  # its log read again from the start to judge it (Watcher._replay): an event kind stored
+    replay_floor: int | None = None  # before is not stored again, nor a step event sent for a step up to this one
     malformed: int = 0  # metric lines with a field out of range (ts=1e20 ...): shown, never stored or judged
     last_malformed: str | None = None  # why the last one was refused
 
@@ -253,10 +258,17 @@ class Watcher:
             watched = self._new_watched(run, root, state.variants)
             self.watched[name] = watched
             stored = self._resume(watched)
-            observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=run.log_offset,
-                            ident=run.log_ident)
-            self._emit(watched, ev.Attached, target=run.target, variant=run.variant, offset=run.log_offset,
+            ended = not run.active and run.history_complete  # its end and every step of it are stored already
+            offset, ident = run.log_offset, run.log_ident
+            if (offset or ended) and not watched.handled:  # judged from its whole log, not from its stored steps
+                offset, ident, stored = self._replay(watched, observer, stored, show_all=ended)
+            if not ended:
+                observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=offset,
+                                ident=ident)
+            self._emit(watched, ev.Attached, target=run.target, variant=run.variant, offset=offset,
                        steps_stored=stored, owner=root in self.owned, claimed_by=self._holder_of(root))
+            if ended:
+                self._ended_before(watched)
             if root in self.owned:
                 self._finish_open_intents(root)
             else:
@@ -363,7 +375,12 @@ class Watcher:
     def _new_watched(self, run: Run, root: str, chain: tuple[str, ...]) -> WatchedRun:
         spec = self.inventory.target(run.target)
         variant = self.inventory.variants.get(run.variant) if run.variant else None
-        judge = RunJudge(
+        judge = self._new_judge(run, chain)
+        return WatchedRun(run, root, chain, judge, make_parser(variant.metrics if variant else None),
+                          source=run.target, gpus=spec.gpus, decision=judge.decision())
+
+    def _new_judge(self, run: Run, chain: tuple[str, ...]) -> RunJudge:
+        return RunJudge(
             self.config,
             self._baseline(run, chain),
             run=run.name,
@@ -374,8 +391,6 @@ class Watcher:
             started_ts=parse_ts(run.started_at) if run.started_at else None,
             topologies={name: v.topology for name, v in self.inventory.variants.items()},
         )
-        return WatchedRun(run, root, chain, judge, make_parser(variant.metrics if variant else None),
-                          source=run.target, gpus=spec.gpus, decision=judge.decision())
 
     def _baseline(self, run: Run, chain: tuple[str, ...]) -> float | None:
         """The too-slow baseline: the variant's, else the inventory's, else the best steady figure among the
@@ -418,6 +433,53 @@ class Watcher:
             watched.decision = Decision.from_json(earlier)
             watched.handled = bool(self.store.children(watched.name)) or not watched.run.active
         return stored
+
+    def _replay(self, watched: WatchedRun, observer: ObserverBase, stored: int, *,
+                show_all: bool = False) -> tuple[int | None, dict | None, int]:
+        """A run with a stored history (an earlier watch's, or a look's: history.sync_history, which `dfo watch` and
+        `dfo batch` call first) is judged from its whole log, read again from its first byte (history.read_whole_log),
+        as a watch that followed it from its start would have judged it: the stored steps alone miss its text
+        lines (a crash's traceback or error line, which gives its signature). Steps above the stored ones are
+        stored (or kept, when another watcher owns the chain), the stored ones shown in the view, not stored or
+        sent again as `step` events (`show_all`, a run that had ended: every step sent, its whole run shown at
+        once). Returns the offset and file identity to follow on from, and the steps stored. A log that
+        cannot be read: judged from the stored steps (_resume), followed from the stored offset."""
+        run = watched.run
+        try:
+            log = read_whole_log(observer.target, observer.agent_cmd, run)
+        except (DfoError, ProtocolError) as exc:
+            self._emit(watched, ev.RunError, text=f"its log was not read from its start ({exc}): judged from its "
+                                                  f"stored steps")
+            return run.log_offset, run.log_ident, stored
+        floor = watched.last_stored_step
+        watched.judge = self._new_judge(run, watched.chain)
+        watched.throughput.clear()
+        watched.step_times.clear()
+        watched.last_stored_step, watched.replay_floor, watched.replaying = None, None if show_all else floor, True
+        writes, ts = Writes(), parse_ts(run.started_at or "") or 0.0
+        try:
+            for line in log.lines:
+                self._line(watched, line, ts, writes)
+                ts = watched.latest.ts if watched.latest is not None else ts
+        finally:
+            watched.replaying, watched.replay_floor = False, None
+        new = [sample for sample in writes.samples.get(run.name, []) if floor is None or sample["step"] > floor]
+        if log.offset is None:  # an empty log: followed from where it was
+            return run.log_offset, run.log_ident, stored
+        self._persist(Writes(samples={run.name: new}, offsets={run.name: log.offset}, idents={run.name: log.ident}))
+        watched.last_stored_step = max((step for step in (floor, watched.last_stored_step) if step is not None),
+                                       default=None)
+        return log.offset, log.ident, stored + len(new)
+
+    def _ended_before(self, watched: WatchedRun) -> None:
+        """A run that had ended before this watch, its end and every step stored (sync_history): its end as recorded
+        (ended_at: the exit file's time) is what the judge hears, at once; it is never followed and nothing of it is
+        stored again. A verdict an earlier watch acted on stands (_resume)."""
+        run = watched.run
+        watched.ended, watched.alive, watched.exit_code = True, False, run.exit_code
+        code = run.exit_code if run.exit_code is not None else -1
+        at = parse_ts(run.ended_at or "") or (watched.latest.ts if watched.latest is not None else time.time())
+        self._ended(watched, code, at, why=None if run.exit_code is not None else f"{run.state}, no exit status")
 
     def _holder_of(self, root: str) -> str | None:
         claim = self.claims.holder(chain_key(root))
@@ -630,7 +692,8 @@ class Watcher:
             watched.throughput.append(record.tok_s)
             watched.step_times.append((record.ts, record.step))
             writes.samples.setdefault(watched.name, []).append(sample_of(record))
-            self._emit(watched, ev.Step, step=record.step, tok_s=record.tok_s, loss=record.loss, phase=record.phase)
+            if watched.replay_floor is None or record.step > watched.replay_floor:  # a resumed step is no news
+                self._emit(watched, ev.Step, step=record.step, tok_s=record.tok_s, loss=record.loss, phase=record.phase)
         elif isinstance(record, MalformedLine):
             watched.malformed += 1
             watched.last_malformed = record.reason
@@ -686,7 +749,7 @@ class Watcher:
     def _gpu_observed(self, obs: Observation, writes: "Writes") -> None:
         gpus = [g for g in obs.data.get("gpus") or [] if isinstance(g, dict)]
         ts = obs.data.get("ts") if isinstance(obs.data.get("ts"), (int, float)) else self._clock(obs.source, obs.at)
-        followed = [w for w in self.watched.values() if w.source == obs.source and not w.stopping]
+        followed = [w for w in self.watched.values() if w.source == obs.source and not w.stopping and not w.ended]
         for watched in followed:
             mine = tuple(g for g in gpus if not watched.gpus or g.get("index") in watched.gpus)
             watched.gpu_now = list(mine)
@@ -899,7 +962,7 @@ class Watcher:
         observer.unfollow(watched.name)
         watched.ended = True
         run = self.store.find_run(watched.name)
-        if watched.root not in self.owned or run is None or run.active or run.pid is None:
+        if watched.root not in self.owned or run is None or run.active or run.pid is None or run.history_complete:
             return  # an observer stores nothing; a run still going (its stop failed) is read by the next look
         try:
             catch_up(observer.target, observer.agent_cmd, self.store, [run], lambda _: watched.parse)
@@ -929,8 +992,10 @@ class Watcher:
 
     def _emit(self, watched: WatchedRun, cls: type[ev.RunEvent], **data: Any) -> ev.RunEvent:
         event = cls(at=utc_now(), run=watched.name, chain=watched.root, **data)
-        # an observing watcher shows, its owner stores
-        self._publish(event, watched.name, event.stored and watched.root in self.owned)
+        # an observing watcher shows, its owner stores (a kind an ended run's earlier watch stored: not again)
+        stored = event.stored and watched.root in self.owned and not (
+            watched.replaying and self.store.events(watched.name, kind=event.kind))
+        self._publish(event, watched.name, stored)
         return event
 
     def _emit_source(self, cls: type[ev.TargetEvent], source: str, **data: Any) -> None:

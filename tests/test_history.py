@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from datetime import datetime, timezone
 
 from harness import cli as harness_cli
+from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 from orchestrator.history import sync_history
 from test_watch import lab, run_until  # noqa: F401  (lab: the fixture)
 
@@ -98,3 +100,100 @@ def test_a_watch_that_finds_its_run_ended_records_the_exit_files_time_not_its_ow
     ended = datetime.fromisoformat(run.ended_at.replace("Z", "+00:00")).timestamp()
     assert (run.state, run.ended_from) == ("exited", "exit_file")
     assert abs(ended - os.stat(exit_file).st_mtime) < 0.01
+
+
+def watch_json(lab, tmp_path, *args: str) -> list[dict]:
+    shown = dfo(lab, tmp_path, "watch", *args, "--json", "-i", str(lab.path))
+    assert shown.returncode in (0, 1), shown.output
+    return [json.loads(line) for line in shown.stdout.splitlines()]
+
+
+def test_dfo_watch_of_a_run_that_ended_unwatched_reports_its_end_at_once_every_step_stored_ended_at_its_exit_file(
+        lab, tmp_path) -> None:
+    lab.launch("short", "h7")  # 30 steps, exit 0; nobody watches it
+    exit_file = wait_for_exit(lab, "h7")
+    time.sleep(1.5)  # the watch comes well after the end
+    events = watch_json(lab, tmp_path, "h7")
+    [attached] = [e for e in events if e["kind"] == "attached"]
+    assert attached["steps_stored"] == 30  # its history was brought up to its log's end before the watch attached
+    assert [e["step"] for e in events if e["kind"] == "step"] == list(range(1, 31))  # all shown at once, each once
+    [ended] = [e for e in events if e["kind"] == "ended"]
+    assert (ended["state"], ended["exit_code"]) == ("exited", 0)
+    [final] = [e for e in events if e["kind"] == "final"]
+    run = lab.store.get_run("h7")
+    assert (run.state, run.ended_from, run.history_complete) == ("exited", "exit_file", True)
+    assert abs(datetime.fromisoformat(run.ended_at.replace("Z", "+00:00")).timestamp()
+               - int(os.stat(exit_file).st_mtime)) < 1.0
+    assert (final["decision"], final["at_ts"]) == ("exited", run.ended_at)  # judged at its end, not at the watch
+    assert [e["data"]["state"] for e in lab.store.events("h7", kind="ended")] == ["exited"]  # recorded once
+    assert [s["step"] for s in lab.store.samples("h7")] == list(range(1, 31))  # nothing stored twice
+
+
+def test_a_crash_that_ended_unwatched_is_judged_from_its_whole_log_after_a_look_stored_its_steps(lab, tmp_path) -> None:
+    lab.launch("capturing", "h8")  # 5 steps, then a CUDA-capture error line, exit 1
+    wait_for_exit(lab, "h8")
+    looked = dfo(lab, tmp_path, "runs", "h8", "--json")  # stores its steps: the log's offset is at its end now
+    assert looked.returncode == 0, looked.stderr
+    assert lab.store.get_run("h8").history_complete
+    [final] = [e for e in watch_json(lab, tmp_path, "h8", "--no-fallback") if e["kind"] == "final"]
+    # the watch judges the crash line too (not only the stored steps): the catalogue's signature, not "no traceback"
+    assert (final["decision"], final["signature"]) == ("crash", "cuda_capture_unsupported"), final["reason"]
+
+
+def test_a_running_run_whose_steps_a_look_stored_is_judged_from_its_whole_log_by_the_watch(lab, tmp_path) -> None:
+    lab.launch("trees", "h10")  # 3 steps, a worker thread's cudagraph_tls traceback; the process lives on
+    deadline = time.monotonic() + 60
+    while "AssertionError" not in (lab.workspace / "logs" / "h10.log").read_text():
+        assert time.monotonic() < deadline, "h10 printed no traceback within 60 s"
+        time.sleep(0.1)
+    looked = dfo(lab, tmp_path, "runs", "h10", "--json")  # stores its 3 steps: the offset is past the traceback
+    assert looked.returncode == 0 and lab.store.last_step("h10") == 3, looked.stderr
+    [final] = [e for e in watch_json(lab, tmp_path, "h10", "--until-decided", "--no-fallback") if e["kind"] == "final"]
+    assert (final["decision"], final["signature"]) == ("crash", "cudagraph_tls"), final["reason"]  # not a stall
+    assert [s["step"] for s in lab.store.samples("h10")] == [1, 2, 3]
+
+
+def test_a_watch_after_a_look_judges_every_step_and_stores_and_sends_each_once(lab, tmp_path) -> None:
+    lab.launch("nographs", "h9")  # 400 steps over ~8 s
+    deadline = time.monotonic() + 60
+    while len(lab.log_steps("h9")) < 100:
+        assert time.monotonic() < deadline, "h9 logged no 100 steps within 60 s"
+        time.sleep(0.1)
+    assert dfo(lab, tmp_path, "runs", "h9", "--json").returncode == 0  # a look stores what it logged so far
+    looked = lab.store.last_step("h9")
+    events = watch_json(lab, tmp_path, "h9", "--until-decided")
+    [attached] = [e for e in events if e["kind"] == "attached"]
+    assert attached["steps_stored"] >= looked >= 100
+    sent = [e["step"] for e in events if e["kind"] == "step"]
+    assert sent == sorted(set(sent)), [step for step in sent if sent.count(step) > 1]  # none sent twice
+    assert not sent or sent[0] > looked  # the steps a look stored are not sent (steps_stored counts them)
+    [final] = [e for e in events if e["kind"] == "final"]
+    assert final["decision"] in ("steady", "exited") and final["steady_tok_s"] is not None, final["reason"]
+    steps = [s["step"] for s in lab.store.samples("h9")]
+    assert steps == list(range(1, steps[-1] + 1))  # each once: the look's, the watch's replay and its stream meet
+
+
+def test_dfo_batch_judges_a_cell_whose_run_ended_while_no_batch_ran_from_its_whole_log(lab, tmp_path) -> None:
+    experiments = tmp_path / "cap.yaml"
+    experiments.write_text("batch: cap\ntargets: [here]\nmatrix: {variant: [capturing]}\nfallback: false\n")
+    batch = [harness_cli.DFO, "batch", str(experiments), "-i", str(lab.path), "--poll", "0.3", "--json"]
+    idle = NvidiaSmiState(tmp_path / "idle-gpu.json", [Gpu(0, memory_used_mib=0, utilization_pct=0)])  # preflight passes
+    env = {**os.environ, "DFO_HOME": str(tmp_path / "state"), STATE_ENV: str(idle.path)}
+    env.pop("DFO_INVENTORY", None)
+    first = subprocess.Popen(batch, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    root = "cap.capturing.here.r1"
+    try:
+        deadline = time.monotonic() + 60
+        while not (lab.workspace / "logs" / f"{root}.log").exists():  # launched (it sleeps 4 s first)
+            assert time.monotonic() < deadline and first.poll() is None, "the first dfo batch launched nothing"
+            time.sleep(0.1)
+    finally:
+        first.kill()  # the batch dies; its run goes on, ends, and a look stores its steps
+        first.wait(timeout=30)
+    wait_for_exit(lab, root)
+    assert dfo(lab, tmp_path, "runs", root, "--json").returncode == 0
+    again = harness_cli.dfo(*batch[1:], env={"DFO_HOME": env["DFO_HOME"], STATE_ENV: env[STATE_ENV]})
+    [cell] = json.loads(again.stdout)["cells"]
+    assert (cell["state"], cell["decision"]) == ("failed", "crash"), again.output[-2000:]
+    decision = lab.store.get_run(root).decision
+    assert decision["signature"] == "cuda_capture_unsupported", decision["reason"]  # its crash line was judged

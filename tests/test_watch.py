@@ -96,6 +96,9 @@ def write_trainers(directory: Path) -> dict[str, str]:
         "slower": f"{PY} {directory}/steady_trainer.py 400 0.02 800",
         "paced": f"{PY} {directory}/steady_trainer.py 400 0.1",  # steady ~6 s after its start, not ~1 s
         "gated": f"{PY} {directory}/steady_trainer.py 400 0.1 1000 {directory}/go",  # steps once `go` exists
+        # 4 s, 5 steps, then a crash of the catalogue's (a line signature, cuda_capture_unsupported), exit 1
+        "capturing": f"sleep 4; {PY} {directory}/steady_trainer.py 5 0.02; echo 'RuntimeError: CUDA error: operation "
+                     f"not permitted when stream is capturing'; exit 1",
     }
 
 
@@ -231,7 +234,8 @@ def test_reattach_continues_from_the_offset_without_counting_twice(lab) -> None:
     assert attached.last_stored_step == lab.store.samples("r1")[-1]["step"]
     assert attached.latest.step == attached.last_stored_step  # the view shows where the run stood at once
     [event] = [e for e in lab.store.events("r1", kind="attached")][-1:]
-    assert event["data"]["steps_stored"] == len(lab.store.samples("r1")) and event["data"]["offset"] == offset
+    # the steps it logged meanwhile are read at the attach (its whole log, Watcher._replay), stored once
+    assert event["data"]["steps_stored"] == len(lab.store.samples("r1")) and event["data"]["offset"] >= offset
     run_until(second, Watcher.settled)
     steps = [s["step"] for s in lab.store.samples("r1")]
     assert steps == sorted(set(steps)) and steps == lab.log_steps("r1")[: len(steps)]
@@ -298,7 +302,7 @@ def test_poll_mode_reaches_the_same_verdict(lab) -> None:
 
 @pytest.mark.slow
 def test_ctrl_c_ends_the_watch_and_leaves_the_run_and_no_agent_running(lab, tmp_path) -> None:
-    lab.launch("nographs", "k1")
+    lab.launch("paced", "k1")  # 40 s: 'nographs' (8 s) had ended by the Ctrl-C when a loaded machine was slow to start dfo
     dfo, env = cli(tmp_path)
     watching = subprocess.Popen([dfo, "watch", "k1", "--json", "-i", str(lab.path)], env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -19,6 +19,7 @@ from ..connections import Connections
 from ..errors import DfoError
 from ..events import (ActionError, DecisionMade, Event, FellBack, GpuError, LeaseHeld, LeftToBatch, LevelShift,
                       MultinodeFellBack)
+from ..history import sync_before_attach
 from ..inventory import Inventory
 from ..states import Verdict
 from ..store import Store, utc_now
@@ -132,6 +133,7 @@ def watch_runs(
         return stopped_watching(interrupted)
     with Connections(inventory) as connections, Store() as store:
         names = resolve_nodes(store, names)
+        catch_up_first(store, names, connections)
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
                           on_event=(lambda event: print_json(event.to_json())) if as_json else None, unreachable_s=unreachable_s)
         try:
@@ -169,6 +171,16 @@ def watch_runs(
         return watch_runs(inventory, followers, interval=interval, poll=poll, until_decided=until_decided,
                           fallback=fallback, as_json=as_json, unreachable_s=unreachable_s)
     return 1 if lost else verdicts_exit_status(d.get("decision") for d in decisions)
+
+
+def catch_up_first(store: Store, names: Sequence[str], connections: Connections) -> None:
+    """The runs' rows and stored histories brought up to date before they are attached (history.sync_before_attach,
+    over the watch's own connections): one that ended is reported ended at once. A target that cannot be read is
+    named on stderr; the watch then reads it itself."""
+    runs = [run for name in names if (run := store.find_run(name)) is not None]
+    for target, why in sync_before_attach(store, runs, lambda run: connections).items():
+        err_console.print(f"note: could not read the logs on {target} before the watch ({why})",
+                          highlight=False, markup=False, soft_wrap=True)
 
 
 def stopped_watching(interrupted: KeyboardInterrupt | None) -> int:
