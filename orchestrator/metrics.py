@@ -16,7 +16,8 @@ from statistics import fmean, median
 from typing import Any, Optional
 
 from .logfmt import parse_ts
-from .report import LEGEND_FONT, PLOT_DPI, STEADY, config_colours, run_figure, run_gpu_samples
+from .decide import Decision, read_stored
+from .report import LEGEND_FONT, PLOT_DPI, STEADY, UNREADABLE, config_colours, run_figure, run_gpu_samples
 from .store import Run, Store
 
 TIMELINE_ROWS = 12
@@ -37,32 +38,43 @@ class RunMetrics:
     tok_s: Optional[float] = None  # the run's figure ...
     basis: Optional[str] = None  # ... and its basis (report.STEADY / report.LAST_WINDOW)
 
+    decision: Optional[Decision] = None  # the run's stored decision (decide.read_stored), None: none or unreadable
+    unreadable: Optional[str] = None  # why its stored decision cannot be read (an old or damaged one)
+
     @property
-    def verdict(self) -> dict[str, Any]:
-        return self.run.decision or {}
+    def verdict(self) -> Optional[str]:
+        """The verdict's word; `unreadable` for a stored decision that cannot be read; None: no decision."""
+        return str(self.decision.decision) if self.decision else (UNREADABLE if self.unreadable else None)
 
     @property
     def interval(self) -> Optional[tuple[float, float]]:
-        interval = self.verdict.get("interval") if self.basis == STEADY else None
+        interval = self.decision.interval if self.decision and self.basis == STEADY else None
         return (interval[0], interval[1]) if interval else None
+
+    def evidence(self, *path: str) -> Any:
+        """The verdict's evidence at `path` (evidence is free-form: a level that is not an object is no value)."""
+        value: Any = self.decision.evidence if self.decision else None
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
 
     @property
     def warmup_end(self) -> Optional[dict[str, Any]]:
         """{step, t} of the warm-up cut now (where the figure's steps begin), when the verdict names one."""
-        return self._reached(self.verdict.get("warmup_end_step"))
+        return self._reached(self.decision.warmup_end_step if self.decision else None)
 
     @property
     def declared_warmup_end(self) -> Optional[dict[str, Any]]:
         """{step, t} of the warm-up cut when steady was declared (the cut only moves later as data come,
         docs/decisions.md point 2); the cut now for a verdict that does not record it."""
-        declared = (self.verdict.get("evidence") or {}).get("steady_declared_warmup_end_step")
-        return self._reached(declared) if declared is not None else self.warmup_end
+        declared = self.evidence("steady_declared_warmup_end_step")
+        return self._reached(declared) if isinstance(declared, (int, float)) else self.warmup_end
 
     @property
     def figure_steps(self) -> Optional[tuple[int, int]]:
         """The steps the steady figure is the level of, (first, last), when the verdict records them."""
-        steps = ((self.verdict.get("evidence") or {}).get("steady") or {}).get("figure_steps")
-        return (steps[0], steps[1]) if steps else None
+        steps = self.evidence("steady", "figure_steps")
+        return (steps[0], steps[1]) if isinstance(steps, list) and len(steps) == 2 else None
 
     @property
     def cut_moved(self) -> bool:
@@ -103,7 +115,7 @@ class RunMetrics:
             "run": self.run.name, "target": self.run.target, "variant": self.run.variant, "state": self.run.state,
             "exit_code": self.run.exit_code, "settings": self.settings, "started_at": self.run.started_at,
             "tok_s": self.tok_s, "basis": self.basis, "interval": list(self.interval) if self.interval else None,
-            "decision": self.verdict.get("decision"), "warmup_end": self.warmup_end, "warmup_s": self.warmup_s,
+            "decision": self.verdict, "decision_unreadable": self.unreadable, "warmup_end": self.warmup_end, "warmup_s": self.warmup_s,
             "declared_warmup_end": self.declared_warmup_end,
             "figure_steps": list(self.figure_steps) if self.figure_steps else None,
             "peak_mem_mib": self.peak_mem_mib, "gpus": self.gpu_summary(), "decisions": self.decisions,
@@ -135,13 +147,16 @@ def run_metrics(store: Store, name: str) -> RunMetrics:
                                                 "mem_total_mib": g["mem_total_mib"], "util_pct": g["util_pct"]})
     decisions = []
     for event in store.events(name, kind="decision"):
-        decision = (event["data"] or {}).get("decision") or {}
-        decisions.append({"t": since(parse_ts(event["at"])), "decision": decision.get("decision"),
-                          "action": decision.get("action"), "at_step": decision.get("at_step")})
+        made, _ = read_stored((event["data"] or {}).get("decision") if isinstance(event["data"], dict) else None)
+        if made is not None:  # one that cannot be read is left out of the timeline
+            decisions.append({"t": since(parse_ts(event["at"])), "decision": str(made.decision),
+                              "action": str(made.action), "at_step": made.at_step})
     launched = store.events(name, kind="launched")
     settings = dict((launched[0]["data"] or {}).get("sets") or {}) if launched else {}
-    tok_s, basis = run_figure(store, run, run.decision or {})
-    return RunMetrics(run, start, steps, gpus, decisions, settings, tok_s, basis)
+    decision, unreadable = read_stored(run.decision)
+    unreadable = unreadable or (run.unreadable if run.unreadable and "runs.decision" in run.unreadable else None)
+    tok_s, basis = run_figure(store, run, decision)
+    return RunMetrics(run, start, steps, gpus, decisions, settings, tok_s, basis, decision, unreadable)
 
 
 def timeline(metrics: RunMetrics, rows: int = TIMELINE_ROWS) -> list[dict[str, Any]]:
@@ -252,7 +267,7 @@ def plot_run(metrics: RunMetrics, path: Path) -> Path:
         if metrics.gpus:
             memory.legend(fontsize=LEGEND_FONT, loc="lower right", ncol=min(len(metrics.gpus), 8))
         util.set_xlabel("seconds since the run started")
-        verdict = f"{metrics.verdict.get('decision')}" if metrics.verdict else "no verdict"
+        verdict = metrics.verdict or "no verdict"
         figure.suptitle(f"{metrics.run.name} on {metrics.run.target} ({metrics.run.variant or 'command'}): {verdict}")
         figure.tight_layout()
         figure.savefig(path, dpi=PLOT_DPI)

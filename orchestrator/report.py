@@ -22,6 +22,7 @@ from statistics import mean, median
 from typing import Any, Optional
 
 from .batch import CellRecord, CellTable
+from .decide import Decision, read_stored
 from .decide.steady import DROPPED_PHASES
 from .errors import UsageError
 from .logfmt import parse_ts
@@ -34,6 +35,7 @@ LAST_WINDOW_S = 60.0  # an unsettled run's figure: the median over its last minu
 LAST_WINDOW_MIN_STEPS = 5  # ... or over its last 5 metric lines when that minute holds fewer
 STEADY = "steady"
 LAST_WINDOW = "last-window median"
+UNREADABLE = "unreadable"  # a stored decision not of the shape this dfo writes (decide.read_stored): said, not guessed at
 
 
 @dataclass
@@ -81,8 +83,8 @@ def _row(store: Store, table: CellTable, record: CellRecord) -> CellRow:
     chain = table.chain(record.root_run) if record.root_run else []
     runs = [run for run in (store.find_run(name) for name in chain) if run is not None]
     final = runs[-1] if runs else None
-    decision = (record.outcome.get("decision") or (final.decision if final else None)) or {}
-    interval = decision.get("interval") or [None, None]
+    decision, unreadable = read_stored(record.outcome.get("decision") or (final.decision if final else None))
+    interval = (decision.interval if decision else None) or [None, None]
     tok_s, basis = run_figure(store, final, decision) if final else (None, None)
     return CellRow(
         cell=cell.id,
@@ -92,8 +94,8 @@ def _row(store: Store, table: CellTable, record: CellRecord) -> CellRow:
         gpus=cell.gpus,
         repeat=cell.repeat,
         state=record.state,
-        decision=decision.get("decision"),
-        steady_tok_s=decision.get("steady_tok_s"),
+        decision=str(decision.decision) if decision else (UNREADABLE if unreadable else None),
+        steady_tok_s=decision.steady_tok_s if decision else None,
         interval_low=interval[0],
         interval_high=interval[1],
         warmup_s=warmup_seconds(store, final, decision) if final else None,
@@ -107,10 +109,10 @@ def _row(store: Store, table: CellTable, record: CellRecord) -> CellRow:
     )
 
 
-def run_figure(store: Store, run: Run, decision: dict) -> tuple[Optional[float], Optional[str]]:
+def run_figure(store: Store, run: Run, decision: Optional[Decision]) -> tuple[Optional[float], Optional[str]]:
     """The run's throughput figure and its basis: the steady verdict's, else the last-window median."""
-    if decision.get("steady_tok_s") is not None:
-        return decision["steady_tok_s"], STEADY
+    if decision is not None and decision.steady_tok_s is not None:
+        return decision.steady_tok_s, STEADY
     median_tok_s = last_window_median(store.samples(run.name))
     return (median_tok_s, LAST_WINDOW) if median_tok_s is not None else (None, None)
 
@@ -127,9 +129,9 @@ def last_window_median(samples: list[dict]) -> Optional[float]:
     return round(median(s["tok_s"] for s in recent), 1)
 
 
-def warmup_seconds(store: Store, run: Run, decision: dict) -> Optional[float]:
+def warmup_seconds(store: Store, run: Run, decision: Optional[Decision]) -> Optional[float]:
     """Seconds from the run's start to the step where its steady state began (compile and warm-up included)."""
-    end_step = decision.get("warmup_end_step")
+    end_step = decision.warmup_end_step if decision is not None else None
     if end_step is None:
         return None
     samples = [s for s in store.samples(run.name) if s.get("step") is not None and s.get("ts") is not None]

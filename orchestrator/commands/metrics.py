@@ -69,6 +69,9 @@ def show_metrics(metrics: metrics_lib.RunMetrics) -> None:
                   f"{len(metrics.steps)} metric lines" + (f", up to step {max(steps)}" if steps else "")
                   + (f" in {span:,.0f} s" if span is not None else ""), highlight=False, markup=False)
     console.print(f"figure: {describe_figure(metrics)}", highlight=False, markup=False)
+    if metrics.unreadable:
+        console.print(f"decision: unreadable ({metrics.unreadable}); `dfo watch {run.name}` judges the run again",
+                      highlight=False, markup=False, soft_wrap=True)
     losses = [s["loss"] for s in metrics.steps if s["loss"] is not None]
     if losses:
         console.print(f"loss: {losses[0]:.4g} -> {losses[-1]:.4g}", highlight=False)
@@ -102,15 +105,14 @@ def describe_figure(metrics: metrics_lib.RunMetrics) -> str:
         interval = f" (95% {metrics.interval[0]:,.0f}-{metrics.interval[1]:,.0f})" if metrics.interval else ""
         end = metrics.warmup_end
         if metrics.cut_moved and metrics.figure_steps:  # the declaration as it was, as the watch's reason says it
-            evidence = metrics.verdict.get("evidence") or {}
-            where = figure_span(end["step"], metrics.figure_steps, evidence.get("steady_declared_step"),
+            where = figure_span(end["step"], metrics.figure_steps, metrics.evidence("steady_declared_step"),
                                 metrics.declared_warmup_end["step"])
             timed = f"; warm-up {metrics.warmup_s:,.1f} s to the cut now" if metrics.warmup_s is not None else ""
             return f"steady {metrics.tok_s:,.0f} tok/s{interval} {where}{timed}"
         after = f" after {metrics.warmup_s:,.1f} s" if metrics.warmup_s is not None else ""
         warm = f", warm-up ended at step {end['step']}{after}" if end else ""
         return f"steady {metrics.tok_s:,.0f} tok/s{interval}{warm}"
-    verdict = metrics.verdict.get("decision") or "no verdict"
+    verdict = metrics.verdict or "no verdict"
     return f"{metrics.tok_s:,.0f} tok/s, median of the last {LAST_WINDOW_S:.0f} s of steps ({verdict}: not a steady figure)"
 
 
@@ -138,7 +140,7 @@ def compare_command(
 def compare_row(m: metrics_lib.RunMetrics) -> dict:
     return {"run": m.run.name, "variant": m.run.variant, "settings": m.settings, "tok_s": m.tok_s, "basis": m.basis,
             "interval": list(m.interval) if m.interval else None, "warmup_s": m.warmup_s, "peak_mem_mib": m.peak_mem_mib,
-            "verdict": m.verdict.get("decision"), "state": m.run.state}
+            "verdict": m.verdict, "state": m.run.state}
 
 
 def show_compare(runs: list[metrics_lib.RunMetrics], width: int) -> None:

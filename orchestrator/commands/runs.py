@@ -22,6 +22,7 @@ from typer.core import TyperGroup
 from .. import runs as runs_lib
 from ..connections import Connections
 from ..errors import DfoError, RefusedError, RemoteError, UsageError
+from ..decide import read_stored
 from ..events import LevelShift
 from ..inventory import TargetSpec, load_inventory
 from ..launchplan import Gate
@@ -355,20 +356,21 @@ def show_run(name: str, as_json: bool) -> None:
     if as_json:
         print_json({**run.as_dict(), "wandb": where or None, "launch_failed": not_started, "lost_why": lost})
         return
-    decision = run.decision or {}
-    verdict = decision.get("decision", "")
-    if decision.get("steady_tok_s") is not None:
-        verdict += f", {decision['steady_tok_s']:,.0f} tok/s"
+    decision, unreadable = read_stored(run.decision)
+    verdict = str(decision.decision) if decision else ""
+    if decision and decision.steady_tok_s is not None:
+        verdict += f", {decision.steady_tok_s:,.0f} tok/s"
     rows = [("run", run.name), ("target", run.target), ("variant", run.variant or ""),
             ("state", run.state + (f" (exit code {run.exit_code})" if run.exit_code is not None else "")),
             ("started", run.started_at or ""), ("ended", run.ended_at or ""), ("PID", _text(run.pid)),
             ("checked", f"{run.checked_at} (its target did not answer; `dfo runs {run.name} --recheck` looks again)"
                         if runs_lib.start_unsettled(run) and run.checked_at else ""),
             ("log", run.log_path or ""), ("batch", run.batch or ""), ("after", run.parent or ""),
-            ("decision", verdict), ("why", decision.get("reason") or not_started or ""), ("lost", lost or ""),
-            ("registry", f"unreadable: {run.unreadable} (shown as empty)"
-                         if run.unreadable else ""),
-            *(("shift", LevelShift.describe(shift)) for shift in decision.get("level_shifts") or ()),
+            ("decision", verdict), ("why", (decision.reason if decision else "") or not_started or ""),
+            ("lost", lost or ""),
+            ("registry", f"unreadable: {'; '.join(filter(None, (run.unreadable, unreadable)))} (shown as empty)"
+                         if run.unreadable or unreadable else ""),
+            *(("shift", LevelShift.describe(shift)) for shift in (decision.level_shifts if decision else ())),
             ("W&B", where.get("url") or (f"offline: {where['dir']} (upload: wandb sync {where['dir']})" if where.get("dir")
                                           else ""))]
     for key, value in rows:
@@ -429,12 +431,12 @@ def _run_row(run: Run, now: datetime, *, short: bool = False) -> dict[str, str]:
     state = state_text(run)
     if runs_lib.start_unsettled(run) and run.checked_at:  # looked for at a target that did not answer
         state += f", checked {_local_time(run.checked_at, now, seconds=True)}"
-    decision = {} if run.unreadable else run.decision or {}
+    decision, unreadable = read_stored(run.decision)
     return {"name": run.name, "target": run.target, "variant": run.variant or "", "state": state,
             "start": _local_time(run.started_at, now, short=short), "PID": _text(run.pid),
             "took": duration(_took_s(run, now)) if run.started_at and (run.ended_at or run.active) else "",
-            "tok/s": number(decision.get("steady_tok_s")),
-            "decision": "(unreadable)" if run.unreadable else decision.get("decision", "")}
+            "tok/s": number(decision.steady_tok_s if decision and not run.unreadable else None),
+            "decision": "(unreadable)" if run.unreadable or unreadable else str(decision.decision) if decision else ""}
 
 
 def _took_s(run: Run, now: datetime) -> float:

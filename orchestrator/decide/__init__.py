@@ -5,7 +5,7 @@
 
 from ..states import Verdict
 from .config import DecideConfig
-from .judge import Decision, RunJudge, describe_gpus
+from .judge import Decision, RunJudge, describe_gpus, read_stored
 from .observations import (
     EventObs, ExitObs, GpuObs, LineObs, Observation, StepObs, StopRequested, TickObs, observation_from_record,
 )
@@ -15,7 +15,7 @@ from .signatures import BUILTIN, Catalogue, MatchTracker, Signature
 from .steady import SteadyDetector, SteadyEstimate, figure_span
 
 __all__ = [
-    "BUILTIN", "Catalogue", "DecideConfig", "Decision", "EventObs", "ExitObs", "GpuObs", "LineObs", "MatchTracker",
+    "BUILTIN", "Catalogue", "DecideConfig", "Decision", "read_stored", "EventObs", "ExitObs", "GpuObs", "LineObs", "MatchTracker",
     "Observation", "RunJudge", "Signature", "SteadyDetector", "SteadyEstimate", "StepObs", "StopRequested", "TickObs", "Verdict",
     "action_for", "describe_gpus", "figure_span", "next_variant", "observation_from_record", "replay", "replay_timeline", "rest_of_chain",
 ]

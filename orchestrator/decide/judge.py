@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from statistics import median
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..logfmt import format_ts
 from ..states import Action, Verdict
@@ -88,6 +88,32 @@ class Decision:
                 values[name] = "" if name == "reason" else None
         return cls(**values)
 
+    @classmethod
+    def read(cls, data: Any) -> "Decision":
+        """A stored decision (the registry's runs.decision, a cell's outcome, a `decision` event) as the typed
+        Decision: the one reader of stored decisions. ValueError, saying why in words, when it is not the shape
+        to_json() writes (an old dfo's, or a damaged row): its readers would fail on it, or show it wrong."""
+        if not isinstance(data, Mapping):
+            raise ValueError("is not a JSON object")
+        if "decision" not in data:
+            raise ValueError("has no `decision` (not the shape this dfo writes)")
+        if data["decision"] not in tuple(Verdict):
+            raise ValueError(f"has a verdict this dfo does not know ({str(data['decision'])[:40]!r})")
+        if data.get("action") is not None and data["action"] not in tuple(Action):
+            raise ValueError(f"has an action this dfo does not know ({str(data['action'])[:40]!r})")
+        for key, kind in STORED_TYPES.items():
+            if not _is(data.get(key), kind):
+                raise ValueError(f"has a `{key}` that is not {_KIND_WORDS[kind]}")
+        interval = data.get("interval")
+        if interval is not None and not (isinstance(interval, list) and len(interval) == 2
+                                         and all(_is(end, float) and end is not None for end in interval)):
+            raise ValueError("has an interval that is not two numbers")
+        for shift in data.get("level_shifts") or ():
+            if not isinstance(shift, Mapping) or not all(_is(shift.get(key), float) and shift.get(key) is not None
+                                                         for key in SHIFT_NUMBERS):
+                raise ValueError("has a level shift without its steps and levels")
+        return cls.from_json(data)
+
     @property
     def verdict(self) -> Verdict:
         return self.decision
@@ -100,6 +126,41 @@ class Decision:
     def to_json(self) -> dict:
         """docs/design.md's decision JSON (verdict and action as their strings) plus the fields above."""
         return {**asdict(self), "decision": str(self.decision), "action": str(self.action)}
+
+
+def read_stored(data: Any) -> tuple[Decision | None, str | None]:
+    """A stored decision (runs.decision, a cell's outcome, a `decision` event's) through Decision.read: (the
+    Decision, None); (None, None) when there is none; (None, why it cannot be read) when it is not the shape this
+    dfo writes, which its readers show as unreadable, never a traceback."""
+    if data is None or data == {}:
+        return None, None
+    try:
+        return Decision.read(data), None
+    except ValueError as exc:
+        return None, f"the stored decision {exc}"
+
+
+# The type of each field of a stored decision (Decision.read; None is always allowed): float means any number.
+STORED_TYPES = {"run": str, "at_step": int, "at_ts": str, "signature": str, "steady_tok_s": float,
+                "warmup_end_step": int, "next_run": str, "reason": str, "evidence": dict, "next_variant": str,
+                "noise_rel": float, "noisy": bool, "ended": str, "exit_code": int, "level_shifts": list,
+                "shift_suspected": dict, "degrading": dict, "degrading_at_end": dict}
+SHIFT_NUMBERS = ("at_step", "detected_step", "from_tok_s", "to_tok_s")  # what a level shift's line is made of
+_KIND_WORDS = {str: "text", int: "a whole number", float: "a number", bool: "true or false", dict: "a JSON object",
+               list: "a JSON list"}
+
+
+def _is(value: Any, kind: type) -> bool:
+    """Whether a stored field's value is of `kind` (None is; a bool is no number; a whole float is an int)."""
+    if value is None:
+        return True
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float))
+    if kind is int:
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    return isinstance(value, kind)
 
 
 def describe_gpus(samples: Sequence[GpuObs]) -> str | None:

@@ -21,7 +21,8 @@ from ..commands.metrics import describe_figure
 from ..commands.runs import state_text
 from ..events import LevelShift
 from ..logfmt import parse_ts
-from ..report import STEADY, best_per_target, cell_rows, describe_best, run_figure
+from ..decide import read_stored
+from ..report import STEADY, UNREADABLE, best_per_target, cell_rows, describe_best, run_figure
 from ..sanitize import visible
 from ..store import Run, Store
 from ..view import duration
@@ -59,14 +60,20 @@ def runs_note(rows: list[RunRow]) -> Optional[str]:
     return basis_note([row.figure_basis for row in rows])
 
 
+def verdict_word(stored: object) -> str:
+    """A stored decision's verdict as one word (`unreadable` for one this dfo cannot read; "" for none)."""
+    decision, unreadable = read_stored(stored)
+    return str(decision.decision) if decision else (UNREADABLE if unreadable else "")
+
+
 def run_row(store: Store, run: Run, now: float) -> RunRow:
-    decision = run.decision or {}
+    decision, unreadable = read_stored(run.decision)
     tok_s, basis = run_figure(store, run, decision)
-    interval = decision.get("interval") if basis == STEADY else None
+    interval = decision.interval if decision and basis == STEADY else None
     started = parse_ts(run.started_at) if run.started_at else None
     ended = parse_ts(run.ended_at) if run.ended_at else None
-    verdict = decision.get("decision") or ""
-    if verdict and decision.get("noisy"):
+    verdict = str(decision.decision) if decision else (UNREADABLE if unreadable else "")
+    if decision and decision.noisy:
         verdict += " (noisy)"
     return RunRow(
         name=run.name,
@@ -118,15 +125,15 @@ def run_page(store: Store, name: str, now: float) -> RunPage:
     """Run `name`'s page; UnknownRun names the fix."""
     metrics = metrics_lib.run_metrics(store, name)
     run = metrics.run
-    decision = run.decision or {}
+    decision = metrics.decision
     steps = [s["step"] for s in metrics.steps if s["step"] is not None]
     group = store.node_group(name)
     return RunPage(
         run=run,
         row=run_row(store, run, now),
         figure=describe_figure(metrics),
-        reason=visible(decision.get("reason") or ""),
-        shifts=[LevelShift.describe(shift) for shift in decision.get("level_shifts") or ()],
+        reason=visible((decision.reason if decision else metrics.unreadable) or ""),
+        shifts=[LevelShift.describe(shift) for shift in (decision.level_shifts if decision else ())],
         charts=[charts.render(chart) for chart in run_charts(metrics)],
         gpus=metrics.gpu_summary(),
         chain=chain_links(store, run),
@@ -173,7 +180,7 @@ def chain_links(store: Store, run: Run) -> list[ChainLink]:
     links = []
     for other in filter(None, map(store.find_run, names)):
         links.append(ChainLink(other.name, other.variant or "command", state_text(other),
-                               (other.decision or {}).get("decision") or "", other.name == run.name))
+                               verdict_word(other.decision), other.name == run.name))
     return links
 
 
