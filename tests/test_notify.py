@@ -160,7 +160,7 @@ def test_each_decision_is_sent_once_even_after_a_restart(receiver, tmp_path):
 
 
 def test_a_steady_verdict_at_a_new_level_after_a_declared_level_shift_is_news_with_both_levels(receiver, tmp_path):
-    """steady -> steady at another level (small-thr-eager's drop) notifies like a verdict change, once, with
+    """steady -> steady at another level (a 29% drop) notifies like a verdict change, once, with
     both levels in the text; the shift while its new level is not declared (undecided) tells no one."""
     hook = receiver()
     shift = {"at_step": 1861, "from_tok_s": 56754.5, "to_tok_s": 40591.0, "declared_tok_s": None,

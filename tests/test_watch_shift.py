@@ -2,8 +2,9 @@
 `level_shift` event with both levels, stored once, never repeated by a watch that re-attaches, and kept in the
 run's decision (`dfo runs --json`).
 
-The run is a recorded real log (tests/data/real/small-thr-eager.log: ~56k -> ~40.5k tok/s at step ~1,860, an
-H200 run that lost CPU to another job) played back inside the container with its timestamps moved to now,
+The run is a recorded log (tests/data/probe/late_drop-0.log: steady at ~97.8k tok/s, declared 55 s in, then
+-14% to ~83.9k at step 615 that holds, a probe of the shape tests/decide/test_decide_probe.py scores) played
+back inside the container with its timestamps moved to now,
 so the watch judges it exactly as `dfo replay` does. The real trainer has no knob that moves its throughput on
 cue (trainer/config.py debug.*), and changing trainer/ would make every measured trainer figure stale."""
 
@@ -34,8 +35,8 @@ from test_watch_e2e import dfo
 
 pytestmark = pytest.mark.lxc  # about 5 s
 
-SHIFT_LOG = Path(__file__).parent / "data" / "real" / "small-thr-eager.log"
-PAUSE_AFTER_STEP = 3000  # after the shift is recorded (step 2,700 at the default precision), before the log ends
+SHIFT_LOG = Path(__file__).parent / "data" / "probe" / "late_drop-0.log"
+PAUSE_AFTER_STEP = 900  # after the new level is declared (step 785 at the default precision), before the log ends
 
 # Prints the log with each `ts=` moved by (now - the first ts), a few ms a line; after PAUSE_AFTER_STEP it waits
 # for the `go` file (at most 60 s), then prints the rest and exits 0.
@@ -113,9 +114,9 @@ def test_a_level_shift_is_one_event_with_both_levels_also_after_a_reattach(lab, 
     inventory_path, state, go = lab
     events, panel, decision = watch_until_the_shift(inventory_path, state, "sh1", monkeypatch)
     [seen] = [e.to_json() for e in events if e.kind == "level_shift"]
-    assert 52_000 < seen["from_tok_s"] < 60_000 and seen["from_interval"][0] < seen["from_tok_s"]
-    assert abs(seen["declared_tok_s"] / 40_500 - 1) < 0.03 and seen["declared"] is True
-    assert 1_700 <= seen["at_step"] <= 2_000 < seen["detected_step"] <= PAUSE_AFTER_STEP
+    assert 95_000 < seen["from_tok_s"] < 100_000 and seen["from_interval"][0] < seen["from_tok_s"]
+    assert abs(seen["declared_tok_s"] / 83_928 - 1) < 0.03 and seen["declared"] is True
+    assert 580 <= seen["at_step"] <= 650 < seen["detected_step"] <= PAUSE_AFTER_STEP
     assert decision["level_shifts"][0]["at_step"] == seen["at_step"]
     assert f"since a level shift at step {seen['at_step']} (from {seen['from_tok_s']:,.0f})" in panel
     assert event_line(next(e for e in events if e.kind == "level_shift")).endswith(
@@ -131,7 +132,7 @@ def test_a_level_shift_is_one_event_with_both_levels_also_after_a_reattach(lab, 
     lines = [json.loads(line) for line in watched.stdout.splitlines()]
     assert [o["kind"] for o in lines if o["kind"] == "level_shift"] == []
     [final] = [o for o in lines if o["kind"] == "final"]
-    assert final["decision"] == "steady" and abs(final["steady_tok_s"] / 40_500 - 1) < 0.03
+    assert final["decision"] == "steady" and abs(final["steady_tok_s"] / 83_928 - 1) < 0.03
     assert [s["at_step"] for s in final["level_shifts"]] == [seen["at_step"]]
 
     with Store(state / "dfo.db") as store:
@@ -208,11 +209,11 @@ def test_a_shift_shown_by_a_watch_that_only_observed_is_stored_once_it_takes_ove
 
 def test_while_a_shift_is_being_confirmed_the_watch_shows_the_level_before_it_and_says_a_shift_is_suspected(
         tmp_path, sshd, ssh_home, container, monkeypatch) -> None:
-    """The player pauses at step 2,200, inside the ~20 s in which small-thr-eager's drop at step 1,861 is
-    being confirmed (it is recorded at step 2,700). The watch shows the level before the drop with its own
-    interval, says a shift is suspected since step 1,861 (live view, scroll-back, the stored decision), and
+    """The player pauses at step 660, inside the ~15 s in which late_drop-0's drop at step 615 is being
+    confirmed (it is recorded at step 690). The watch shows the level before the drop with its own
+    interval, says a shift is suspected since step 611 (live view, scroll-back, the stored decision), and
     once the rest of the log arrives it records the shift and the suspicion is gone."""
-    inventory_path, state, go = make_lab(tmp_path, container, SHIFT_LOG, 2_200)
+    inventory_path, state, go = make_lab(tmp_path, container, SHIFT_LOG, 660)
     with watching(inventory_path, state, "sh4", monkeypatch) as (watcher, store):
         events = run_until(watcher, lambda w: (w.chains()[0]["decision"] or {}).get("shift_suspected"), timeout=60)
         panel = shown(render(watcher))
@@ -222,10 +223,10 @@ def test_while_a_shift_is_being_confirmed_the_watch_shows_the_level_before_it_an
     [suspected] = [e for e in events if e.kind == "decision" and e.decision["shift_suspected"]]
     decision = suspected.decision
     since = decision["shift_suspected"]["since_step"]
-    assert 1_800 <= since <= 1_900 and decision["decision"] == "steady" and stored["shift_suspected"]["since_step"] == since
-    assert 55_000 < decision["steady_tok_s"] < 58_500 and 0 < decision["interval"][0] < decision["steady_tok_s"]
+    assert 600 <= since <= 620 and decision["decision"] == "steady" and stored["shift_suspected"]["since_step"] == since
+    assert 95_000 < decision["steady_tok_s"] < 100_000 and 0 < decision["interval"][0] < decision["steady_tok_s"]
     assert decision["interval"][1] - decision["interval"][0] < 5_000
-    assert 38_000 < decision["shift_suspected"]["to_tok_s"] < 44_000
+    assert 81_000 < decision["shift_suspected"]["to_tok_s"] < 87_000
     assert f"steady {decision['steady_tok_s']:,.0f} tok/s (95% " in panel
     assert f"level shift suspected since step {since}, new level ~" in panel
     assert f"level shift suspected since step {since}: ~" in event_line(suspected)
@@ -237,14 +238,14 @@ def test_while_a_shift_is_being_confirmed_the_watch_shows_the_level_before_it_an
 def test_a_declared_level_shift_notifies_like_a_verdict_change_once_also_after_a_reattach(
         tmp_path, sshd, ssh_home, container, monkeypatch) -> None:
     """The inventory's notify: webhook (a real HTTP server on 127.0.0.1) hears of the first steady verdict (the
-    player pauses at step 1,800, after it) and then of the steady verdict at the new level after
-    small-thr-eager's drop, with both levels in its text; a second watch that re-attaches and follows the
+    player pauses at step 400, after it) and then of the steady verdict at the new level after
+    late_drop-0's drop, with both levels in its text; a second watch that re-attaches and follows the
     log to its end sends neither again."""
     from test_notify import Receiver
 
     hook = Receiver()
     try:
-        inventory_path, state, go = make_lab(tmp_path, container, SHIFT_LOG, 1_800)
+        inventory_path, state, go = make_lab(tmp_path, container, SHIFT_LOG, 400)
         inventory_path.write_text(inventory_path.read_text() + f"notify: {{webhook: {json.dumps(hook.url)}}}\n")
         with watching(inventory_path, state, "sh5", monkeypatch) as (watcher, store):
             run_until(watcher, lambda w: w.chains()[0]["decision"]["decision"] == "steady", timeout=60)

@@ -563,11 +563,14 @@ class SteadyDetector:
         return True
 
     # ---- analysis before steady ---------------------------------------------------------------
-    def _minimums_met(self, noise_rel: float | None = None) -> tuple[bool, str]:
+    def _minimums_met(self, noise_rel: float | None = None, window_s: float | None = None) -> tuple[bool, str]:
         """min_steady_steps and min_steady_seconds since the first step; unless the run is quiet (`noise_rel`, the
         window's IQR / median, within the precision) shift_hold_s instead of min_steady_seconds: its slow swings last 10-30 s,
         so 15 s of it cannot show their size (small-ps-eager-1g: +/-20% swings around 57k declared at 15.8 s,
-        5 s before a 23% drop), while a quiet run is known to its precision in a few lines."""
+        5 s before a 23% drop), while a quiet run is known to its precision in a few lines. On a run that is not
+        quiet, the window after the warm-up cut (`window_s`) must itself span min_steady_seconds: the seconds since
+        the first step count a warm-up MSER cuts off, and a noisy level seen for 10 s is one swing (small-thr-eager
+        was declared at +39.7% on a 10-s window, 2 s before its shift at 37 s)."""
         steps = self.last_step - self.first_step
         seconds = self.last_ts - self.first_ts
         noisy = not self._quiet(noise_rel)
@@ -576,6 +579,9 @@ class SteadyDetector:
             have, need = seconds_against(seconds, need_s)
             return False, (f"{steps} steps / {have} s since the first step (need {self.config.min_steady_steps} / "
                            f"{need}{', noisy' if noisy else ''})")
+        if noisy and window_s is not None and window_s < self.config.min_steady_seconds:
+            have, need = seconds_against(window_s, self.config.min_steady_seconds)
+            return False, f"the window after the warm-up spans {have} s (need {need}, noisy)"
         return True, ""
 
     def _window_stats(self, d: int) -> dict:
@@ -679,7 +685,7 @@ class SteadyDetector:
             return
         stats = self._window_stats(d)
         checks = self._checks(stats)
-        minimums_ok, minimums_why = self._minimums_met(stats["noise_rel"])
+        minimums_ok, minimums_why = self._minimums_met(stats["noise_rel"], stats["window_s"])
         self._good_blocks_in_a_row = self._good_blocks_in_a_row + 1 if checks["ok"] and minimums_ok else 0
         if self._good_blocks_in_a_row >= self.config.confirm_blocks:
             self._declare(d, stats, checks)

@@ -55,8 +55,6 @@ def steady_rows() -> tuple[list[dict], list[dict]]:
 # the rule as it is): they fail once the rule gets them right, and then leave these lists.
 FIRST_WITHIN_S, FIRST_MEDIAN_S = 60, 30
 FIRST_LEVEL_MISSES = {
-    "small-thr-eager": "declared at the level before the shift at 37 s: 56,567 (+39.7%) at 35.6 s, re-declared "
-                       "at 40,626 at 58.6 s",
     "tiny-thr-trees-cpu": "declared at 8,662 (+6.9%) at 81.4 s, in one of its 6-10k swings",
     "tiny-thr-localtls-cpu": "declared at 7,386 (-5.3%) at 31.4 s, in one of its 5-10k swings",
     "tiny-thr-notrees-cpu": "declared at 7,313 (-7.4%) at 22.6 s, its first 20 s of swings quiet (IQR / median "
@@ -68,6 +66,7 @@ FIRST_LATE = {  # seconds from the first step line to the first steady, today
     "small-ps-trees": 68.4, "qwen-thr-eager-g0": 110.8, "small-thr-nographs-g1": 97.8, "small-ps-notrees-g1": 66.1,
     "tiny-thr-trees-cpu": 81.4, "tiny-thr-eager-cpu": 122.6, "e2e2-thr-nographs": 92.2,
     "e2e3-thr-nographs": 64.1, "e2p3-ps-trees": 82.5, "small-ps-eager-1g": None,
+    "small-thr-eager": 61.7,  # its noisy level must be seen 15 s after the warm-up cut: not at 35.6 s, 2 s before its shift
 }
 STEADY_LOGS = [log for log in LOGS if log.verdict == "steady"]
 
@@ -97,7 +96,7 @@ def test_the_first_steady_verdict_comes_within_a_minute_of_the_first_step(log):
     assert row["first_s"] is not None and row["first_s"] <= FIRST_WITHIN_S, row
 
 
-@pytest.mark.xfail(strict=True, reason="median 37.6 s after the first step line (28 logs; a log never steady "
+@pytest.mark.xfail(strict=True, reason="median 44.3 s after the first step line (28 logs; a log never steady "
                                        "counts as never)")
 def test_the_first_steady_verdicts_come_a_median_30_s_after_the_first_step():
     delays = sorted(math.inf if row["first_s"] is None else row["first_s"] for row in map(first_row, STEADY_LOGS))
@@ -122,15 +121,6 @@ def test_noise_is_reported_not_a_gate():
     for log in noisy:
         decision = judge(log)
         assert decision.decision == "steady" and decision.noisy and decision.noise_rel > 0.10
-
-
-def test_the_shift_log_records_both_levels_and_ends_on_the_new_one():
-    log = next(log for log in LOGS if log.name == "small-thr-eager")
-    decision = judge(log)
-    shift = decision.evidence["steady"]["level_shifts"][0]
-    assert shift["from_tok_s"] > 50_000 and abs(shift["declared_tok_s"] / 40_500 - 1) < LEVEL_TOLERANCE
-    assert 1_700 <= shift["at_step"] <= 2_000 and decision.warmup_end_step >= shift["at_step"]
-    assert abs(decision.steady_tok_s / 40_500 - 1) < LEVEL_TOLERANCE
 
 
 def test_a_log_ending_with_the_trainers_checkpointed_stop_stays_steady_and_says_it_was_stopped():
