@@ -41,7 +41,7 @@ from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, UnknownRun
 from .gpu import failure_kind
-from .history import SAMPLE_FIELDS, catch_up, read_whole_log, sample_of
+from .history import SAMPLE_FIELDS, WholeLog, catch_up, read_whole_log, sample_of
 from .inventory import Inventory
 from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_parser, parse_ts, step_problem
 from .notify import Notifier
@@ -171,6 +171,20 @@ class Link:
     def ticking(self, now: float) -> bool:
         """Whether silence means anything now: not while the channel is down or catching up."""
         return self.connected and now >= self.ticks_from
+
+
+def log_changed_since(ident: dict | None, offset: int | None, now: WholeLog) -> str | None:
+    """Why the log read now from its first byte is not the file an earlier reading stopped in at `offset` with
+    file identity `ident` (agent's Follow.changed: replaced, truncated, rewritten), or None."""
+    if not ident or not offset or now.ident is None:
+        return None
+    if (ident.get("dev"), ident.get("ino")) != (now.ident.get("dev"), now.ident.get("ino")):
+        return "replaced"
+    if (now.offset or 0) < offset:
+        return "truncated"
+    if ident.get("head") and ident.get("head") == now.ident.get("head") and ident.get("sha") != now.ident.get("sha"):
+        return "rewritten"
+    return None
 
 
 class Watcher:
@@ -464,6 +478,11 @@ class Watcher:
         finally:
             watched.replaying, watched.replay_floor = False, None
         new = [sample for sample in writes.samples.get(run.name, []) if floor is None or sample["step"] > floor]
+        changed = log_changed_since(run.log_ident, run.log_offset, log)
+        if changed is not None:  # said as a follow that met it says it (the agent's `truncated` record)
+            watched.lines.append(f"[dfo: log {changed} ({log.offset or 0} bytes, read to {run.log_offset}); "
+                                 "read again from 0]")
+            self._emit(watched, ev.Truncated, size=log.offset or 0, why=changed, was=run.log_offset)
         if log.offset is None:  # an empty log: followed from where it was
             return run.log_offset, run.log_ident, stored
         self._persist(Writes(samples={run.name: new}, offsets={run.name: log.offset}, idents={run.name: log.ident}))

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import typer
 from harness import write_inventory
 from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 
@@ -288,7 +289,9 @@ def test_dfo_stop_stops_a_successor_whose_start_got_no_answer_but_runs(tmp_path,
         unseen = lab.store.get_run("s1.2-mine")
         assert (unseen.state, unseen.pid) == ("lost", None)
         capsys.readouterr()
-        stop_command("s1.2-mine", grace=2, inventory=None, as_json=True)
+        with pytest.raises(typer.Exit) as done:  # the command's exit status (c8bf307: several runs, one status)
+            stop_command(["s1.2-mine"], all_runs=False, grace=2, inventory=None, as_json=True)
+        assert done.value.exit_code == 0
         stopped = json.loads(capsys.readouterr().out)
         assert (stopped["state"], stopped["signal"]) == ("stopped", "TERM")
         assert not run_processes(tmp_path / "ws", "s1.2-mine")  # nothing of it is left running
