@@ -210,7 +210,7 @@ class LevelShift(RunEvent):
     @classmethod
     def describe(cls, shift: dict) -> str:
         """The line of the last event the watch sends for one of a decision's `level_shifts` (replay, runs)."""
-        return cls(at="", run="", chain="", **cls.fields_of(shift, shift["declared_tok_s"] is not None)).text
+        return cls(at="", run="", chain="", **cls.fields_of(shift, shift.get("declared_tok_s") is not None)).text
 
     @property
     def text(self) -> str:

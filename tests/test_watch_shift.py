@@ -96,13 +96,32 @@ def watching(inventory_path: Path, state: Path, name: str, monkeypatch) -> Itera
             watcher.close()
 
 
-def watch_until_the_shift(inventory_path: Path, state: Path, name: str, monkeypatch):
-    """Launch the player as `name` and watch it until the registry holds a level_shift event; then the watch
-    goes (the run goes on, paused until `go` exists). Returns the watch's events, its live view as text, and
-    the run's stored decision."""
+def declared_shift(store: Store, name: str) -> bool:
+    """The registry holds a declared level_shift event of `name`. A watch whose poll lands between the shift's
+    detection and its new level's declaration (a loaded machine reads the log in other chunks) first stores
+    an undeclared one: waiting for any level_shift event would stop there."""
+    return any(e["data"]["declared"] for e in store.events(name, kind="level_shift"))
+
+
+def watch_until_the_shift(inventory_path: Path, state: Path, name: str, monkeypatch, declared: bool = True):
+    """Launch the player as `name` and watch it until the registry holds a level_shift event (a declared one
+    if `declared`); then the watch goes (the run goes on, paused until `go` exists). Returns the watch's
+    events, its live view as text, and the run's stored decision."""
+    def done(_watcher) -> bool:
+        return declared_shift(store, name) if declared else bool(store.events(name, kind="level_shift"))
+
     with watching(inventory_path, state, name, monkeypatch) as (first, store):
-        events = run_until(first, lambda w: store.events(name, kind="level_shift"), timeout=60)
+        events = run_until(first, done, timeout=60)
         return events, shown(render(first)), store.get_run(name).decision
+
+
+def the_declared_shift(events: list) -> dict:
+    """The one declared level_shift event among a watch's events, after at most one undeclared event of the
+    same shift (sent when a poll landed between its detection and its declaration)."""
+    shifts = [e.to_json() for e in events if e.kind == "level_shift"]
+    assert [s["declared"] for s in shifts] in ([True], [False, True]), shifts
+    assert len({s["at_step"] for s in shifts}) == 1, shifts
+    return shifts[-1]
 
 
 @pytest.fixture
@@ -113,16 +132,18 @@ def lab(tmp_path, sshd, ssh_home, container: LxcContainer):
 def test_a_level_shift_is_one_event_with_both_levels_also_after_a_reattach(lab, monkeypatch) -> None:
     inventory_path, state, go = lab
     events, panel, decision = watch_until_the_shift(inventory_path, state, "sh1", monkeypatch)
-    [seen] = [e.to_json() for e in events if e.kind == "level_shift"]
+    seen = the_declared_shift(events)
     assert 95_000 < seen["from_tok_s"] < 100_000 and seen["from_interval"][0] < seen["from_tok_s"]
     assert abs(seen["declared_tok_s"] / 83_928 - 1) < 0.03 and seen["declared"] is True
     assert 580 <= seen["at_step"] <= 650 < seen["detected_step"] <= PAUSE_AFTER_STEP
     assert decision["level_shifts"][0]["at_step"] == seen["at_step"]
     assert f"since a level shift at step {seen['at_step']} (from {seen['from_tok_s']:,.0f})" in panel
-    assert event_line(next(e for e in events if e.kind == "level_shift")).endswith(
+    assert event_line([e for e in events if e.kind == "level_shift"][-1]).endswith(
         f"sh1: level shift at step {seen['at_step']}: {seen['from_tok_s']:,.0f} -> {seen['declared_tok_s']:,.0f} "
         f"tok/s, verdict re-opened at step {seen['detected_step']}, new level declared at step "
         f"{seen['declared_step']} (95% {seen['declared_interval'][0]:,.0f}..{seen['declared_interval'][1]:,.0f})")
+    with Store(state / "dfo.db") as store:
+        stored_first = [(e["data"]["at_step"], e["data"]["declared"]) for e in store.events("sh1", kind="level_shift")]
     go.write_text("")
 
     # A second watch re-attaches: it re-judges the stored steps (finding the shift again) and follows the rest
@@ -137,7 +158,8 @@ def test_a_level_shift_is_one_event_with_both_levels_also_after_a_reattach(lab, 
 
     with Store(state / "dfo.db") as store:
         stored = store.events("sh1", kind="level_shift")
-        assert [(e["data"]["at_step"], e["data"]["declared"]) for e in stored] == [(seen["at_step"], True)]
+        assert [(e["data"]["at_step"], e["data"]["declared"]) for e in stored] == stored_first
+        assert stored_first[-1] == (seen["at_step"], True)
     runs = json.loads(dfo(inventory_path, state, "runs", "--json", "--no-refresh").stdout)
     [shift] = runs[0]["decision"]["level_shifts"]
     assert shift["from_tok_s"] == seen["from_tok_s"] and shift["declared_tok_s"] > 0
@@ -152,7 +174,7 @@ def test_a_shift_seen_before_its_new_level_holds_is_two_events_and_a_reattach_se
     undeclared and goes; the one that re-attaches sends the declared event only."""
     log = Path(__file__).parent / "data" / "real" / "e2e2-thr-nographs.log"
     inventory_path, state, go = make_lab(tmp_path, container, log, 2_400, watch={"precision": 0.10})
-    events, panel, _ = watch_until_the_shift(inventory_path, state, "sh2", monkeypatch)
+    events, panel, _ = watch_until_the_shift(inventory_path, state, "sh2", monkeypatch, declared=False)
     [seen] = [e for e in events if e.kind == "level_shift"]
     assert seen.declared is False and seen.declared_tok_s is None
     assert abs(seen.from_tok_s / 44_000 - 1) < 0.03 and abs(seen.to_tok_s / 35_500 - 1) < 0.03
@@ -250,13 +272,14 @@ def test_a_declared_level_shift_notifies_like_a_verdict_change_once_also_after_a
         with watching(inventory_path, state, "sh5", monkeypatch) as (watcher, store):
             run_until(watcher, lambda w: w.chains()[0]["decision"]["decision"] == "steady", timeout=60)
             go.write_text("")
-            events = run_until(watcher, lambda w: store.events("sh5", kind="level_shift"), timeout=60)
+            events = run_until(watcher, lambda w: declared_shift(store, "sh5"), timeout=60)
             watcher.notifier.wait(10)
         watched = dfo(inventory_path, state, "watch", "sh5", "--json", timeout=120)
         assert watched.returncode == 0, watched.stderr + watched.stdout[-2000:]
     finally:
         hook.close()
-    [shift] = [e for e in events if e.kind == "level_shift"]
+    shift = [e for e in events if e.kind == "level_shift"][-1]
+    assert the_declared_shift(events)["at_step"] == shift.at_step
     assert len(hook.posts) == 2, [p["json"]["text"] for p in hook.posts]
     first, second = (p["json"] for p in hook.posts)
     assert first["decision"] == second["decision"] == "steady" and first["level_shifts"] == []
