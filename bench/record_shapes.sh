@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Record real trainer logs whose throughput moves the way the verdict rule must follow (issue 27's shapes),
 # on a single-GPU H200 machine (device kind nvidia-h200), from the repository root:
-#     bash bench/record_shapes.sh gpu1|gpu2|gpu3
+#     bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4
 # Each run is `python -m trainer ... > LOG 2>&1` under `timeout -s TERM` (the trainer checkpoints and exits
 # 75), with bench/gpu_cotenant.py on the same GPU following a schedule (seconds since the run's launch),
 # or for the CPU runs busy loops pinned to the run's cores. GPU runs go one after another (on cores 0-7);
@@ -81,5 +81,14 @@ case "${1:-}" in
         # h200-small eager threads (fast steps): a co-tenant rising 0 -> 80% from 30 s to 140 s (a leak)
         gpu small-thr-eager-leak 140 "ramp --at 30 --duty 0.80 --until 140" -- --preset h200-small --variant eager --steps $BIG
         wait ;;
-    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3" >&2; exit 2 ;;
+    gpu4)  # a third held-out set: plain runs, nothing beside them (the first verdict's speed on typical runs)
+        cpu tiny-thr-nographs-cpuplain 420 8-11 - 0 none -- --preset tiny-cpu --variant nographs --steps $BIG
+        cpu tiny-thr-trees-cpuplain 420 12-15 - 0 none -- --preset tiny-cpu --variant trees --steps $BIG
+        gpu qwen-thr-nographs-plain 75 none -- --preset qwen3-8b-shape --variant nographs --steps $BIG
+        gpu qwen-ps-trees-plain 80 none -- --preset qwen3-8b-shape --variant trees --topology procsplit --drafters cuda:0 --steps $BIG
+        gpu small-thr-trees-plain 95 none -- --preset h200-small --variant trees --steps $BIG
+        gpu small-thr-notrees-plain 95 none -- --preset h200-small --variant notrees --steps $BIG
+        gpu small-ps-nographs-plain 95 none -- --preset h200-small --variant nographs --topology procsplit --drafters cuda:0 --steps $BIG
+        wait ;;
+    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4" >&2; exit 2 ;;
 esac
