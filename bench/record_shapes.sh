@@ -90,5 +90,10 @@ case "${1:-}" in
         gpu small-thr-notrees-plain 95 none -- --preset h200-small --variant notrees --steps $BIG
         gpu small-ps-nographs-plain 95 none -- --preset h200-small --variant nographs --topology procsplit --drafters cuda:0 --steps $BIG
         wait ;;
-    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4" >&2; exit 2 ;;
+    gpu4a)  # the part of gpu4 that fits in ~4 minutes of device time
+        cpu tiny-thr-nographs-cpuplain 170 8-11 - 0 none -- --preset tiny-cpu --variant nographs --steps $BIG
+        gpu qwen-thr-nographs-plain 65 none -- --preset qwen3-8b-shape --variant nographs --steps $BIG
+        gpu small-thr-notrees-plain 95 none -- --preset h200-small --variant notrees --steps $BIG
+        wait ;;
+    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu4a" >&2; exit 2 ;;
 esac
