@@ -668,7 +668,8 @@ def test_the_nodes_a_multinode_fallback_stops_get_their_variants_stop_grace_to_w
     runs = {r["name"]: r for r in hosts.runs()}
     assert (runs["mn.node0"]["state"], runs["mn.node0"]["exit_code"]) == ("stopped", 75), runs["mn.node0"]
     assert (hosts.tmp / "ws0" / "mn.node0.checkpointed").exists()  # written 12 s after its SIGTERM
-    assert runs["mn.node1"]["exit_code"] == 3 and runs["mn.2-psok.node1"]["exit_code"] == 0
+    assert runs["mn.node1"]["exit_code"] == 3 and runs["mn.2-psok.node1"]["exit_code"] == 0, (
+        runs["mn.node1"], runs["mn.2-psok.node1"], events_but_steps(watched.stdout))
     said = [line for line in watched.stderr.splitlines() if "to checkpoint and exit" in line]
     ages = [int(re.search(r"\(SIGTERM sent (\d+) s ago;", line).group(1)) for line in said]
     # after 1 s, then 10 s on (the stop program reports about every second); the node exits ~12 s after its SIGTERM
