@@ -249,15 +249,15 @@ def test_a_webhook_url_with_a_control_character_is_refused_at_load_without_showi
 
 
 def test_a_hung_receiver_or_a_closed_port_costs_a_bounded_time_off_the_watch(receiver, tmp_path):
-    hung = receiver(delay_s=5)
+    hung = receiver(delay_s=10)
     with registry(tmp_path / "dfo.db", ("a", "trees"), ("b", "trees")) as store:
-        notifier = Notifier(inventory_with(json.dumps({"webhook": hung.url, "timeout_s": 0.3, "retries": 1})), store)
+        notifier = Notifier(inventory_with(json.dumps({"webhook": hung.url, "timeout_s": 1.0, "retries": 1})), store)
         started = time.monotonic()
         workers = notifier.decision("a", STEADY)
-        assert time.monotonic() - started < 0.5  # the caller (the watch loop) is not held up
+        assert time.monotonic() - started < 1.5  # the caller (the watch loop) is not held up (2 x 1 s if it were)
         for worker in workers:
             worker.join(10)
-        assert time.monotonic() - started < 2.0  # 2 x 0.3 s + back-off
+        assert time.monotonic() - started < 6.0  # 2 x 1 s + back-off, not 2 x the receiver's 10 s
         closed = Notifier(inventory_with('{webhook: "http://127.0.0.1:9/x", retries: 0}'), store)
         send(closed, "b", STEADY)
         results = {n["run"]: n for n in store.notifications()}

@@ -119,7 +119,9 @@ def stop_with_a_stopped_target(tmp_path, name: str, *topology: str) -> tuple[sub
         time.sleep(5)  # the drafters use up the batches already queued and wait for the next one
         os.killpg(proc.pid, signal.SIGTERM)
         stopped = time.monotonic()
-        stdout, stderr = proc.communicate(timeout=60)  # before: the drafters waited 600 s on their inbox
+        # before: the drafters waited 600 s on their inbox; the tests bound the end at 45 s (it takes a few: 20 and 25 s
+        # were a loaded machine's margin away from failing)
+        stdout, stderr = proc.communicate(timeout=60)
         took = time.monotonic() - stopped
     finally:
         os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
@@ -131,7 +133,7 @@ def stop_with_a_stopped_target(tmp_path, name: str, *topology: str) -> tuple[sub
 @pytest.mark.slow
 def test_sigterm_with_a_stopped_target_stops_one_rank_with_a_checkpoint_at_once(tmp_path):
     proc, stdout, took, _ = stop_with_a_stopped_target(tmp_path, "onerank", "--topology", "procsplit")
-    assert proc.returncode == 75 and took < 20, (proc.returncode, took, stdout[-2000:])
+    assert proc.returncode == 75 and took < 45, (proc.returncode, took, stdout[-2000:])
     done = next(line for line in stdout.splitlines() if "event=done" in line)
     checkpoints = [line for line in stdout.splitlines() if "event=checkpoint" in line]
     assert "reason=sigterm" in done and checkpoints, stdout[-2000:]
@@ -160,7 +162,7 @@ def test_sigterm_stops_one_rank_after_the_step_in_flight(tmp_path):
 @pytest.mark.slow
 def test_sigterm_with_a_stopped_target_ends_several_ranks_with_an_error_naming_it(tmp_path):
     proc, stdout, took, _ = stop_with_a_stopped_target(tmp_path, "tworanks")
-    assert proc.returncode == 1 and took < 25, (proc.returncode, took, stdout[-2000:])
+    assert proc.returncode == 1 and took < 45, (proc.returncode, took, stdout[-2000:])
     error = next(line for line in stdout.splitlines() if "event=error" in line)
     assert "target0 sent no batch" in error and "of the stop" in error, error
 

@@ -60,7 +60,7 @@ def test_timeout_raises_and_kills_the_remote_command(target):
     started = time.monotonic()
     with pytest.raises(CommandTimeout, match="timeout"):
         target.run("sleep 987.5", timeout=0.5)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 10  # 0.5 s, and a loaded machine's slack (3 s was a margin of 2.5)
     deadline = time.monotonic() + 3
     while target.run("pgrep -f 'sleep 98[7].5' || true").stdout.strip():
         assert time.monotonic() < deadline, "the timed-out command is still running"
@@ -235,7 +235,7 @@ def test_a_streams_exit_code_answers_at_once_while_the_status_is_on_its_way(targ
     # the watch loop asks a stream for its exit code: it waited up to 2 s there for a status still in flight
     with target.stream(["cat"]) as running:
         started = time.monotonic()
-        assert running.exit_code() is None and time.monotonic() - started < 0.1
+        assert running.exit_code() is None and time.monotonic() - started < 1.0  # it waited 2 s
     handled_late(monkeypatch, "exit-status", 3.0)
     stream = target.stream("echo done; exit 4")
     output = b""
@@ -244,7 +244,7 @@ def test_a_streams_exit_code_answers_at_once_while_the_status_is_on_its_way(targ
     assert output == b"done\n"
     started = time.monotonic()
     assert stream.exit_code() is None
-    assert time.monotonic() - started < 0.5
+    assert time.monotonic() - started < 2.0  # the status is 3 s on its way
     assert stream.wait_exit(10) == 4  # once it arrived
     stream.close()
 

@@ -527,7 +527,7 @@ def test_a_second_ctrl_c_leaves_a_stuck_stop_at_once_whichever_thread_the_os_giv
     # before: the first Ctrl-C's wait joined the action's thread with no timeout, which a SIGINT delivered to
     # another thread (the OS may pick any) never woke: dfo waited for the stuck stop, here until the test let it go
     lab, watcher, stuck = stuck_stop_under_way(tmp_path, monkeypatch, "k1", stop_grace_s=1)
-    let_go = threading.Timer(8, stuck.release.set)
+    let_go = threading.Timer(20, stuck.release.set)
     let_go.start()
     said: list[list[str]] = []
     try:
@@ -537,7 +537,7 @@ def test_a_second_ctrl_c_leaves_a_stuck_stop_at_once_whichever_thread_the_os_giv
             left = watcher.finish_actions(said.append)  # what the first Ctrl-C does
         except KeyboardInterrupt:
             pytest.fail("the second Ctrl-C came through only once the stuck stop had ended")
-        assert time.monotonic() - started < 2, "the second Ctrl-C was taken only once the stuck stop had ended"
+        assert time.monotonic() - started < 10, "the second Ctrl-C was taken only once the stuck stop had ended"
         assert isinstance(left, FallbacksLeft) and left.overdue_s is None
         assert said == [["k1 (a stop only: test)"]] and left.fallbacks == ["k1 (a stop only: test)"]
     finally:
@@ -556,12 +556,12 @@ def test_after_ctrl_c_a_stop_still_under_way_past_its_bound_is_left_half_done(
 
     monkeypatch.setattr(chains, "STOP_MARGIN_S", 1.0, raising=False)  # (raising: before, chains had no bound)
     lab, watcher, stuck = stuck_stop_under_way(tmp_path, monkeypatch, "k2", stop_grace_s=0.5)
-    let_go = threading.Timer(10, stuck.release.set)
+    let_go = threading.Timer(20, stuck.release.set)
     let_go.start()
     try:
         started = time.monotonic()
         left = watcher.finish_actions(lambda fallbacks: None)
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 10  # the bound is 1.5 s; the stop is let go at 20 s
         assert isinstance(left, FallbacksLeft) and left.fallbacks == ["k2 (a stop only: test)"] and left.overdue_s == 1.5
         monkeypatch.setattr(common.os, "_exit", lambda code: sys.exit(code))  # dfo leaves at once: os._exit
         with pytest.raises(SystemExit) as leaving:
