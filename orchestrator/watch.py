@@ -1,13 +1,14 @@
-"""The watch loop: agent channels -> parsed lines -> decide/ -> registry -> actions (fallback chains).
+"""The watch loop, the follower: agent channels -> parsed lines -> decide/ -> registry and events; no action.
 
 A Watcher follows registered runs through one Observer per container (shared by every run in it, all on
 the kept-open host connection), parses their log lines (logfmt, or the variant's `metrics:` regex), feeds
-each run's RunJudge, persists samples, GPU samples, offsets, events and decisions, and acts on final
-verdicts: on crash / stall / too_slow with action `fallback` it hands the run to chains.Supervisor (intent,
-identity-checked stop, GPU release, the next variant as `<root>.<n>-<variant>`, linked) and follows the new
-run on the same observer.
+each run's RunJudge, persists samples, GPU samples, offsets, events and decisions, and hands each decision to
+its lifecycle controller (lifecycle.Lifecycle), which owns the policy, the claims and the one executor of actions:
+on crash / stall / too_slow with action `fallback` it has chains.Supervisor stop the run and launch the next
+variant as `<root>.<n>-<variant>` (linked); the Watcher then follows the new run on the same observer.
 
-Claims: a watcher acts on a chain only while it holds the chain's lease in the registry (chains.Claims). A
+Claims: a watcher stores for a chain (and its lifecycle acts) only while its lifecycle holds the chain's lease in
+the registry (chains.Claims). A
 second watcher of the same chain observes and shows, but stores nothing and acts on nothing; when the
 lease runs out (the first one was killed) it takes over, storing the steps the first one had not stored.
 
@@ -17,11 +18,12 @@ The clock lives here, never in decide/: ticks are the workstation's time moved o
 Re-attaching (`attach` of a run with a stored history: watched before, or looked at) judges it from its whole
 log, read again from its start (the stored steps miss its text lines), stores what it logged since, and follows
 the log from there; a step already stored is never stored again; a run that had ended is judged at once and
-not followed (_ended_before). Actions run on worker threads so a slow stop never freezes the loop; their outcome
-comes back through the observation queue.
+not followed (_ended_before). The lifecycle's actions run on worker threads so a slow stop never freezes the loop;
+their outcome comes back through the observation queue (lifecycle.ActionDone) and the lifecycle takes it there.
 
 What it must not do: render (view.py does), parse options (commands/watch.py does), decide anything itself
-(decide/ does), or signal a run on close: closing stops watching, never the runs.
+(decide/ does), act on a decision or know which verdicts are acted on (lifecycle.py does), or signal a run on
+close: closing stops watching, never the runs.
 """
 
 from __future__ import annotations
@@ -35,20 +37,20 @@ from typing import Any, Callable, Sequence
 
 from . import events as ev
 from .agent.protocol import ProtocolError
-from .chains import (GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy, Supervisor, batch_command,
-                     catalogue_for, chain_key, chain_variants, fallback_text, finish_under_way, wait_until)
+from .chains import GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Policy, catalogue_for, chain_key, chain_variants
 from .connections import Connections
 from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
 from .errors import DfoError, UnknownRun
 from .gpu import failure_kind
 from .history import SAMPLE_FIELDS, WholeLog, catch_up, read_whole_log, sample_of
 from .inventory import Inventory
+from .lifecycle import ActionDone, Lifecycle
 from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_parser, parse_ts, step_problem
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
 from .runs import StopWait, resolve_launch, worth_a_look
-from .states import Action, RunState
+from .states import RunState
 from .store import Run, Store, utc_now
 
 DRAIN_MAX = 5000  # observations handled per step(); the rest wait for the next one
@@ -56,24 +58,8 @@ VANISHED_GRACE_S = 3.0  # a dead PID with no exit file yet: wait this long for t
 CATCH_UP_S = 3.0  # after a (re)connect, ticks wait this long for the log written meanwhile to arrive
 SPARK_POINTS = 60
 RECENT_LINES = 6
-ACTION_JOIN_S = 5.0
 MALFORMED_EVENTS = 20  # malformed-line events per run; after these the view's count goes on alone
 UNSAVED_MAX = 100_000  # steps an observing (not owning) watcher keeps for the day it takes over
-
-
-@dataclass
-class UnderWay:
-    """A fallback or a stop carried out on a worker thread: what it does, in words, and how long it takes at the
-    most, every remote call of it at its timeout (Supervisor.bound_s)."""
-
-    what: str
-    bound_s: float
-    started: float = field(default_factory=time.monotonic)
-    ended: threading.Event = field(default_factory=threading.Event)  # set by its thread, whatever it did
-
-    @property
-    def deadline(self) -> float:
-        return self.started + self.bound_s
 
 
 @dataclass
@@ -113,7 +99,7 @@ class WatchedRun:
     exit_wait: "ExitWait | None" = None  # dfo's stop of it sent SIGTERM and waits for it to checkpoint and exit
     lost: bool = False  # its container was unreachable for longer than unreachable_s: the watch gave up on it
     dirty: bool = False  # fed since the decision was last read
-    ended: bool = False  # no longer followed: dfo stopped it and read its log to the end (Watcher._read_to_end),
+    ended: bool = False  # no longer followed: dfo stopped it and read its log to the end (Watcher.read_to_end),
     # or it had ended before the watch (Watcher._ended_before)
     replaying: bool = False  # its log read again from the start to judge it (Watcher._replay): an event kind stored
     replay_floor: int | None = None  # before is not stored again, nor a step event sent for a step up to this one
@@ -132,9 +118,6 @@ class ChainState:
     root: str
     runs: list[str]
     variants: tuple[str, ...]
-
-
-ActionDone = Outcome  # what an action thread did, handed back to the loop through the observation queue
 
 
 @dataclass(frozen=True)
@@ -226,24 +209,30 @@ class Watcher:
         self.peer_baseline = peer_baseline  # False: too slow only against a configured baseline_tok_s
         # A container silent this long is given up on (its runs end the watch undecided); shorter outages resume.
         self.unreachable_s = unreachable_s if unreachable_s is not None else inventory.watch.unreachable_s
-        self.supervisor = Supervisor(inventory, connections, store, stop_grace_s=stop_grace_s, gpu_release_s=gpu_release_s,
-                                     on_wait=self.stop_waiting)
-        self.claims = claims or Claims(store)
-        self.policy = policy  # the verdicts answered with the chain's next variant
-        self.owned: set[str] = set()  # chain roots whose claim this watcher holds (it stores and acts for them)
         self.queue: queue.Queue = queue.Queue()
+        # what is done about the decisions (policy, claims, the executor of stops and fallbacks): never here
+        self.lifecycle = Lifecycle.for_watch(self, inventory, connections, store, stop_grace_s=stop_grace_s,
+                                             gpu_release_s=gpu_release_s, fallback=fallback, policy=policy, claims=claims)
         self.observers: dict[str, ObserverBase] = {}
         self.links: dict[str, Link] = {}
         self.skew: dict[str, float] = {}  # container clock minus workstation clock, per observer
         self.watched: dict[str, WatchedRun] = {}
         self._chains: dict[str, ChainState] = {}
         self._package: Package | None = None
-        self._actions: list[UnderWay] = []
         self._events: list[ev.Event] = []
         self._looked_at: dict[str, float] = {}  # chain root -> when its runs were last looked up (observing)
-        self._left_to_batch: set[int] = set()  # the open batch fallbacks (intent ids) said to be left to dfo batch
         self._said_held: dict[str, str] = {}  # chain root -> the owner of another workstation said to hold it
         self._lock = threading.RLock()
+
+    @property
+    def claims(self) -> Claims:
+        """The chain claims, its lifecycle's: a chain is stored (and acted on) only by the dfo that holds its claim."""
+        return self.lifecycle.claims
+
+    @property
+    def owned(self) -> set[str]:
+        """The chain roots whose claim the lifecycle holds: this watch stores for them (and its lifecycle acts)."""
+        return self.lifecycle.owned
 
     # ------------------------------------------------------------------ public
 
@@ -279,12 +268,12 @@ class Watcher:
             if not ended:
                 observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=offset,
                                 ident=ident)
-            self._emit(watched, ev.Attached, target=run.target, variant=run.variant, offset=offset,
+            self.emit(watched, ev.Attached, target=run.target, variant=run.variant, offset=offset,
                        steps_stored=stored, owner=root in self.owned, claimed_by=self._holder_of(root))
             if ended:
                 self._ended_before(watched)
             if root in self.owned:
-                self._finish_open_intents(root)
+                self.lifecycle.finish_open_intents(root)
             else:
                 self._say_held_elsewhere(root)
             return watched
@@ -309,7 +298,7 @@ class Watcher:
             self._persist(writes)  # first: a stopped run's log is read to its end from what is stored
             for item in items:
                 if isinstance(item, ActionDone):
-                    self._action_done(item)
+                    self.lifecycle.done(item)
             self._tick()
             self._judge()
             events, self._events = self._events, []
@@ -340,12 +329,7 @@ class Watcher:
             watched = self.watched.get(name)
             if watched is None:
                 raise UnknownRun(f"run {name!r} is not followed by this watch", hint="attach it first")
-            if watched.stopping:
-                return
-            watched.stopping = watched.acting = True
-            watched.stopped_reason = reason
-            self._emit(watched, ev.Stopping, reason=reason)
-        self._start_action(watched, launch_next=None, reason=reason)
+            self.lifecycle.stop(watched, reason)
 
     def stop_waiting(self, wait: StopWait) -> None:
         """A stop of a followed run waits for it to exit after its SIGTERM (runs.StopWait, about every second): this
@@ -357,26 +341,15 @@ class Watcher:
         """Stop watching: close every channel (the agents exit; the runs keep running), give up the claims."""
         for observer in list(self.observers.values()):
             observer.close()
-        wait_until(lambda: all(action.ended.is_set() for action in self._actions), time.monotonic() + ACTION_JOIN_S)
-        self.claims.release_all()
+        self.lifecycle.close()
 
     def finish_actions(self, on_interrupt: Callable[[list[str]], None]) -> FallbacksLeft | None:
-        """Ctrl-C: the fallbacks (and stops) under way are carried to their end before the watch ends
-        (chains.finish_under_way: `on_interrupt` is told which, `RUN to VARIANT`); a second Ctrl-C leaves them
-        half done, their intents open for the next `dfo watch` (returned FallbacksLeft), at once. So does an
-        action still under way past its bound (UnderWay.deadline; FallbacksLeft.overdue_s says how long that is):
-        a remote call stuck past its own timeout does not keep dfo from ending."""
-        under_way = [action for action in self._actions if not action.ended.is_set()]
-        if not under_way:
-            return None
-        described = [action.what for action in under_way]
-        left = finish_under_way(described, lambda: described, on_interrupt,
-                                lambda: [wait_until(action.ended.is_set, action.deadline) for action in under_way])
-        overdue = [action for action in under_way if not action.ended.is_set()]
-        if left is None and overdue:
-            return FallbacksLeft([action.what for action in overdue],
-                                 overdue_s=max(action.bound_s for action in overdue))
-        return left
+        """Ctrl-C: the actions under way are finished first, or left half done on a second Ctrl-C (Lifecycle.finish_actions)."""
+        return self.lifecycle.finish_actions(on_interrupt)
+
+    def chain_runs(self, root: str) -> list[str]:
+        """The runs of chain `root` this watch knows, oldest first (the last one is the chain's current run)."""
+        return self._chains[root].runs
 
     def __enter__(self) -> "Watcher":
         return self
@@ -443,7 +416,7 @@ class Watcher:
         watched.decision = watched.judge.decision()
         watched.shifts_reported = self._stored_shifts(watched.name)
         earlier = watched.run.decision
-        if earlier and self.policy.falls_back(earlier.get("decision")):
+        if earlier and self.lifecycle.acts_on(earlier.get("decision")):
             watched.decision = Decision.from_json(earlier)
             watched.handled = bool(self.store.children(watched.name)) or not watched.run.active
         return stored
@@ -462,7 +435,7 @@ class Watcher:
         try:
             log = read_whole_log(observer.target, observer.agent_cmd, run)
         except (DfoError, ProtocolError) as exc:
-            self._emit(watched, ev.RunError, text=f"its log was not read from its start ({exc}): judged from its "
+            self.emit(watched, ev.RunError, text=f"its log was not read from its start ({exc}): judged from its "
                                                   f"stored steps")
             return run.log_offset, run.log_ident, stored
         floor = watched.last_stored_step
@@ -482,7 +455,7 @@ class Watcher:
         if changed is not None:  # said as a follow that met it says it (the agent's `truncated` record)
             watched.lines.append(f"[dfo: log {changed} ({log.offset or 0} bytes, read to {run.log_offset}); "
                                  "read again from 0]")
-            self._emit(watched, ev.Truncated, size=log.offset or 0, why=changed, was=run.log_offset)
+            self.emit(watched, ev.Truncated, size=log.offset or 0, why=changed, was=run.log_offset)
         if log.offset is None:  # an empty log: followed from where it was
             return run.log_offset, run.log_ident, stored
         self._persist(Writes(samples={run.name: new}, offsets={run.name: log.offset}, idents={run.name: log.ident}))
@@ -529,7 +502,7 @@ class Watcher:
         if claim is None or watched is None or self._said_held.get(root) == claim.owner:
             return
         self._said_held[root] = claim.owner
-        self._emit(watched, ev.LeaseHeld, host=claim.host, pid=claim.pid, since=format_ts(claim.since),
+        self.emit(watched, ev.LeaseHeld, host=claim.host, pid=claim.pid, since=format_ts(claim.since),
                    lease_s=round(claim.expires_at - claim.renewed_at, 3))
 
     def _follow_newer(self, root: str) -> None:
@@ -539,7 +512,7 @@ class Watcher:
             try:
                 self.attach(name)
             except DfoError as exc:  # its target is out of reach now: tried again on the next look
-                self._emit(self.watched[last], ev.ActionError, error=f"cannot follow {name}: {exc}")
+                self.emit(self.watched[last], ev.ActionError, error=f"cannot follow {name}: {exc}")
 
     def _take_over(self, root: str) -> None:
         """This watcher now owns `root`'s chain: store the steps its former owner had not, finish what it left
@@ -551,22 +524,10 @@ class Watcher:
             watched.stored_floor = self.store.last_step(watched.name)  # a former owner just gone (its pid) stored
             watched.unsaved, watched.unsaved_offset, watched.unsaved_ident = [], None, None  # lines still on their way
             self._store_shown_shifts(watched)
-            watched.handled = watched.handled or self._acted_on(watched)
+            watched.handled = watched.handled or self.lifecycle.acted_on(watched)
             watched.dirty = True
-            self._emit(watched, ev.TookOver, steps_stored=len(rows))
-        self._finish_open_intents(root)
-
-    def _acted_on(self, watched: WatchedRun) -> bool:
-        """Whether the chain's former owner acted on the run's verdict already, so that a take-over does not act
-        (nor record the action) again: a fallback it recorded (its intent, open or done: an open one is finished
-        by _finish_open_intents) or whose successor it launched; a stop it asked for (stop_requested_at, set
-        before the signal) or recorded as under way (its stored `acting` event: the run had ended already)."""
-        if self.store.children(watched.name) or self.store.intents_about(watched.root, watched.name):
-            return True
-        run = self.store.find_run(watched.name)
-        if watched.decision.action is not Action.STOP or run is None:
-            return False
-        return run.stop_requested_at is not None or bool(self.store.events(watched.name, kind=ev.Acting.kind))
+            self.emit(watched, ev.TookOver, steps_stored=len(rows))
+        self.lifecycle.finish_open_intents(root)
 
     def _stored_shifts(self, name: str) -> set[tuple[int, bool]]:
         """(at_step, declared) of the level_shift events the registry holds for run `name`."""
@@ -582,39 +543,6 @@ class Watcher:
         watched.unstored_shifts = []
         if missing:
             self.store.update_run(watched.name, decision=watched.decision.to_json())
-
-    def _finish_open_intents(self, root: str) -> None:
-        """A fallback a dfo that died left half done: finish it (stop, launch) on a worker; the runs it is about
-        are acted on already, so their verdicts start nothing more."""
-        intents = self.store.open_intents(root) if self.fallback else []
-        batch = self.store.get_run(root).batch if intents else None
-        for intent in intents:
-            watched = self.watched.get(intent.data["run"])
-            if batch:  # a batch cell's: `dfo batch` finishes it (its GPU ledger), never this watch
-                self._leave_to_batch(root, intent, batch)
-            elif watched is not None:
-                watched.handled = watched.acting = watched.stopping = True
-        if batch:
-            return
-        current = self.watched.get(self._chains[root].runs[-1])
-        if intents and current is not None:
-            bound_s = sum(self.supervisor.bound_s(self.store.find_run(intent.data["run"]) or current.run, launches=True)
-                          for intent in intents)
-            self._start_worker(current, lambda: self.supervisor.finish_open(root),
-                               UnderWay("; ".join(fallback_text(intent.data) for intent in intents), bound_s))
-
-    def _leave_to_batch(self, root: str, intent, batch: str) -> None:
-        """Say once (however often the chain is attached or taken over) that the open fallback `intent` of batch
-        cell chain `root` is left to `dfo batch`, which this watch names; its run is acted on already."""
-        watched = self.watched.get(intent.data["run"])
-        if watched is not None:
-            watched.handled = True
-        if intent.id in self._left_to_batch:
-            return
-        self._left_to_batch.add(intent.id)
-        event = ev.LeftToBatch(at=utc_now(), run=intent.data["run"], chain=root, batch=batch,
-                               command=batch_command(self.store, batch))
-        self._publish(event, intent.data["run"], event.stored and root in self.owned)
 
     def _observer_for(self, target_name: str) -> ObserverBase:
         if target_name in self.observers:
@@ -695,11 +623,11 @@ class Watcher:
             watched.lines.append(f"[dfo: log {why} ({obs.data.get('size')} bytes, read to {obs.data.get('was')}); "
                                  f"reading again from 0]")
             writes.offsets[watched.name], writes.idents[watched.name] = 0, None
-            self._emit(watched, ev.Truncated, size=obs.data.get("size"), why=obs.data.get("why"), was=obs.data.get("was"))
+            self.emit(watched, ev.Truncated, size=obs.data.get("size"), why=obs.data.get("why"), was=obs.data.get("was"))
         elif obs.kind == "proc":
             self._proc(watched, obs)
         elif obs.kind == "error":
-            self._emit(watched, ev.RunError, text=obs.data.get("text"))
+            self.emit(watched, ev.RunError, text=obs.data.get("text"))
 
     def _line(self, watched: WatchedRun, line: str, received: float, writes: "Writes") -> None:
         record = watched.parse(line, received)
@@ -712,13 +640,13 @@ class Watcher:
             watched.step_times.append((record.ts, record.step))
             writes.samples.setdefault(watched.name, []).append(sample_of(record))
             if watched.replay_floor is None or record.step > watched.replay_floor:  # a resumed step is no news
-                self._emit(watched, ev.Step, step=record.step, tok_s=record.tok_s, loss=record.loss, phase=record.phase)
+                self.emit(watched, ev.Step, step=record.step, tok_s=record.tok_s, loss=record.loss, phase=record.phase)
         elif isinstance(record, MalformedLine):
             watched.malformed += 1
             watched.last_malformed = record.reason
             watched.lines.append(f"[dfo: malformed metric line ignored: {record.reason}] {line[:200]}")
             if watched.malformed <= MALFORMED_EVENTS:
-                self._emit(watched, ev.Malformed, reason=record.reason, count=watched.malformed)
+                self.emit(watched, ev.Malformed, reason=record.reason, count=watched.malformed)
         else:
             watched.lines.append(line[:300])
             if isinstance(record, EventRecord) and record.event == "start" and record.count("steps") is not None:
@@ -726,7 +654,7 @@ class Watcher:
             if isinstance(record, EventRecord) and record.event == "start":
                 watched.compiles = record.fields.get("variant", "eager") != "eager"
             if isinstance(record, EventRecord) and record.event == "wandb":  # where its W&B record is: kept
-                self._emit(watched, ev.Wandb, **{k: record.fields[k] for k in ("mode", "url", "dir") if k in record.fields})
+                self.emit(watched, ev.Wandb, **{k: record.fields[k] for k in ("mode", "url", "dir") if k in record.fields})
         watched.judge.observe(observation_from_record(record, received))
         watched.dirty = True
 
@@ -763,7 +691,7 @@ class Watcher:
             recorded = self.store.transition(watched.name, RunState(state), RunState.endable(), exit_code=exit_code,
                                              ended_at=ended_at or event.at, ended_from="exit_file" if ended_at else "noticed")
             watched.run = recorded or self.store.get_run(watched.name)
-        self._publish(event, watched.name, recorded is not None)  # shown always; stored by whoever recorded the end
+        self.publish(event, watched.name, recorded is not None)  # shown always; stored by whoever recorded the end
 
     def _gpu_observed(self, obs: Observation, writes: "Writes") -> None:
         gpus = [g for g in obs.data.get("gpus") or [] if isinstance(g, dict)]
@@ -773,7 +701,7 @@ class Watcher:
             mine = tuple(g for g in gpus if not watched.gpus or g.get("index") in watched.gpus)
             watched.gpu_now = list(mine)
             watched.judge.observe(GpuObs(ts, mine))
-            self._emit(watched, ev.Gpu, gpus=list(mine))
+            self.emit(watched, ev.Gpu, gpus=list(mine))
             self._report_idle_gpus(watched)
         active = [w for w in followed if w.alive is not False]
         owner = active[0].name if len(active) == 1 else None
@@ -784,7 +712,7 @@ class Watcher:
         for idle in watched.judge.idle_gpus.flagged.values():
             if (idle.index, idle.since) not in watched.idle_reported:
                 watched.idle_reported.add((idle.index, idle.since))
-                self._emit(watched, ev.GpuIdle, **idle.to_json(), text=idle.describe())
+                self.emit(watched, ev.GpuIdle, **idle.to_json(), text=idle.describe())
 
     def _persist(self, writes: "Writes") -> None:
         """Each run's samples and log offset in one transaction (a re-attach resumes right after them), then
@@ -843,8 +771,8 @@ class Watcher:
                                     f"{link.reason or 'no answer'}); the run may still be going: "
                                     f"dfo watch {watched.name} resumes it"),
                     evidence={**judged.evidence, "unreachable_s": round(down_s, 1), "unreachable_reason": link.reason})
-                self._record_decision(watched)
-                self._emit(watched, ev.Unreachable, target=source, duration_s=round(down_s, 1), reason=link.reason)
+                self.record_decision(watched)
+                self.emit(watched, ev.Unreachable, target=source, duration_s=round(down_s, 1), reason=link.reason)
 
     def _found_again(self, source: str) -> None:
         """A container given up on answers again: its runs are judged again from where they were."""
@@ -852,25 +780,22 @@ class Watcher:
             if watched.source == source and watched.lost:
                 watched.lost, watched.dirty = False, True
                 watched.decision = watched.judge.decision()
-                self._record_decision(watched)
+                self.record_decision(watched)
 
     def _judge(self) -> None:
         for watched in list(self.watched.values()):
             if not watched.dirty or watched.stopping or watched.handled or watched.lost:
                 continue
             watched.dirty = False
-            owner = watched.root in self.owned
-            if self.policy.falls_back(watched.decision.decision):  # restored from an earlier watch: final
-                if owner:
-                    self._act(watched)
+            if self.lifecycle.acts_on(watched.decision.decision):  # restored from an earlier watch: final
+                self.lifecycle.decided(watched)
                 continue
             shifted = self._report_shifts(watched)
             decision = watched.judge.decision()
             if shifted or decision_key(decision) != decision_key(watched.decision):  # a shift: the new figure
                 watched.decision = decision
-                self._record_decision(watched)
-            if self.policy.falls_back(decision.decision) and not watched.handled and owner:
-                self._act(watched)
+                self.record_decision(watched)
+            self.lifecycle.decided(watched)  # it acts (or not): the policy is its
 
     def _report_shifts(self, watched: WatchedRun) -> bool:
         """A `level_shift` event for each level shift the judge newly recorded, and one more when a shift seen
@@ -882,61 +807,18 @@ class Watcher:
             if (shift["at_step"], declared) in watched.shifts_reported:
                 continue
             watched.shifts_reported |= {(shift["at_step"], declared), (shift["at_step"], False)}
-            event = self._emit(watched, ev.LevelShift, **ev.LevelShift.fields_of(shift, declared))
+            event = self.emit(watched, ev.LevelShift, **ev.LevelShift.fields_of(shift, declared))
             if watched.root not in self.owned:
                 watched.unstored_shifts.append(event)
             sent = True
         return sent
 
-    def _record_decision(self, watched: WatchedRun) -> None:
+    def record_decision(self, watched: WatchedRun) -> None:
         decision = watched.decision.to_json()
         if watched.root in self.owned:
             self.store.update_run(watched.name, decision=decision)
-        self._emit(watched, ev.DecisionMade, decision=decision)
+        self.emit(watched, ev.DecisionMade, decision=decision)
         self.notifier.decision(watched.name, decision)
-
-    def _act(self, watched: WatchedRun) -> None:
-        """A final verdict: with fallback on, stop the run (if it still runs) and launch the next variant."""
-        watched.handled = True
-        decision = watched.decision
-        if not self.fallback or not decision.action.acts():
-            return  # --no-fallback only reports
-        if watched.run.batch:  # a batch cell's run: `dfo batch` acts, keeping the cell's GPUs in its bookkeeping
-            self._emit(watched, ev.LeftToBatch, batch=watched.run.batch, command=batch_command(self.store, watched.run.batch))
-            return
-        watched.stopping = watched.acting = True
-        self._emit(watched, ev.Acting, action=decision.action, next_variant=decision.next_variant)
-        self._start_action(watched, launch_next=decision.next_variant if decision.action is Action.FALLBACK else None,
-                           reason=decision.decision + (f" [{decision.signature}]" if decision.signature else ""))
-
-    def _start_action(self, watched: WatchedRun, *, launch_next: str | None, reason: str) -> None:
-        """Hand the run to the supervisor on a worker thread: a fallback (intent, stop, GPUs, launch), or a stop."""
-        bound_s = self.supervisor.bound_s(watched.run, launches=bool(launch_next))
-        if launch_next:
-            self._start_worker(watched, lambda: self.supervisor.fall_back(watched.run, launch_next, watched.chain, reason),
-                               UnderWay(fallback_text({"run": watched.name, "variant": launch_next}), bound_s))
-        elif watched.alive is not False and watched.run.active:
-            self._start_worker(watched, lambda: self.supervisor.stop(watched.name, reason),
-                               UnderWay(f"{watched.name} (a stop only: {reason})", bound_s))
-        else:
-            self.queue.put(ActionDone(watched.name, reason=reason))
-
-    def _start_worker(self, watched: WatchedRun, work: Callable[[], Any], action: UnderWay) -> None:
-        """Run `work` (`action`) on its own thread; what it did comes back to the loop as ActionDone(s) on the
-        queue."""
-        def body() -> None:
-            try:
-                try:
-                    done = work()
-                except DfoError as exc:
-                    done = ActionDone(watched.name, error=str(exc))
-                for item in done if isinstance(done, list) else [done]:
-                    self.queue.put(item)
-            finally:
-                action.ended.set()
-
-        self._actions.append(action)
-        threading.Thread(target=body, name=f"act-{watched.name}", daemon=True).start()
 
     def _exit_awaited(self, wait: StopWait) -> None:
         """A stop under way (stop_waiting) waits for its run to exit after SIGTERM: for the view, until it exits."""
@@ -944,35 +826,7 @@ class Watcher:
         if watched is not None and watched.alive is not False:
             watched.exit_wait = ExitWait(time.time() - wait.waited_s, wait.grace_s)
 
-    def _action_done(self, done: ActionDone) -> None:
-        watched = self.watched.get(done.run)
-        if watched is None:  # an intent finished for a run of the chain this watch did not follow
-            if done.launched is not None and done.launched.name not in self.watched:
-                self.attach(done.launched.name)
-            return
-        watched.acting, watched.exit_wait = False, None
-        self._read_to_end(watched)
-        refreshed = self.store.find_run(watched.name)
-        watched.run = refreshed or watched.run
-        if not watched.run.active:
-            watched.alive = False  # no longer followed: its end is what the stop recorded
-        if done.stopped:
-            self._emit(watched, ev.Stopped, signal=done.signal, reason=done.reason)
-        if done.note:
-            self._emit(watched, ev.NotSignalled, why=done.note)
-        if done.error:
-            self._emit(watched, ev.ActionError, error=done.error)
-        if done.launched is not None:
-            self._chains[watched.root].runs.append(done.launched.name)
-            watched.decision = replace(watched.decision, next_run=done.launched.name)
-            self._record_decision(watched)
-            self._emit(watched, ev.FellBack, next_run=done.launched.name, variant=done.launched.variant)
-            try:
-                self.attach(done.launched.name)
-            except DfoError as exc:  # it runs; `dfo watch` can pick it up once the target answers
-                self._emit(watched, ev.ActionError, error=f"cannot follow {done.launched.name}: {exc}")
-
-    def _read_to_end(self, watched: WatchedRun) -> None:
+    def read_to_end(self, watched: WatchedRun) -> None:
         """A run this watch stopped (a fallback, a stop of its own or a batch's stop_when) is no longer followed;
         what it logged on its way out (its last steps, its `done` line), written after the agent's last read, is
         read to its log's end once it has exited (history.catch_up over the same channel's target, from the
@@ -986,7 +840,7 @@ class Watcher:
         try:
             catch_up(observer.target, observer.agent_cmd, self.store, [run], lambda _: watched.parse)
         except (DfoError, ProtocolError) as exc:
-            self._emit(watched, ev.ActionError, error=f"the end of {watched.name}'s log was not read ({exc}); "
+            self.emit(watched, ev.ActionError, error=f"the end of {watched.name}'s log was not read ({exc}); "
                                                       f"`dfo metrics {watched.name}` reads it")
             return
         watched.last_stored_step = self.store.last_step(watched.name)
@@ -1005,22 +859,22 @@ class Watcher:
             settled = not watched.acting
         else:
             settled = watched.decision.final and not watched.acting and (
-                watched.handled or not self.policy.falls_back(watched.decision.decision))
+                watched.handled or not self.lifecycle.acts_on(watched.decision.decision))
         return {"root": state.root, "runs": list(state.runs), "current": current,
                 "decision": watched.decision.to_json(), "settled": settled}
 
-    def _emit(self, watched: WatchedRun, cls: type[ev.RunEvent], **data: Any) -> ev.RunEvent:
+    def emit(self, watched: WatchedRun, cls: type[ev.RunEvent], **data: Any) -> ev.RunEvent:
         event = cls(at=utc_now(), run=watched.name, chain=watched.root, **data)
         # an observing watcher shows, its owner stores (a kind an ended run's earlier watch stored: not again)
         stored = event.stored and watched.root in self.owned and not (
             watched.replaying and self.store.events(watched.name, kind=event.kind))
-        self._publish(event, watched.name, stored)
+        self.publish(event, watched.name, stored)
         return event
 
     def _emit_source(self, cls: type[ev.TargetEvent], source: str, **data: Any) -> None:
-        self._publish(cls(at=utc_now(), target=source, **data), None, bool(self.owned))
+        self.publish(cls(at=utc_now(), target=source, **data), None, bool(self.owned))
 
-    def _publish(self, event: ev.Event, run: str | None, store: bool) -> None:
+    def publish(self, event: ev.Event, run: str | None, store: bool) -> None:
         if store:
             self.store.add_event(run, event.kind, event.stored_data(), at=event.at)
         self._events.append(event)

@@ -208,6 +208,29 @@ def test_crash_while_alive_stops_it_and_launches_the_next_variant_linked(lab) ->
     assert {e["kind"] for e in lab.store.events("c1")} >= {"decision", "stopped", "fell_back"}
 
 
+def test_the_watch_hands_each_decision_to_its_lifecycle_and_only_the_lifecycle_stops_and_falls_back(
+        lab, monkeypatch) -> None:
+    # issue 28's split: the Watcher follows, judges, stores and emits; what is done about a decision (the policy,
+    # the stop, the successor's launch) is its lifecycle controller's alone, on the controller's one executor
+    lab.launch("trees", "c1")
+    watcher = lab.watcher()
+    lifecycle, heard, carried = watcher.lifecycle, [], []
+    decided, fall_back, stop = lifecycle.decided, lifecycle.supervisor.fall_back, lifecycle.supervisor.stop
+    monkeypatch.setattr(lifecycle, "decided", lambda w: (heard.append((w.name, w.decision.decision)), decided(w)))
+    monkeypatch.setattr(lifecycle.supervisor, "fall_back",
+                        lambda run, variant, *a, **k: (carried.append(("fall_back", run.name, variant)),
+                                                       fall_back(run, variant, *a, **k))[1])
+    monkeypatch.setattr(lifecycle.supervisor, "stop",
+                        lambda name, reason: (carried.append(("stop", name)), stop(name, reason))[1])
+    watcher.attach("c1")
+    events = run_until(watcher, Watcher.settled, timeout=40)
+    assert [chain["runs"] for chain in watcher.chains()] == [["c1", "c1.2-nographs"]]
+    assert carried == [("fall_back", "c1", "nographs"), ("stop", "c1")]  # the stop is the fallback's own
+    emitted = [(e.run, e.decision["decision"]) for e in events if e.kind == "decision"]
+    assert ("c1", "crash") in heard and set(emitted) <= set(heard)  # every decision said reached the lifecycle
+    assert lab.store.get_run("c1").state == "stopped" and lab.store.get_run("c1.2-nographs").parent == "c1"
+
+
 def test_no_fallback_reports_a_nonzero_exit_and_launches_nothing(lab) -> None:
     lab.launch("failing", "f1")
     watcher = lab.watcher(fallback=False)

@@ -513,7 +513,7 @@ def stuck_stop_under_way(tmp_path, monkeypatch, name: str, **options) -> tuple[S
     watcher = lab.watcher(**options)
     watcher.attach(name)
     stuck = StuckStop()
-    monkeypatch.setattr(watcher.supervisor, "stop", stuck)
+    monkeypatch.setattr(watcher.lifecycle.supervisor, "stop", stuck)
     watcher.stop_run(name, "test")
     deadline = time.monotonic() + 10
     while not stuck.threads:
