@@ -967,12 +967,15 @@ LOOK_POLL_S = 1.0  # resolve_launch: how often a start never seen answered is lo
 def look_script(runs: Sequence[Run]) -> str:
     """One cheap look at runs on one target: for each, its exit file, and its process: the recorded PID's stat,
     or (a launch dfo did not finish recording) the session leader whose command line names its exit file,
-    found in one scan of /proc for all such rows (a scan per row made `dfo runs` slow with many of them)."""
-    lines, cases = [], []
+    found in one scan of /proc for all such rows (a scan per row made `dfo runs` slow with many of them).
+    The processes are looked at first, the exit files after: the wrapper writes its exit file before its PID
+    goes away, so a run seen gone has its exit status in the file read after (read the other way round, a run
+    ending between the two reads was recorded `lost` with none); one that ends in between is seen running."""
+    lines, cases, exits = [], [], []
     for index, run in enumerate(runs):
         exit_file = shlex.quote(run.exit_path)
-        lines.append(f'echo "@{index} exit=$(cat {exit_file} 2>/dev/null)"')
-        lines.append(f'echo "@{index} mtime=$(stat -c %Y {exit_file} 2>/dev/null)"')  # when it ended
+        exits.append(f'echo "@{index} exit=$(cat {exit_file} 2>/dev/null)"')
+        exits.append(f'echo "@{index} mtime=$(stat -c %Y {exit_file} 2>/dev/null)"')  # when it ended
         if run.pid is not None:
             lines.append(f'echo "@{index} stat=$(cat /proc/{int(run.pid)}/stat 2>/dev/null)"')
             continue
@@ -987,7 +990,7 @@ def look_script(runs: Sequence[Run]) -> str:
                   '[ "$5" = "$p" ] && [ "$p" != "$$" ] && echo "@$1 found=$p $st"; return 0; }',
                   f'if [ -n "{"".join(f"$w{i}" for i in range(len(runs)) if runs[i].pid is None)}" ]; then',
                   "for d in /proc/[0-9]*; do c=$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)", *cases, "done; fi"]
-    return "\n".join(lines) + "\ntrue\n"
+    return "\n".join(lines + exits) + "\ntrue\n"
 
 
 def look(target: Target, store: Store, runs: Sequence[Run], *, timeout: float = LOOK_TIMEOUT,

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import sqlite3
@@ -694,3 +695,37 @@ def test_dfo_and_its_stop_program_read_a_proc_stat_line_alike(stat, started, end
 
     assert gone(stat, started) is ended
     assert (not stopper.live(stat) or stopper.starttime(stat) != started) is ended
+
+
+def test_a_run_that_ends_during_a_look_is_never_recorded_lost_without_its_exit_status(store, workspace, tmp_path,
+                                                                                      monkeypatch):
+    # The wrapper writes the exit file, then its PID goes away. A look that read the exit file (not there yet)
+    # and then the PID (gone) recorded the run `lost` with no exit status (a fresh-clone run found a multi-node
+    # node that had exited 3 recorded so): the look reads the process first, so a run it sees gone has its
+    # exit file already; one that ends in between is seen running, and the next look records its exit status.
+    from orchestrator.runs import look
+
+    go = tmp_path / "go"
+    run = launch(LocalTarget("here"), spec(workspace, f"while [ ! -e {go} ]; do sleep 0.05; done; exit 3"),
+                 store, name="brief").run
+    armed = tmp_path / "armed"
+    armed.write_text("")
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    # `cat` of the exit file, while armed: print what it holds now, then let the run end and wait until it has
+    (shim / "cat").write_text(f"""#!/bin/sh
+if [ "$1" = {shlex.quote(run.exit_path)} ] && [ -e {armed} ]; then
+    rm -f {armed}; /bin/cat "$@" 2>/dev/null; : > {go}
+    i=0; while [ -e /proc/{run.pid} ] && [ "$(cut -d' ' -f3 /proc/{run.pid}/stat 2>/dev/null)" != Z ] && [ $i -lt 300 ]; do
+        sleep 0.05; i=$((i + 1)); done
+    exit 0
+fi
+exec /bin/cat "$@"
+""")
+    (shim / "cat").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    [looked] = look(LocalTarget("here"), store, [store.get_run("brief")])
+    assert not armed.exists(), "the look did not read the exit file"
+    assert (looked.state, looked.exit_code) == ("running", None), looked  # it ended after its process was seen
+    [looked] = look(LocalTarget("here"), store, [looked])
+    assert (looked.state, looked.exit_code) == ("crashed", 3), looked
