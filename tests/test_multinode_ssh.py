@@ -73,9 +73,9 @@ def hosts(tmp_path, sshd, ssh_home, pct_standin_env):
                     "args": {"steps": 100000, "log_every": 5, "debug.step_sleep_s": 0.05}},
             "ps2fail": {"compile": "eager", "preset": "tiny-cpu", "topology": "procsplit",
                         "args": {"steps": 100000, "log_every": 5, "debug.step_sleep_s": 0.05,
-                                 "debug.fail_at_step": 30, "debug.fail_drafter": 1}},
+                                 "debug.fail_at_step": 10, "debug.fail_drafter": 1}},
             "ps2ok": {"compile": "eager", "preset": "tiny-cpu", "topology": "procsplit",
-                      "args": {"steps": 30, "log_every": 5}},
+                      "args": {"steps": 10, "log_every": 5}},
             "threaded": {"compile": "eager", "preset": "tiny-cpu"},
         },
         "fallback": ["ps2fail", "threaded", "ps2ok"],
@@ -184,7 +184,7 @@ def test_a_crashed_multinode_run_falls_back_on_every_node(hosts):
     for node in (0, 1):
         log = hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok.node{node}.log"
         assert Path(f"{log}.exit").read_text().strip() == "0"
-        assert "event=done step=30" in log.read_text()
+        assert "event=done step=10" in log.read_text()
     runs = {r["name"]: r for r in hosts.runs()}
     assert runs["mn.2-ps2ok.node1"]["parent"] == "mn.node1"  # each node the child of its predecessor
     from orchestrator.store import Store
@@ -543,8 +543,8 @@ def gpu_hosts(tmp_path, sshd, ssh_home, pct_standin_env):
             for i in (0, 1)},
         "variants": {
             "ps2fail": {**pinned, "args": {"steps": 100000, "log_every": 5, "debug.step_sleep_s": 0.05,
-                                           "debug.fail_at_step": 30, "debug.fail_drafter": 1}},
-            "ps2ok": {**pinned, "args": {"steps": 30, "log_every": 5}},
+                                           "debug.fail_at_step": 10, "debug.fail_drafter": 1}},
+            "ps2ok": {**pinned, "args": {"steps": 10, "log_every": 5}},
         },
         "fallback": ["ps2fail", "ps2ok"],
         "signatures": [{"id": "injected", "pattern": "injected failure in drafter", "meaning": "a test's fault"}],
