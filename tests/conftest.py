@@ -29,7 +29,11 @@ def pytest_configure(config) -> None:
 # Test files whose tests run the torch trainer (CPU-bound: compiles, procsplit processes, hundreds of steps).
 # Under pytest-xdist's `--dist loadgroup` (scripts/test.sh) they all go to one worker, one test at a time, so
 # two of them never share the 2 cores, while the other worker takes the rest (mostly waiting on sshd,
-# containers, watch leases). They are ~45% of the suite's time: the two workers end close together.
+# containers, watch leases). This group is the suite's critical path (at bbff09b: >= 771 s of its tests among
+# a 878-s run's 100 slowest; the rest >= 513 s). test_multinode_ssh.py stays in it although its tests go
+# through sshd: they train too, two procsplit nodes at a time (one test: 37 s of CPU in 25 s on an idle
+# 2-core machine, ~30 s of it the node starts' torch imports, 3 processes a node), so out of the group it
+# would share the 2 cores with a compile or a learning run; docs/benchmarks.md has the figures.
 TRAINER_FILES = frozenset({"test_trainer_learning.py", "test_trainer_cli.py", "test_trainer_replicas.py", "test_trainer_step.py",
                            "test_compile_scope.py", "test_procsplit.py", "test_multinode_trainer.py",
                            "test_multinode_ssh.py", "test_trainer.py"})
