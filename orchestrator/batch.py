@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 from . import runs
 from .chains import (BATCH_POLICY, FALLBACK, Claims, FallbacksLeft, Outcome, Supervisor, catalogue_for, fallback_text,
                      finish_under_way, next_variant_after, rest_of_chain, wait_until)
-from .decide import Catalogue
+from .decide import Catalogue, Decision, read_stored
 from .events import DecisionMade, Event, lease_held_text
 from .errors import DfoError, RefusedError
 from .experiments import Cell, Plan
@@ -247,7 +247,7 @@ class Scheduler:
         concurrency = plan.experiments.concurrency
         self.ledger = GpuLedger(plan.target_gpus, per_target=concurrency.per_target, total=concurrency.total)
         self.records: dict[str, CellRecord] = {}
-        self.decisions: dict[str, dict] = {}  # run name -> its latest Decision JSON from the watcher
+        self.decisions: dict[str, dict] = {}  # run name -> its latest decision (its JSON) from the watcher
         self.active: dict[str, _Active] = {}
         self.news: deque[str] = deque(maxlen=6)
         self.durations: list[float] = []
@@ -405,12 +405,13 @@ class Scheduler:
 
     def _take_news(self, events: Iterable[Event]) -> None:
         for event in events:
-            decision = decision_of(event)
-            if decision is None or not decision.get("run"):
+            raw = decision_of(event)
+            decision, _ = read_stored(raw)
+            if decision is None or not decision.run:
                 continue
-            self.decisions[decision["run"]] = decision
-            if decision.get("decision") != "undecided":
-                self.news.append(f"{decision['run']}: {decision.get('decision')}")
+            self.decisions[decision.run] = raw  # kept as sent: a cell's outcome stores it as it is
+            if decision.decision != Verdict.UNDECIDED:
+                self.news.append(f"{decision.run}: {decision.decision}")
 
     # -- one cell
 
@@ -425,15 +426,16 @@ class Scheduler:
             return
         chain = self.table.chain(active.record.root_run)
         run = self.store.get_run(chain[-1])
-        decision = self.decisions.get(run.name) or run.decision or {}
+        decision = self.decisions.get(run.name) or run.decision or {}  # the JSON a cell's outcome keeps
         if active.stopping is not None:
             if not run.active or self.clock() - active.stopping.since >= self.stop_wait_s:
                 self._after_stop(active, chain)
             return
-        verdict = decision.get("decision")
+        typed, _ = read_stored(decision)  # None: none yet, or one it cannot read (no verdict: waited out as none)
+        verdict = typed.decision if typed is not None else None
         if BATCH_POLICY.falls_back(verdict):
-            following = self._next_variant(run, decision)
-            why = f"{verdict}: {decision.get('reason') or ''}".strip(": ")
+            following = self._next_variant(run, typed)
+            why = f"{verdict}: {typed.reason or ''}".strip(": ")
             if following is None:
                 self._stop(active, run, decision, why, "failed")
             else:
@@ -443,7 +445,7 @@ class Scheduler:
                                                                            f"batch {self.plan.batch}: {why}")])
             return
         if verdict == Verdict.TOO_SLOW:
-            self._stop(active, run, decision, f"too_slow: {decision.get('reason') or ''}".rstrip(": "), "done")
+            self._stop(active, run, decision, f"too_slow: {typed.reason or ''}".rstrip(": "), "done")
             return
         reached = self._stop_reason(active, run.name, verdict)
         if reached:
@@ -454,10 +456,12 @@ class Scheduler:
         elif run.active:
             active.waiting_since = None
 
-    def _next_variant(self, run: Run, decision: dict) -> Optional[str]:
-        return next_variant_after(self.plan.chain, run, decision, self.catalogue, self.plan.topologies)
+    def _next_variant(self, run: Run, decision: Decision) -> Optional[str]:
+        return next_variant_after(self.plan.chain, run, {"next_variant": decision.next_variant,
+                                                         "signature": decision.signature},
+                                  self.catalogue, self.plan.topologies)
 
-    def _stop_reason(self, active: _Active, run: str, verdict: Optional[str]) -> Optional[str]:
+    def _stop_reason(self, active: _Active, run: str, verdict: Optional[Verdict]) -> Optional[str]:
         stop_when = self.plan.experiments.stop_when
         if stop_when.kind == "steady":
             return "steady" if verdict == "steady" else None
@@ -551,9 +555,10 @@ class Scheduler:
         errors = "; ".join(outcome.error for outcome in outcomes if outcome.error) or "no successor launched"
         last = outcomes[-1].run if outcomes else self.table.chain(record.root_run)[-1]
         verdict = active.fell_from or self.store.get_run(last).decision or {}
+        typed, _ = read_stored(verdict)
         left_open = self._open_fallback(record) is not None  # taken up again by the next invocation
         self._finish(active, self.store.lineage(last), verdict, CellState.ERROR if left_open else CellState.FAILED,
-                     f"{verdict.get('decision', 'failed')}; fallback did not start: {errors}")
+                     f"{typed.decision if typed is not None else 'failed'}; fallback did not start: {errors}")
 
     def _finish(self, active: _Active, chain: list[str], decision: dict, state: str, why: str) -> None:
         record = active.record

@@ -35,6 +35,7 @@ from .chains import (
     carry_checkpoint, carry_out_fallback, catalogue_for, chain_name, check_resumable, first_launch, gpus_used,
     next_variant_after, record_fallback, successor_name, until_released,
 )
+from .decide import read_stored
 from .decide.policy import rest_of_chain
 from .decide.nodes import NodeOutcome, describe, first_failure
 from .errors import DfoError, RefusedError, RemoteError, UsageError
@@ -42,7 +43,8 @@ from .events import FellBack, Resumed, record
 from .launchplan import Gate, one_turn_per_connection
 from .package import Package, build_package, parse_probe
 from .remote.base import Target
-from .store import Store, utc_now
+from .report import UNREADABLE
+from .store import Run, Store, utc_now
 
 RENDEZVOUS_TIMEOUT = 30.0
 
@@ -286,19 +288,25 @@ def stop_nodes(store: Store, run: str, target_of: Callable[[str], Target], *, gr
 
 
 def outcomes(store: Store, run: str) -> list[NodeOutcome]:
-    """Each node's decision from the registry (as the watch left it)."""
-    result = []
-    for rank, node_run in enumerate(store.nodes_of(run)):
-        node = store.get_run(node_run)
-        decision = node.decision or {}
-        result.append(NodeOutcome(rank, node.target, decision.get("decision"), decision.get("signature"),
-                                  decision.get("at_ts"), node.exit_code))
-    return result
+    """Each node's decision from the registry (as the watch left it), read through the one reader of stored
+    decisions (decide.read_stored): one it cannot read is `unreadable`, never a guess (no failure, no fallback)."""
+    return [node_outcome(rank, store.get_run(node_run))[0] for rank, node_run in enumerate(store.nodes_of(run))]
+
+
+def node_outcome(rank: int, node: Run) -> tuple[NodeOutcome, str | None]:
+    """Node `rank`'s outcome (its stored decision, typed), and why its decision cannot be read (or None)."""
+    decision, unreadable = read_stored(node.decision)
+    if decision is None:
+        return NodeOutcome(rank, node.target, UNREADABLE if unreadable else None, exit_code=node.exit_code), unreadable
+    return NodeOutcome(rank, node.target, str(decision.decision), decision.signature, decision.at_ts,
+                       node.exit_code), None
 
 
 def summary(store: Store, run: str) -> str:
-    """One line on the whole run (decide/nodes.describe)."""
-    return describe(run, outcomes(store, run))
+    """One line on the whole run (decide/nodes.describe), and why each node whose decision is unreadable is."""
+    read = [node_outcome(rank, store.get_run(name)) for rank, name in enumerate(store.nodes_of(run))]
+    why = [f"node {node.rank} ({node.target}): {UNREADABLE}: {reason}" for node, reason in read if reason]
+    return "; ".join([describe(run, [node for node, _ in read]), *why])
 
 
 def root_of(store: Store, run: str) -> str:
@@ -320,8 +328,9 @@ def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: 
     chain = [name for name in inventory.fallback
              if inventory.variants[name].topology == "procsplit" and inventory.variants[name].command is None]
     topologies = {name: v.topology for name, v in inventory.variants.items()}
-    decision = {**(nodes[culprit.rank].decision or {}), "next_variant": None}
-    variant = next_variant_after(chain, nodes[culprit.rank], decision, catalogue_for(inventory), topologies)
+    # the chain here is the multi-node one (procsplit variants), not the node's: only its verdict's signature counts
+    variant = next_variant_after(chain, nodes[culprit.rank], {"signature": culprit.signature}, catalogue_for(inventory),
+                                 topologies)
     if variant is None:
         return None
     intent = record_fallback(store, root_of(store, run), MULTINODE_FALLBACK, {

@@ -29,12 +29,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Mapping, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from .decide import Decision, read_stored
 from .events import NotifyFailed, record
 from .inventory import Inventory, Notify
 from .sanitize import json_line, url_origin
+from .states import Verdict
 from .store import Store, utc_now
 
 log = logging.getLogger(__name__)
@@ -42,36 +44,34 @@ BACKOFF_S = 1.0  # before the first retry; doubled for each further one
 QUIET = "undecided"
 
 
-def declared_shift(decision: dict[str, Any]) -> dict[str, Any] | None:
+def declared_shift(decision: Decision) -> dict[str, Any] | None:
     """The level shift whose new level the decision's steady verdict declares (its last shift, once declared)."""
-    shifts = decision.get("level_shifts") or []
-    if decision.get("decision") != "steady" or not shifts or shifts[-1].get("declared_tok_s") is None:
+    shifts = decision.level_shifts or []
+    if decision.decision != Verdict.STEADY or not shifts or shifts[-1].get("declared_tok_s") is None:
         return None
     return shifts[-1]
 
 
-def notification_key(decision: dict[str, Any]) -> str:
+def notification_key(decision: Decision) -> str:
     """What makes a decision news to the people told: its verdict and action, and for a steady verdict at a new
     level after a level shift, that shift (steady -> steady at another level is news too)."""
-    key = f"{decision.get('decision')}:{decision.get('action') or 'none'}"
+    key = f"{decision.decision}:{decision.action or 'none'}"
     shift = declared_shift(decision)
     return key if shift is None else f"{key}:level_shift@{shift['at_step']}"
 
 
-def message(decision: dict[str, Any], run: dict[str, Any]) -> str:
+def message(decision: Decision, run: dict[str, Any]) -> str:
     """One line for a chat: what was decided about which run, with its figure and what dfo does next."""
-    verdict = decision.get("decision")
     where = f"{run['name']} on {run.get('target') or '?'}" + (f" ({run['variant']})" if run.get("variant") else "")
-    at = f" at step {decision['at_step']}" if decision.get("at_step") is not None else ""
-    figure = f", {decision['steady_tok_s']:,.0f} tok/s" if decision.get("steady_tok_s") is not None else ""
+    at = f" at step {decision.at_step}" if decision.at_step is not None else ""
+    figure = f", {decision.steady_tok_s:,.0f} tok/s" if decision.steady_tok_s is not None else ""
     shift = declared_shift(decision)
     if shift is not None and figure:
-        figure = (f" at a new level, {shift['from_tok_s']:,.0f} -> {decision['steady_tok_s']:,.0f} tok/s (level shift "
+        figure = (f" at a new level, {shift['from_tok_s']:,.0f} -> {decision.steady_tok_s:,.0f} tok/s (level shift "
                   f"at step {shift['at_step']})")
-    signature = f" [{decision['signature']}]" if decision.get("signature") else ""
-    action = decision.get("action") or "none"
-    then = f"; action {action}" + (f" -> {decision['next_run']}" if decision.get("next_run") else "")
-    return f"dfo: {where}: {verdict}{signature}{at}{figure}{then}"
+    signature = f" [{decision.signature}]" if decision.signature else ""
+    then = f"; action {decision.action or 'none'}" + (f" -> {decision.next_run}" if decision.next_run else "")
+    return f"dfo: {where}: {decision.decision}{signature}{at}{figure}{then}"
 
 
 class Notifier:
@@ -87,10 +87,15 @@ class Notifier:
         chosen = self.inventory.variants.get(variant) if variant else None
         return (chosen.notify if chosen and chosen.notify else None) or self.inventory.notify
 
-    def decision(self, run_name: str, decision: dict[str, Any]) -> list[threading.Thread]:
+    def decision(self, run_name: str, decision: Decision | Mapping[str, Any]) -> list[threading.Thread]:
         """Announce `decision` about `run_name` on every channel that has not announced it yet (returns the
-        worker threads started, for tests to join)."""
-        verdict = decision.get("decision")
+        worker threads started, for tests to join). Its JSON (a stored one, say) is read through the one reader
+        of stored decisions (decide.read_stored): one it cannot read is not sent, and is logged."""
+        if not isinstance(decision, Decision):
+            decision, unreadable = read_stored(decision)
+            if unreadable:
+                log.warning("not notifying about %s: %s", run_name, unreadable)
+        verdict = decision.decision if decision is not None else None
         if not verdict or verdict == QUIET:
             return []
         run = self.store.find_run(run_name)
@@ -118,7 +123,7 @@ class Notifier:
         for worker in self._threads:
             worker.join(max(0.0, deadline - time.monotonic()))
 
-    def _deliver(self, channel: str, send, settings: Notify, run_name: str, key: str, decision: dict,
+    def _deliver(self, channel: str, send, settings: Notify, run_name: str, key: str, decision: Decision,
                  about: dict) -> None:
         detail = None
         for attempt in range(settings.retries + 1):
@@ -153,14 +158,14 @@ class Notifier:
         with Store(self.store.path) as own:
             yield own
 
-    def _command(self, settings: Notify, decision: dict, about: dict) -> Optional[str]:
+    def _command(self, settings: Notify, decision: Decision, about: dict) -> Optional[str]:
         """Run the command; None when it exited 0, else why not."""
         text = message(decision, about)
         env = {**os.environ, "DFO_RUN": about["name"], "DFO_TARGET": about["target"] or "",
                "DFO_VARIANT": about["variant"] or "", "DFO_BATCH": about["batch"] or "",
-               "DFO_DECISION": decision.get("decision") or "", "DFO_ACTION": decision.get("action") or "",
-               "DFO_NEXT_RUN": decision.get("next_run") or "",
-               "DFO_STEADY_TOK_S": "" if decision.get("steady_tok_s") is None else str(decision["steady_tok_s"]),
+               "DFO_DECISION": str(decision.decision), "DFO_ACTION": str(decision.action or ""),
+               "DFO_NEXT_RUN": decision.next_run or "",
+               "DFO_STEADY_TOK_S": "" if decision.steady_tok_s is None else str(decision.steady_tok_s),
                "DFO_TEXT": text}
         try:
             done = subprocess.run(["/bin/sh", "-c", settings.command], input=json_line(payload(decision, about)),
@@ -173,7 +178,7 @@ class Notifier:
         last = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or ["no output"]
         return f"command exited {done.returncode}: {last[0][:200]}"
 
-    def _webhook(self, settings: Notify, decision: dict, about: dict) -> Optional[str]:
+    def _webhook(self, settings: Notify, decision: Decision, about: dict) -> Optional[str]:
         """POST the decision; None on a 2xx answer. 4xx (but 408/429) is `permanent: ` (retrying cannot help).
         Credentials in the URL (`https://user:pass@host/...`) go in an Authorization header; what comes back
         names the receiver by url_origin() alone, whatever failed."""
@@ -231,8 +236,8 @@ def _scrubbed(text: str, url: str) -> str:
     return text
 
 
-def payload(decision: dict[str, Any], about: dict[str, Any]) -> dict[str, Any]:
+def payload(decision: Decision, about: dict[str, Any]) -> dict[str, Any]:
     """What both channels send: the decision (docs/design.md shape) plus the run's target/variant/batch and `text`."""
-    return {**decision, "run": about["name"], "target": about["target"], "variant": about["variant"],
+    return {**decision.to_json(), "run": about["name"], "target": about["target"], "variant": about["variant"],
             "batch": about["batch"], "text": message(decision, about)}
 

@@ -818,7 +818,7 @@ class Watcher:
         if watched.root in self.owned:
             self.store.update_run(watched.name, decision=decision)
         self.emit(watched, ev.DecisionMade, decision=decision)
-        self.notifier.decision(watched.name, decision)
+        self.notifier.decision(watched.name, watched.decision)
 
     def _exit_awaited(self, wait: StopWait) -> None:
         """A stop under way (stop_waiting) waits for its run to exit after SIGTERM: for the view, until it exits."""

@@ -657,3 +657,27 @@ def test_a_fallback_whose_stop_keeps_failing_leaves_its_cell_to_the_next_batch_w
         [record] = again.run()
     assert (record.state, record.outcome["runs"]) == ("done", ["u.trees.ct200.r1", "u.trees.ct200.r1.2-nographs"])
     assert launched2 == ["u.trees.ct200.r1.2-nographs"] and record.gpu_ids == held != ()
+
+
+def test_a_damaged_stored_decision_is_no_verdict_the_cell_falls_back_from_nothing_and_closes_when_its_run_ends():
+    # batch.py read a run's stored decision by string: a damaged one (a crash whose signature is no name, as an
+    # older or broken dfo may leave in the registry) was taken for a crash verdict and fallen back from; it is read
+    # through decide.read_stored now, and one it cannot read is no verdict
+    class DamagedWatcher(FakeWatcher):
+        def _advance(self, run):
+            if self.clock[0] - self.started_at[run.name] >= 5 and run.active:
+                self.store.update_run(run.name, state="crashed", decision={"decision": "crash", "action": "fallback",
+                                                                           "signature": 5, "run": run.name})
+            return []
+
+    text = "batch: d\ntargets: [ct300]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n"
+    with Store.in_memory() as store:
+        plan = plan_of(text)
+        clock, launched = [1_800_000_000.0], []
+        watcher = DamagedWatcher(store, clock, {"trees": Script()})
+        scheduler = Scheduler(plan, store, watcher, starter(store, watcher, plan, launched),
+                              supervisor=PlayedSupervisor(store, watcher, plan, launched), clock=lambda: clock[0],
+                              poll_s=5.0)
+        [record] = scheduler.run()
+        assert launched == ["d.trees.ct300.r1"] and store.open_intents() == []  # nothing fallen back to
+        assert record.state == "failed" and record.outcome["why"].startswith("run ended (crashed")

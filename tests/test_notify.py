@@ -163,7 +163,7 @@ def test_a_steady_verdict_at_a_new_level_after_a_declared_level_shift_is_news_wi
     """steady -> steady at another level (a 29% drop) notifies like a verdict change, once, with
     both levels in the text; the shift while its new level is not declared (undecided) tells no one."""
     hook = receiver()
-    shift = {"at_step": 1861, "from_tok_s": 56754.5, "to_tok_s": 40591.0, "declared_tok_s": None,
+    shift = {"at_step": 1861, "detected_step": 1920, "from_tok_s": 56754.5, "to_tok_s": 40591.0, "declared_tok_s": None,
              "declared_step": None}
     reopened = {**STEADY, "decision": "undecided", "action": "none", "steady_tok_s": None, "level_shifts": [shift]}
     declared = {**STEADY, "at_step": 2700, "steady_tok_s": 40296.1,
@@ -335,3 +335,16 @@ def test_a_notification_failing_after_the_watch_closed_its_registry_is_still_rec
         failed = reopened.events("a", kind="notify_failed")
     assert row["ok"] is False and "answered HTTP 500" in row["detail"]  # finished, not left claimed forever
     assert len(slow_and_broken.posts) == 2 and failed and failed[0]["data"]["channel"] == "webhook"
+
+
+def test_a_decision_json_of_a_shape_this_dfo_does_not_write_is_not_sent_nor_claimed(receiver, tmp_path):
+    # the Notifier read decisions by string: a damaged one (a figure that is text) was claimed and sent on, and
+    # failed in the worker (`Unknown format code`), recorded as a failed notification; it is read through
+    # decide.read_stored now, and one it cannot read tells no one
+    hook = receiver()
+    inventory = inventory_with(json.dumps({"webhook": hook.url}))
+    with registry(tmp_path / "dfo.db", ("r1", "trees")) as store:
+        send(Notifier(inventory, store), "r1", {**STEADY, "steady_tok_s": "fast"})
+        assert store.notifications("r1") == [] and hook.posts == []
+        send(Notifier(inventory, store), "r1", STEADY)  # the readable one still goes out
+        assert [(n["channel"], n["ok"]) for n in store.notifications("r1")] == [("webhook", True)]

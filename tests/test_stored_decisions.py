@@ -72,3 +72,23 @@ def test_compare_shows_an_unreadable_decision_beside_a_good_one(home) -> None:
     assert compared.returncode == 0, compared.output
     verdicts = {row["run"]: (row["verdict"], row["tok_s"]) for row in json.loads(compared.stdout)["runs"]}
     assert verdicts == {"good": ("steady", 1000.0), **{name: ("unreadable", None) for name in DAMAGED}}
+
+
+def test_a_multinode_runs_node_with_a_damaged_decision_is_said_unreadable_and_starts_no_fallback(tmp_path) -> None:
+    # multinode.py read its nodes' decisions by string: an old shape was summed up as `undecided`, and a damaged
+    # crash (a signature that is no name) was taken for the run's first failure and fallen back from
+    from orchestrator import multinode
+
+    with Store(tmp_path / "dfo.db") as store:
+        for node, decision in (("mn.node0", good_decision().to_json()), ("mn.node1", DAMAGED["old"]),
+                               ("bad.node0", {"decision": "crash", "action": "fallback", "signature": 5}),
+                               ("bad.node1", good_decision().to_json())):
+            store.add_run(Run(name=node, target="here", variant="v", state="exited", exit_code=0, decision=decision))
+        store.add_nodes("mn", ["mn.node0", "mn.node1"], "10.0.0.1:29500")
+        store.add_nodes("bad", ["bad.node0", "bad.node1"], "10.0.0.1:29501")
+        said = multinode.summary(store, "mn")
+        assert said.startswith("mn: steady, unreadable on all 2 nodes; node 1 (here): unreadable: the stored decision "
+                               "has no `decision`"), said
+        assert "undecided" not in said
+        assert "crash" not in multinode.summary(store, "bad") and "node 0 (here): unreadable" in multinode.summary(store, "bad")
+        assert multinode.fall_back(None, None, store, "bad") is None and store.open_intents() == []
