@@ -38,6 +38,21 @@ TRAINER_FILES = frozenset({"test_trainer_learning.py", "test_trainer_cli.py", "t
                            "test_compile_scope.py", "test_procsplit.py", "test_multinode_trainer.py",
                            "test_multinode_ssh.py", "test_trainer.py"})
 
+# Tests of TRAINER_FILES whose trainer is a played script (no torch): they only wait, so they leave the group
+# and run on either worker beside it. As "FILE::TEST" (a parametrized test's every case); tests/test_suite_layout.py
+# checks that each still exists.
+NOT_TRAINING = frozenset({
+    # 12 s of a played checkpoint, 18 s in all: off the critical path
+    "test_multinode_ssh.py::test_the_nodes_a_multinode_fallback_stops_get_their_variants_stop_grace_to_write_their_checkpoint",
+})
+
+
+def trainer_group_of(nodeid: str) -> bool:
+    """Whether the test `nodeid` (as pytest names it: `tests/FILE::TEST[CASE]`) runs in the trainer group."""
+    path, _, name = nodeid.partition("::")
+    file = path.rsplit("/", 1)[-1]
+    return file in TRAINER_FILES and f"{file}::{name.split('[', 1)[0]}" not in NOT_TRAINING
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
@@ -50,7 +65,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class TrainerTestsOnOneWorker(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in TRAINER_FILES:
+            if trainer_group_of(nodeid):
                 return "trainer"
             return super()._split_scope(nodeid)
 
