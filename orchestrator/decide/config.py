@@ -19,8 +19,9 @@ class DecideConfig:
     min_steady_steps: int = 60
     """Steady needs at least this many steps since the first step (an autotuning plateau is shorter)."""
     min_steady_seconds: float = 15.0
-    """... and at least this many seconds since the first step, on a quiet run (its intervals vary within the
-    precision); any other run needs shift_hold_s (its slow swings last 10-30 s)."""
+    """... and at least this many seconds since the first step; a quiet run (its intervals vary within the
+    precision) 0.8 x this (steady.QUIET_SECONDS_SHARE: 12 s), any other run shift_hold_s (its slow swings last
+    10-30 s)."""
     stall_factor: float = 10.0
     """After the first step: stalled when silent for stall_factor x the median gap between step lines ..."""
     stall_floor_s: float = 120.0
@@ -43,7 +44,7 @@ class DecideConfig:
     trend_horizon_steps: int = 150
     """The trend is projected over half the window after the warm-up (from its centre, where the level is
     measured, to its newest block) and over at least this many steps (a slow leak seen in a short window is
-    not a level)."""
+    not a level), or 15 lines where a line stands for 2+ steps, whichever is fewer steps."""
     confirm_blocks: int = 2
     """Consecutive new blocks that must pass every check before steady is declared."""
     shift_blocks: int = 4

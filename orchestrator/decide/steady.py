@@ -15,9 +15,11 @@ the evidence). With p = `precision` (default 5%):
      of the level (Mann-Kendall on the same points is reported beside it);
    - the level's 95% interval is within +/- p: the level is the mean of batch means, batches as long as the
      series' autocorrelation time, the interval from their spread with the effective sample size.
+   The trend's horizon is trend_horizon_steps, or HORIZON_LINES lines where a line stands for 2+ steps
+   (`_horizon_steps`: a line is one rate measurement), whichever is fewer steps.
    Steady once both hold, and the minimum steps AND seconds since the first step are met (the seconds:
-   min_steady_seconds on a quiet run, whose intervals vary within the precision and QUIET_REL, shift_hold_s
-   on any other), for `confirm_blocks` consecutive new blocks. The dispersion of the interval throughputs (IQR / median,
+   QUIET_SECONDS_SHARE x min_steady_seconds on a quiet run, whose intervals vary within the precision and
+   QUIET_REL, shift_hold_s on any other), for `confirm_blocks` consecutive new blocks. The dispersion of the interval throughputs (IQR / median,
    `noise_rel`) is reported, with `noisy` when it exceeds `noisy_rel`; it never blocks the verdict.
 3b. No declaration (nor an early final answer) while the level moves inside the window after the cut: its
    change point's newer part (2+ blocks) beyond the shift threshold and WINDOW_SHIFT_Z standard errors from
@@ -80,6 +82,8 @@ WINDOW_SHIFT_Z = 3.0  # before a declaration, a move by the shift threshold and 
 # inside the window is a shift (_window_shift): it only delays an answer, so it errs on the side of waiting
 SHIFT_NOISY_PRECISIONS, SHIFT_NOISY_REL_MAX = 3.0, 0.15  # on a noisy run: 3x, 15% (its slow swings reach 14.5%)
 QUIET_REL = 0.05  # a run whose intervals vary (IQR / median) within this and the precision is quiet
+QUIET_SECONDS_SHARE = 0.8  # ... and needs 0.8 x min_steady_seconds since the first step (12 s at the default 15)
+HORIZON_LINES = 15  # where a line stands for 2+ steps, the trend horizon is 150 steps or 15 lines, the fewer steps
 SHIFT_BEFORE_BLOCKS = 100  # the level a shift is measured from: at most the 100 blocks before it
 REFINE_BLOCKS = 2000  # once steady, the figure is the level of the (at most 2,000) blocks since the warm-up
 TREND_P = 0.05  # Mann-Kendall: a trend is plausible at p < 0.05
@@ -564,8 +568,8 @@ class SteadyDetector:
 
     # ---- analysis before steady ---------------------------------------------------------------
     def _minimums_met(self, noise_rel: float | None = None, window_s: float | None = None) -> tuple[bool, str]:
-        """min_steady_steps and min_steady_seconds since the first step; unless the run is quiet (`noise_rel`, the
-        window's IQR / median, within the precision) shift_hold_s instead of min_steady_seconds: its slow swings last 10-30 s,
+        """min_steady_steps and QUIET_SECONDS_SHARE x min_steady_seconds since the first step on a quiet run (`noise_rel`,
+        the window's IQR / median, within the precision; 12 s: docs/decisions.md point 4c), else shift_hold_s: its slow swings last 10-30 s,
         so 15 s of it cannot show their size (small-ps-eager-1g: +/-20% swings around 57k declared at 15.8 s,
         5 s before a 23% drop), while a quiet run is known to its precision in a few lines. On a run that is not
         quiet, the window after the warm-up cut (`window_s`) must itself span min_steady_seconds: the seconds since
@@ -574,7 +578,7 @@ class SteadyDetector:
         steps = self.last_step - self.first_step
         seconds = self.last_ts - self.first_ts
         noisy = not self._quiet(noise_rel)
-        need_s = self.config.shift_hold_s if noisy else self.config.min_steady_seconds
+        need_s = self.config.shift_hold_s if noisy else QUIET_SECONDS_SHARE * self.config.min_steady_seconds
         if steps < self.config.min_steady_steps or seconds < need_s:
             have, need = seconds_against(seconds, need_s)
             return False, (f"{steps} steps / {have} s since the first step (need {self.config.min_steady_steps} / "
@@ -584,6 +588,14 @@ class SteadyDetector:
             return False, f"the window after the warm-up spans {have} s (need {need}, noisy)"
         return True, ""
 
+    def _horizon_steps(self, per_line: float) -> int:
+        """The trend horizon in steps: trend_horizon_steps, or HORIZON_LINES lines where the window's lines stand
+        for 2+ steps each (a line is one rate measurement over its steps: qwen3-8b-shape logs 5 steps a line
+        every ~2.7 s, so 150 steps were 30 lines, ~80 s); a trace logging every step keeps 150 steps."""
+        if per_line < 2:
+            return self.config.trend_horizon_steps
+        return min(self.config.trend_horizon_steps, math.ceil(HORIZON_LINES * per_line))
+
     def _window_stats(self, d: int) -> dict:
         """Level, trend and noise over the blocks from d on (at most the newest ANALYSIS_BLOCKS)."""
         n = len(self._medians)
@@ -591,15 +603,17 @@ class SteadyDetector:
         window = self._medians[first:]
         level = batch_means_level(window)
         slope = trend(level.means)  # on the batch means: nearly independent points
-        # in batch units: half the window, and at least trend_horizon_steps (a slow leak in a short window)
+        # in batch units: half the window, and at least the horizon (_horizon_steps: a slow leak in a short window)
         steps_per_batch = (self.last_step - self._block_first_step[first] + 1) / len(window) * level.batch_size
         across = len(level.means) - 1
         half_window = across * TREND_HORIZON
         scale = abs(level.mean) or 1.0
         start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
         seconds = self._block_ts[-1] - start_ts
-        span = max(half_window, self.config.trend_horizon_steps / steps_per_batch)
         raw = [v for block in self._raw[first:] for v in block]
+        steps_per_line = (self.last_step - self._block_first_step[first] + 1) / max(1, len(raw))
+        horizon_steps = self._horizon_steps(steps_per_line)
+        span = max(half_window, horizon_steps / steps_per_batch)
         noise = noise_of(raw)
         return {
             "first": first,
@@ -613,8 +627,10 @@ class SteadyDetector:
             "window_s": seconds,
             "start_ts": start_ts,  # where the window begins (the end of the block before it)
             "noise_rel": noise,
-            "horizon_floor": span > half_window,  # projected over trend_horizon_steps, not half the window
+            "horizon_floor": span > half_window,  # projected over the horizon (_horizon_steps), not half the window
             "window_steps": self.last_step - self._block_first_step[first] + 1,
+            "horizon_steps": horizon_steps,
+            "steps_per_line": steps_per_line,
             # across the whole window (not projected from its centre): what a decline was found with (_declined)
             "trend_rel_across": (slope.lo * across / scale, slope.hi * across / scale),
         }
@@ -627,8 +643,11 @@ class SteadyDetector:
         # shorter one: a flat stretch inside a slow leak looks level (docs/benchmarks-archive.md, Round 4, V4); unless
         # the projected interval is itself at most p wide (a run that steps slowly with little noise: two-sample
         # qwen3-8b-shape steps ~2.8 times a second, 150 steps are ~55 s after its warm-up; the leak V4 stopped
-        # had a wide interval)
-        long_enough = stats["window_steps"] >= self.config.trend_horizon_steps or (hi - lo) <= precision
+        # had a wide interval); or the run is quiet and logs 2+ steps a line (its trend interval, projected over
+        # its horizon, within +/- p is evidence enough: the quiet probes and qwen3 logs, flat from their 3rd
+        # line; the leak V4 and tracegen's drift 506, flat over 95 steps, log one step a line)
+        long_enough = (stats["window_steps"] >= stats["horizon_steps"] or (hi - lo) <= precision
+                       or (self._quiet(stats["noise_rel"]) and stats["steps_per_line"] >= 2))
         no_trend = long_enough and -precision <= lo and hi <= precision
         # after a decline re-opened the verdict, a new level is declared only once the test that found the decline
         # clears it: a window as long as the one the fall was measured over (60-90 s: 400 blocks of a fast run
@@ -652,7 +671,7 @@ class SteadyDetector:
             "trend_rel_95": [round(lo, 4) if math.isfinite(lo) else None, round(hi, 4) if math.isfinite(hi) else None],
             "no_trend_beyond_precision": no_trend,
             "window_steps": stats["window_steps"],
-            "trend_horizon_steps": self.config.trend_horizon_steps,
+            "trend_horizon_steps": stats["horizon_steps"],
             "mann_kendall_z": round(stats["trend"].mk_z, 2),
             "mann_kendall_p": round(stats["trend"].mk_p, 4),
             "interval_half_width_rel": round(level.half_width_rel, 4) if math.isfinite(level.half_width_rel) else None,
