@@ -87,9 +87,14 @@ def test_the_registry_keeps_what_the_line_says_less_kind_time_and_run_and_not_st
 def test_the_live_view_scroll_back_reads_the_typed_events():
     from orchestrator.commands.watch import event_line
 
-    decision = {"decision": "crash", "action": "fallback", "next_run": "c1.2-nographs", "reason": "exit 1"}
+    # a crash is named by its signature and step, its meaning and lines left to its panel (printed once, there)
+    decision = {"decision": "crash", "run": "c1", "action": "fallback", "next_run": "c1.2-nographs", "reason": "exit 1",
+                "signature": "exit_nonzero", "at_step": 5}
     assert event_line(ev.DecisionMade(at=AT, run="c1", chain="c1", decision=decision)) == \
-        "00:00:00 c1: crash (action fallback -> c1.2-nographs): exit 1"
+        "00:00:00 c1: crash [exit_nonzero] at step 5 (action fallback -> c1.2-nographs): the crash: in c1's panel"
+    decision = {"decision": "stall", "run": "c1", "action": "fallback", "next_run": None, "reason": "no step for 30 s"}
+    assert event_line(ev.DecisionMade(at=AT, run="c1", chain="c1", decision=decision)) == \
+        "00:00:00 c1: stall (action fallback): no step for 30 s"
     assert event_line(ev.Gap(at=AT, target="ct_a", duration_s=4.5)) == "00:00:00 ct_a: gap duration_s=4.5"
     # a target without nvidia-smi is a CPU-only target, said plainly; a failing driver keeps its text and code
     assert event_line(ev.GpuError(at=AT, target="here", text="cannot start nvidia-smi: No such file or directory",

@@ -78,7 +78,25 @@ def test_a_chain_of_one_ends_on_its_own_crash_with_exit_1_and_no_fallback(lab, t
     assert done.returncode == 1, done.stderr + done.stdout[-2000:]
     assert [r.name for r in lab.store.list_runs()] == ["one1"]  # not the inventory's fallback: the chain had one
     last = done.stdout.strip().splitlines()[-1]
-    assert last.startswith("one1: one1 crash at step 5; exited 3"), last
+    assert last.startswith("one1: one1 crash [exit_nonzero] at step 5; exited 3"), last
+
+
+@pytest.mark.slow
+def test_launch_watch_prints_a_crash_once_and_its_other_lines_refer_to_it(lab, tmp_path) -> None:
+    # trees: the cudagraph_tls traceback, then it lives on; the fallback stops it and launches nographs. Before, its
+    # meaning came three times (the scroll-back's decision line, the panel, the final line) and the decision line
+    # twice (recorded again with its successor's name), every one quoting the whole reason
+    done = dfo_launch_watch(lab, tmp_path, "trees", "cr1", "trees,nographs", "--until-decided")
+    assert done.returncode == 0, done.stderr + done.stdout[-2000:]
+    out = done.stdout
+    meaning = "CUDAGraph Trees used from a non-main thread"
+    assert out.count(meaning) == 1, out  # in cr1's panel, under its state line
+    assert out.count("assert torch._C._is_key_in_tls(attr_name)") == 1, out  # its lines, in the panel too
+    panel = out[out.index("cr1  trees on here"):out.index("cr1.2-nographs  nographs on here")]
+    assert meaning in panel and "AssertionError" in panel and "crash [cudagraph_tls]" in panel, panel
+    [said] = [line for line in out.splitlines() if ": crash [" in line and "cr1:" in line and "panel" in line]
+    assert said.endswith("cr1: crash [cudagraph_tls] at step 3 (action fallback): the crash: in cr1's panel"), said
+    assert "cr1: fell_back next_run=cr1.2-nographs" in out
 
 
 @pytest.mark.slow

@@ -142,8 +142,9 @@ def watch_runs(
             if as_json:
                 drive(watcher, until_decided, interval, lambda events: None)
             else:
+                crashes_said: set[str] = set()
                 with Live(render(watcher), console=console, auto_refresh=False, transient=False) as live:
-                    drive(watcher, until_decided, interval, lambda events: show(live, watcher, events))
+                    drive(watcher, until_decided, interval, lambda events: show(live, watcher, events, crashes_said))
                 if not console.is_terminal:
                     console.print()  # Live leaves its last frame without a newline when not on a terminal
         except KeyboardInterrupt:  # a fallback under way is finished first (a second Ctrl-C leaves it half done)
@@ -329,10 +330,17 @@ def done(watcher: Watcher, until_decided: bool) -> bool:
     return all(w.alive is False or w.lost for w in watcher.runs() if w.name in {c["current"] for c in watcher.chains()})
 
 
-def show(live: Live, watcher: Watcher, events: list[Event]) -> None:
+def show(live: Live, watcher: Watcher, events: list[Event], crashes_said: set[str]) -> None:
+    """The events worth a line above the view, then the view. A run's crash is said once: the decision recorded
+    again with its successor's name (the `fell_back` line names it) is not a second crash line."""
     for event in events:
-        if event.kind in SHOWN_EVENTS:
-            live.console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
+        if event.kind not in SHOWN_EVENTS:
+            continue
+        if isinstance(event, DecisionMade) and event.decision["decision"] == Verdict.CRASH:
+            if event.run in crashes_said:
+                continue
+            crashes_said.add(event.run)
+        live.console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
     live.update(render(watcher), refresh=True)
 
 
@@ -341,6 +349,8 @@ def event_line(event: Event) -> str:
     if isinstance(event, DecisionMade):
         d = event.decision
         nxt = f" -> {d['next_run']}" if d.get("next_run") else ""
+        if d["decision"] == Verdict.CRASH:  # the crash itself is printed once, in its run's panel (view.crash_rows)
+            return f"{event.at[11:19]} {event.subject}: {crash_words(d)} (action {d['action']}{nxt}): {crash_shown(d)}"
         return f"{event.at[11:19]} {event.subject}: {d['decision']} (action {d['action']}{nxt}): {d.get('reason', '')}"
     if isinstance(event, (LevelShift, LeftToBatch, LeaseHeld)):
         return f"{event.at[11:19]} {event.subject}: {event.text}"
@@ -360,6 +370,8 @@ def final_line(d: dict) -> str:
     verdict = d["decision"]
     if verdict in (Verdict.STEADY, Verdict.EXITED) and d.get("steady_tok_s") is not None:  # steady, then exited
         what = f"steady at {d['steady_tok_s']:,.0f} tok/s"
+    elif verdict == Verdict.CRASH:
+        what = crash_words(d)
     else:
         what = verdict + (f" at step {d['at_step']}" if d.get("at_step") is not None else "")
     ended = d.get("ended")
@@ -369,4 +381,16 @@ def final_line(d: dict) -> str:
         how = f"{'exited' if ended['state'] in ('exited', 'crashed') else ended['state']} {ended['exit_code']}"
     else:
         how = f"{ended['state']}, no exit status"
-    return f"{d['chain']}: {d['run']} {what}; {how} (action {d['action']}: {d.get('reason', '')})"
+    reason = f"{crash_shown(d)} above" if verdict == Verdict.CRASH else d.get("reason", "")
+    return f"{d['chain']}: {d['run']} {what}; {how} (action {d['action']}: {reason})"
+
+
+def crash_shown(d: dict) -> str:
+    """Where the crash's meaning and lines are printed (once): the crashed run's panel of the view."""
+    return f"the crash: in {d['run']}'s panel"
+
+
+def crash_words(d: dict) -> str:
+    """`crash [cudagraph_tls] at step 3`: a crash named by its signature, its meaning and lines left to its panel."""
+    signature = f" [{d['signature']}]" if d.get("signature") else ""
+    return f"crash{signature}" + (f" at step {d['at_step']}" if d.get("at_step") is not None else "")
