@@ -178,7 +178,7 @@ def timeline(path: Path, config: DecideConfig) -> None:
     t0 = first_step_ts(lines)
     print(f"{path.name} at precision {config.precision:.0%}, minimums {config.min_steady_steps} steps / "
           f"{steady.QUIET_SECONDS_SHARE * config.min_steady_seconds:g} s (quiet) or {config.shift_hold_s:g} s (noisy) "
-          "since the first step line; seconds after the first step line")
+          "since the first step line")
     previous, failed, analysed = None, defaultdict(list), 0
     decision = None
     for index, text in enumerate(lines):
