@@ -209,9 +209,9 @@ def progress_line(watched: WatchedRun) -> Text:
 
 
 def crash_lines(watched: WatchedRun) -> list[str]:
-    """A crash's own lines (its traceback's tail, or the line that gave its signature), where the panel shows the
-    last log lines otherwise: the one place the watch prints them (the scroll-back and the final line name the
-    crash and refer here). Empty for any other verdict."""
+    """A crash's own lines (its traceback's tail, or the line that gave its signature), shown above the last log
+    lines not among them: the one place the watch prints them (the scroll-back and the final line name the crash
+    and refer here). Empty for any other verdict."""
     if watched.decision.decision != "crash":
         return []
     evidence = watched.decision.evidence
@@ -230,7 +230,8 @@ def run_panel(watched: WatchedRun) -> Panel:
         body.add_row(text(watched.decision.reason, style="dim"))  # (not one from before them beside step 650)
     for row in gpu_rows(watched):
         body.add_row(text(row))
-    for line in crash_lines(watched) or list(watched.lines)[-3:]:
+    crash = crash_lines(watched)
+    for line in crash + [line for line in list(watched.lines)[-3:] if line not in crash]:
         body.add_row(text("│ " + line, style="dim", no_wrap=True, overflow="ellipsis"))
     title = f"[bold]{markup(watched.name)}[/]  {markup(watched.run.variant or '?')} on {markup(watched.run.target)}"
     if watched.run.parent:
