@@ -143,7 +143,7 @@ def test_replay_counts_and_names_malformed_lines_and_still_judges(tmp_path):
     log.write_text("\n".join(lines) + "\n")
     result = CliRunner().invoke(app, ["replay", str(log)])
     assert result.exit_code == 1 and result.output.startswith("undecided"), result.output  # 4 steps: judged, too few
-    assert "2 malformed metric line(s) ignored; first, line 3: ts=" in result.output
+    assert "2 malformed metric lines ignored; first, line 3: ts=" in result.output
     assert strict_json(CliRunner().invoke(app, ["replay", str(log), "--json"]).output)["malformed_lines"] == 2
 
 

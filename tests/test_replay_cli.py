@@ -217,7 +217,8 @@ def test_timeline_table_has_a_row_per_change_with_its_time_step_and_figure():
     changes = [json.loads(line) for line in invoke(SHIFT_LOG, "--json", "--timeline").output.splitlines()]
     result = invoke(SHIFT_LOG, "--timeline")
     assert result.exit_code == 0, result.output
-    assert f"the verdict at the first line, {len(changes) - 2} change(s), the end" in result.output
+    changed = len(changes) - 2
+    assert f"the verdict at the first line, {changed} change{'' if changed == 1 else 's'}, the end" in result.output
     rows = [line.split() for line in result.output.splitlines() if re.match(r"\s*(\d+|end)\s+\d\d:\d\d:\d\d\s", line)]
     names = [str(number) for number in range(1, len(changes))] + ["end"]
     assert [row[0] for row in rows] == names

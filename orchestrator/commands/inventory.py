@@ -98,7 +98,7 @@ def discover_command(
         summary = (f"{merged.host}: added {', '.join(merged.added) or 'nothing'}"
                    + (f"; kept as written: {', '.join(merged.kept)}" if merged.kept else ""))
     else:
-        summary = f"{host_name}: {len(found.containers)} containers"
+        summary = f"{host_name}: {counted(len(found.containers), 'container')}"
     guessed = [item.name for item in found.containers if item.guesses()]
     if guessed:
         summary += f"; guessed (see the comments): {', '.join(guessed)}"

@@ -22,7 +22,7 @@ from ..events import LevelShift
 from ..inventory import load_inventory
 from ..logfmt import MAX_TOK_S, MalformedLine, make_parser, parse_ts
 from ..sanitize import markup, text
-from .common import InventoryOpt, JsonOpt, console, err_console, print_json, verdicts_exit_status
+from .common import InventoryOpt, JsonOpt, console, counted, err_console, print_json, verdicts_exit_status
 
 EXAMPLE = ("Example: dfo replay logs/run-trees.log --baseline 150000 --variant trees -i inventory/lab.yaml --json; "
            "dfo replay logs/run-trees.log --timeline (when each verdict a watcher would have acted on came)")
@@ -133,7 +133,7 @@ def malformed_lines(lines: list[str], regex: str | None) -> list[tuple[int, Malf
 def show_malformed(malformed: list[tuple[int, MalformedLine]]) -> None:
     if malformed:
         number, first = malformed[0]
-        err_console.print(f"  {len(malformed)} malformed metric line(s) ignored; first, line {number}: "
+        err_console.print(f"  {counted(len(malformed), 'malformed metric line')} ignored; first, line {number}: "
                           f"{markup(first.reason)}", highlight=False, soft_wrap=True)
 
 
@@ -152,7 +152,7 @@ def render_timeline(changes: list[Decision], t0: float | None) -> None:
     `dfo replay` prints without --timeline (the same verdict as the row above it when nothing changed since,
     with the figure as it stands at the end); under the table, each row's time in full and its reason."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False,
-                  title=f"the verdict at the first line, {max(0, len(changes) - 2)} change(s), the end "
+                  title=f"the verdict at the first line, {counted(max(0, len(changes) - 2), 'change')}, the end "
                         "(s: seconds after the first step line)")
     for column in ("#", "at (UTC)", "s", "step", "verdict", "tok/s", "95%", "action"):
         table.add_column(column, justify="left" if column in ("at (UTC)", "verdict", "action") else "right",
