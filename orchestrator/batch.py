@@ -457,9 +457,8 @@ class Scheduler:
             active.waiting_since = None
 
     def _next_variant(self, run: Run, decision: Decision) -> Optional[str]:
-        return next_variant_after(self.plan.chain, run, {"next_variant": decision.next_variant,
-                                                         "signature": decision.signature},
-                                  self.catalogue, self.plan.topologies)
+        return next_variant_after(self.plan.chain, run, decision.next_variant, decision.signature, self.catalogue,
+                                  self.plan.topologies)
 
     def _stop_reason(self, active: _Active, run: str, verdict: Optional[Verdict]) -> Optional[str]:
         stop_when = self.plan.experiments.stop_when

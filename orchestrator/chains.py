@@ -117,12 +117,13 @@ def chain_from_option(text: str | None, variant: str | None = None, inventory: I
     return names
 
 
-def next_variant_after(chain: Sequence[str], run: Run, decision: Mapping[str, Any], catalogue: Catalogue,
-                       topologies: Mapping[str, str]) -> str | None:
-    """The variant to launch after `run`'s verdict (decide.next_variant with the verdict's signature)."""
-    if decision.get("next_variant"):
-        return decision["next_variant"]
-    signature = catalogue.by_id(decision["signature"]) if decision.get("signature") else None
+def next_variant_after(chain: Sequence[str], run: Run, next_variant_named: str | None, signature_id: str | None,
+                       catalogue: Catalogue, topologies: Mapping[str, str]) -> str | None:
+    """The variant to launch after `run`'s verdict: the one the verdict names (its `next_variant`), else
+    decide.next_variant with the verdict's crash signature (`signature_id`)."""
+    if next_variant_named:
+        return next_variant_named
+    signature = catalogue.by_id(signature_id) if signature_id else None
     return next_variant(chain, run.variant, signature, topologies)
 
 

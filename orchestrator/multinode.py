@@ -290,7 +290,12 @@ def stop_nodes(store: Store, run: str, target_of: Callable[[str], Target], *, gr
 def outcomes(store: Store, run: str) -> list[NodeOutcome]:
     """Each node's decision from the registry (as the watch left it), read through the one reader of stored
     decisions (decide.read_stored): one it cannot read is `unreadable`, never a guess (no failure, no fallback)."""
-    return [node_outcome(rank, store.get_run(node_run))[0] for rank, node_run in enumerate(store.nodes_of(run))]
+    return [node for node, _ in read_nodes(store, run)]
+
+
+def read_nodes(store: Store, run: str) -> list[tuple[NodeOutcome, str | None]]:
+    """node_outcome of each node of `run`, rank by rank."""
+    return [node_outcome(rank, store.get_run(name)) for rank, name in enumerate(store.nodes_of(run))]
 
 
 def node_outcome(rank: int, node: Run) -> tuple[NodeOutcome, str | None]:
@@ -304,7 +309,7 @@ def node_outcome(rank: int, node: Run) -> tuple[NodeOutcome, str | None]:
 
 def summary(store: Store, run: str) -> str:
     """One line on the whole run (decide/nodes.describe), and why each node whose decision is unreadable is."""
-    read = [node_outcome(rank, store.get_run(name)) for rank, name in enumerate(store.nodes_of(run))]
+    read = read_nodes(store, run)
     why = [f"node {node.rank} ({node.target}): {UNREADABLE}: {reason}" for node, reason in read if reason]
     return "; ".join([describe(run, [node for node, _ in read]), *why])
 
@@ -329,8 +334,7 @@ def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: 
              if inventory.variants[name].topology == "procsplit" and inventory.variants[name].command is None]
     topologies = {name: v.topology for name, v in inventory.variants.items()}
     # the chain here is the multi-node one (procsplit variants), not the node's: only its verdict's signature counts
-    variant = next_variant_after(chain, nodes[culprit.rank], {"signature": culprit.signature}, catalogue_for(inventory),
-                                 topologies)
+    variant = next_variant_after(chain, nodes[culprit.rank], None, culprit.signature, catalogue_for(inventory), topologies)
     if variant is None:
         return None
     intent = record_fallback(store, root_of(store, run), MULTINODE_FALLBACK, {
