@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Record real trainer logs whose throughput moves the way the verdict rule must follow (issue 27's shapes),
 # on a single-GPU H200 machine (device kind nvidia-h200), from the repository root:
-#     bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4
-# Each run is `python -m trainer ... > LOG 2>&1` under `timeout -s TERM` (the trainer checkpoints and exits
-# 75), with bench/gpu_cotenant.py on the same GPU following a schedule (seconds since the run's launch),
-# or for the CPU runs busy loops pinned to the run's cores. GPU runs go one after another (on cores 0-7);
+#     bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu5
+# Each run is `python -m trainer ... > LOG 2>&1` under `timeout -s TERM -k 90` (the trainer checkpoints and
+# exits 75; a run still there 90 s after its SIGTERM is killed), with bench/gpu_cotenant.py on the same GPU
+# following a schedule (seconds since the run's launch), or for the CPU runs busy loops pinned to the run's
+# cores. GPU runs go one after another (on cores 0-7);
 # CPU runs go beside them on their own cores (8-11, 12-15). Each log, its co-tenant's output and the commands
 # land in $OUT as soon as the run ends, so a call that runs out of time returns what it finished.
 set -uo pipefail
@@ -24,7 +25,7 @@ gpu() {
         taskset -c 0-7 python3 bench/gpu_cotenant.py $co >"$W/$name.cotenant" 2>&1 &
         co_pid=$!
     fi
-    taskset -c 0-7 timeout -s TERM "$secs" python3 -m trainer "$@" --run-name "$name" --wandb off --out "$W/runs" \
+    taskset -c 0-7 timeout -s TERM -k 90 "$secs" python3 -m trainer "$@" --run-name "$name" --wandb off --out "$W/runs" \
         >"$OUT/$name.log" 2>&1
     echo "$name exit=$?" >>"$OUT/COMMANDS.txt"
     [[ -n $co_pid ]] && { kill "$co_pid" 2>/dev/null; wait "$co_pid" 2>/dev/null; }
@@ -82,7 +83,8 @@ case "${1:-}" in
         gpu small-thr-eager-leak 140 "ramp --at 30 --duty 0.80 --until 140" -- --preset h200-small --variant eager --steps $BIG
         wait ;;
     gpu4)  # a third held-out set: plain runs, nothing beside them (the first verdict's speed on typical runs);
-           # written 2026-12-03, not run yet (no device time was left that session)
+           # run 2026-12-03 at 0009754: the CPU runs and the first two GPU runs ended; qwen-ps-trees-plain then
+           # ignored its SIGTERM for good (trainer/stopsignal.py says why) and the call ran out of time; gpu5 has the rest
         cpu tiny-thr-nographs-cpuplain 420 8-11 - 0 none -- --preset tiny-cpu --variant nographs --steps $BIG
         cpu tiny-thr-trees-cpuplain 420 12-15 - 0 none -- --preset tiny-cpu --variant trees --steps $BIG
         gpu qwen-thr-nographs-plain 75 none -- --preset qwen3-8b-shape --variant nographs --steps $BIG
@@ -91,5 +93,11 @@ case "${1:-}" in
         gpu small-thr-notrees-plain 95 none -- --preset h200-small --variant notrees --steps $BIG
         gpu small-ps-nographs-plain 95 none -- --preset h200-small --variant nographs --topology procsplit --drafters cuda:0 --steps $BIG
         wait ;;
-    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4" >&2; exit 2 ;;
+    gpu5)  # the rest of gpu4, with the SIGTERM handler mended: qwen-ps-trees-plain again, then three more plain runs
+        gpu qwen-ps-trees-plain 80 none -- --preset qwen3-8b-shape --variant trees --topology procsplit --drafters cuda:0 --steps $BIG
+        gpu small-thr-trees-plain 95 none -- --preset h200-small --variant trees --steps $BIG
+        gpu small-thr-notrees-plain 95 none -- --preset h200-small --variant notrees --steps $BIG
+        gpu small-ps-nographs-plain 95 none -- --preset h200-small --variant nographs --topology procsplit --drafters cuda:0 --steps $BIG
+        wait ;;
+    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu5" >&2; exit 2 ;;
 esac

@@ -122,9 +122,10 @@ def run_threads(cfg: Config, args: argparse.Namespace, log, run_dir: Path) -> in
     from trainer.data import build_source
     from trainer.metrics import open_sink
     from trainer.pipeline import RunState, ThreadedRun
+    from trainer.stopsignal import set_on_signal
 
     state = RunState()  # SIGTERM while the models are still being built stops the run after its first step
-    signal.signal(signal.SIGTERM, lambda *_: state.stop_requested.set())
+    signal.signal(signal.SIGTERM, set_on_signal(state.stop_requested))
     log.sink = open_sink(args.wandb, args.run_name, cfg.to_dict(), str(run_dir))
     pipeline = ThreadedRun(cfg, build_source(cfg), log, run_dir, args.resume, state)
     threading.excepthook = pipeline.on_worker_exception

@@ -65,6 +65,7 @@ from trainer.replica import (
     Reporter, build_replica, debug_hooks, forward_backward, is_cuda, memory_gb, optimizer_step, replica_fields,
     restore_replica, seeded_drafter, weights_digest,
 )
+from trainer.stopsignal import set_on_signal
 
 POLL_S = 0.2  # every wait (a drafter on its inbox, a target on a full queue, the supervisor) looks up this often
 STOP_WAIT_S = 8.0  # after a stop, how long one of several ranks still waits for its target's batch
@@ -379,7 +380,7 @@ class DrafterProcess:
 
 def drafter_main(cfg: Config, local_rank: int, topo: Topology, device: str, inbox, run_name: str,
                  wandb_mode: str, run_dir: str, start: int, stop, failure, joined) -> None:
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, set_on_signal(stop))
     rank = topo.rank(local_rank)
     try:
         share_cpu(cfg, device)
@@ -489,7 +490,7 @@ class Supervisor:
         ]
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        signal.signal(signal.SIGTERM, set_on_signal(self.stop))
         for process in self.producers + self.drafters:
             process.start()
         status = EXIT_WORKER_FAILED
