@@ -185,7 +185,7 @@ class Lifecycle:
         if done.launched is not None:
             follower.chain_runs(watched.root).append(done.launched.name)
             watched.decision = replace(watched.decision, next_run=done.launched.name)
-            follower.record_decision(watched)
+            follower.record_decision(watched, said=False)  # the crash was said; fell_back names its successor
             follower.emit(watched, ev.FellBack, next_run=done.launched.name, variant=done.launched.variant)
             try:
                 follower.attach(done.launched.name)

@@ -813,10 +813,14 @@ class Watcher:
             sent = True
         return sent
 
-    def record_decision(self, watched: WatchedRun) -> None:
+    def record_decision(self, watched: WatchedRun, *, said: bool = True) -> None:
+        """Store the run's decision (its owner) and, `said`, emit it and notify. Not `said`: the decision's
+        next_run, once its fallback launched, is stored only; the `fell_back` event says it (the verdict is said once)."""
         decision = watched.decision.to_json()
         if watched.root in self.owned:
             self.store.update_run(watched.name, decision=decision)
+        if not said:
+            return
         self.emit(watched, ev.DecisionMade, decision=decision)
         self.notifier.decision(watched.name, watched.decision)
 

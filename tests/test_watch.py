@@ -206,6 +206,13 @@ def test_crash_while_alive_stops_it_and_launches_the_next_variant_linked(lab) ->
     assert kinds.index("stopped") < kinds.index("fell_back")
     assert len(watcher.observers) == 1  # the fallback is followed on the container's one channel
     assert {e["kind"] for e in lab.store.events("c1")} >= {"decision", "stopped", "fell_back"}
+    # the crash is said once (--json, the registry's events, `dfo metrics`' timeline); its successor's name is
+    # the fell_back event's and the stored decision's, not a second crash decision
+    said = [e.decision for e in events if e.kind == "decision" and e.run == "c1" and e.decision["decision"] == "crash"]
+    stored = [e["data"]["decision"] for e in lab.store.events("c1", kind="decision")
+              if e["data"]["decision"]["decision"] == "crash"]
+    assert (len(said), len(stored)) == (1, 1), (said, stored)
+    assert [e.next_run for e in events if e.kind == "fell_back"] == ["c1.2-nographs"]
 
 
 def test_the_watch_hands_each_decision_to_its_lifecycle_and_only_the_lifecycle_stops_and_falls_back(

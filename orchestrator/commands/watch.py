@@ -142,9 +142,8 @@ def watch_runs(
             if as_json:
                 drive(watcher, until_decided, interval, lambda events: None)
             else:
-                crashes_said: set[str] = set()
                 with Live(render(watcher), console=console, auto_refresh=False, transient=False) as live:
-                    drive(watcher, until_decided, interval, lambda events: show(live, watcher, events, crashes_said))
+                    drive(watcher, until_decided, interval, lambda events: show(live, watcher, events))
                 if not console.is_terminal:
                     console.print()  # Live leaves its last frame without a newline when not on a terminal
         except KeyboardInterrupt:  # a fallback under way is finished first (a second Ctrl-C leaves it half done)
@@ -330,16 +329,11 @@ def done(watcher: Watcher, until_decided: bool) -> bool:
     return all(w.alive is False or w.lost for w in watcher.runs() if w.name in {c["current"] for c in watcher.chains()})
 
 
-def show(live: Live, watcher: Watcher, events: list[Event], crashes_said: set[str]) -> None:
-    """The events worth a line above the view, then the view. A run's crash is said once: the decision recorded
-    again with its successor's name (the `fell_back` line names it) is not a second crash line."""
+def show(live: Live, watcher: Watcher, events: list[Event]) -> None:
+    """The events worth a line above the view, then the view."""
     for event in events:
         if event.kind not in SHOWN_EVENTS:
             continue
-        if isinstance(event, DecisionMade) and event.decision["decision"] == Verdict.CRASH:
-            if event.run in crashes_said:
-                continue
-            crashes_said.add(event.run)
         live.console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
     live.update(render(watcher), refresh=True)
 
