@@ -27,6 +27,7 @@ from .names import check_name
 from .remote.base import Target
 from .remote.pct import PctTarget
 from .sanitize import visible
+from .words import counted, plural
 
 PCT_TIMEOUT_S = 30.0
 NVIDIA_SMI_TIMEOUT_S = 15.0
@@ -141,7 +142,7 @@ class Found:
     def facts(self) -> list[str]:
         sizes = []
         if self.config and self.config.cores:
-            sizes.append(f"{self.config.cores} cores")
+            sizes.append(counted(self.config.cores, "core"))
         if self.config and self.config.memory_mib:
             sizes.append(f"{self.config.memory_mib / 1024:g} GiB")
         facts = [", ".join(sizes)] if sizes else []
@@ -177,7 +178,7 @@ class Found:
 
 
 def _gpus(indices: list[int]) -> str:
-    return f"GPU{'s' if len(indices) > 1 else ''} {','.join(map(str, indices))}"
+    return f"{plural(len(indices), 'GPU')} {','.join(map(str, indices))}"
 
 
 def _devices(indices: list[int]) -> str:

@@ -23,6 +23,7 @@ from . import runs
 from .errors import InventoryError
 from .agent.protocol import read_number
 from .inventory import WEEK_S, Inventory, Number, _name_problem, chain_problems, describe_validation_error
+from .words import counted
 from .yamlfile import load_mapping, read_yaml_file
 
 SLUG_MAX = 40
@@ -191,7 +192,7 @@ def _gpu_problems(experiments: Experiments, inventory: Inventory, targets: list[
         listed = inventory.target(name).gpus
         if len(listed) < asked:
             have = f"lists {len(listed)}" if listed else "lists none (give the container's `gpus:` in the inventory)"
-            problems.append(f"{key}: a cell asks for {asked} GPU{'' if asked == 1 else 's'} but target {name} {have}")
+            problems.append(f"{key}: a cell asks for {counted(asked, 'GPU')} but target {name} {have}")
     return problems
 
 

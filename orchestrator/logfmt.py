@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 
 from .agent.protocol import read_number
 from .errors import UsageError
+from .words import plural
 
 PAIR_RE = re.compile(r'([A-Za-z_][\w.\-/]*)=("(?:[^"\\]|\\.)*"|[^\s"]*)')
 UNESCAPE_RE = re.compile(r"\\(.)")
@@ -233,7 +234,7 @@ def metrics_regex_problem(pattern: str) -> str | None:
         return f"{pattern!r} does not compile: {exc} (fix the regex)"
     missing = [group for group in METRIC_GROUPS if group not in regex.groupindex]
     if missing:
-        return (f"{pattern!r} lacks the named group(s) {', '.join(missing)} "
+        return (f"{pattern!r} lacks the named {plural(len(missing), 'group')} {', '.join(missing)} "
                 "(add e.g. (?P<step>\\d+) and (?P<tok_s>[\\d.]+))")
     return None
 

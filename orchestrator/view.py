@@ -26,6 +26,7 @@ from rich.text import Text
 from .logfmt import format_ts, parse_ts
 from .sanitize import markup, text, visible
 from .watch import Link, WatchedRun, Watcher
+from .words import counted
 
 SPARK = "▁▂▃▄▅▆▇█"
 WARNING = "bold yellow"  # what the user should act on before it becomes a verdict (memory climbing)
@@ -204,7 +205,7 @@ def progress_line(watched: WatchedRun) -> Text:
     if latest.phase != "train":
         parts.append(latest.phase)
     if watched.malformed:
-        parts.append(f"{watched.malformed} malformed metric line(s) ignored")
+        parts.append(f"{counted(watched.malformed, 'malformed metric line')} ignored")
     return text("   ".join(parts))
 
 
@@ -247,7 +248,7 @@ def link_text(name: str, link: Link, unreachable_s: float) -> Text:
         if link.down_since is not None:
             line.append(f", down {time.time() - link.down_since:.0f} s (gives up after {unreachable_s:g} s)", style="yellow")
     if link.reconnects:
-        line.append(f", {link.reconnects} gap(s), last {link.last_gap_s or 0:.1f} s", style="yellow")
+        line.append(f", {counted(link.reconnects, 'gap')}, last {link.last_gap_s or 0:.1f} s", style="yellow")
     if link.no_nvidia_smi:
         line.append(", no GPU (nvidia-smi not found)", style="dim")
     elif link.gpu_error:

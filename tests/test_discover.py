@@ -90,13 +90,14 @@ def test_discover_writes_a_valid_inventory_commented_where_it_guessed(lab, sshd,
     assert "guessed (see the comments): gpu-b, gpu-c, cpu-d" in shown.stderr
 
 
-def test_discover_counts_one_container_in_the_singular(sshd, ssh_home, containers, tmp_path):
+def test_discover_counts_one_container_and_one_core_in_the_singular(sshd, ssh_home, containers, tmp_path):
     only = containers(gpus=[])
     only.nvidia_smi([], mode="no_devices")
-    pve_conf(only, "hostname: cpu-only\ncores: 4\n")
+    pve_conf(only, "hostname: cpu-only\ncores: 1\n")
     shown = dfo("inventory", "discover", "testhost", "-o", str(tmp_path / "one.yaml"))
     assert shown.returncode == 0, shown.stderr
     assert set(containers_of((tmp_path / "one.yaml").read_text())) == {"cpu-only"}
+    assert line_of((tmp_path / "one.yaml").read_text(), "cpu-only").endswith("CPU only; 1 core")  # it said "1 cores"
     assert shown.stderr.startswith("testhost: 1 container; "), shown.stderr  # it said "1 containers"
 
 

@@ -116,6 +116,16 @@ def test_the_channel_line_says_cpu_only_for_a_missing_nvidia_smi_and_red_text_fo
     assert any("red" in str(span.style) for span in failing.spans)
 
 
+def test_the_channel_line_counts_its_gaps_with_the_noun_in_their_number():
+    from orchestrator.view import link_text
+    from orchestrator.watch import Link
+
+    assert link_text("ct_a", Link(connected=True, reconnects=1, last_gap_s=4.5), 300).plain == \
+        "ct_a: connected, 1 gap, last 4.5 s"  # it said "1 gap(s)"
+    assert link_text("ct_a", Link(connected=True, reconnects=3, last_gap_s=2.0), 300).plain == \
+        "ct_a: connected, 3 gaps, last 2.0 s"
+
+
 def test_a_level_shift_reads_as_one_line_with_both_levels_before_and_after_its_new_level_is_declared():
     from orchestrator.commands.watch import event_line
 

@@ -177,7 +177,11 @@ def test_a_watch_stores_every_good_step_and_counts_the_poisoned_lines(lab):
     finally:
         sys.stdout = sys_stdout
     assert strict_json(out.getvalue())["nonfinite"] == {"loss": "NaN"}
-    assert "2 malformed metric line(s) ignored" in str(render(watcher).renderables[1].renderable.columns[0]._cells[0])
+    def progress() -> str:
+        return str(render(watcher).renderables[1].renderable.columns[0]._cells[0])
+    assert "2 malformed metric lines ignored" in progress()
+    watched.malformed = 1  # the count as one poisoned line leaves it
+    assert "1 malformed metric line ignored" in progress()  # it said "1 malformed metric line(s) ignored"
 
 
 def test_a_run_poisoned_by_an_older_dfo_is_watched_again(lab):
@@ -437,7 +441,7 @@ def test_a_relative_workspace_on_the_local_host_is_refused_by_inventory_check(tm
 def test_a_metrics_regex_without_step_is_refused_before_anything_starts(tmp_path):
     inventory = local_inventory(tmp_path, str(tmp_path / "ws"),
                                 mine={"command": "echo 'it 1 speed 5 tok/s'", "metrics": r"speed (?P<tok_s>[\d.]+) tok/s"})
-    expected = r"lacks the named group(s) step (add e.g. (?P<step>\d+) and (?P<tok_s>[\d.]+))"
+    expected = r"lacks the named group step (add e.g. (?P<step>\d+) and (?P<tok_s>[\d.]+))"
     assert_clean_error(dfo("inventory", "check", "-i", str(inventory), home=tmp_path / "state"), 2,
                        "variants.mine.metrics: expected a regex with named groups step and tok_s", expected)
     launched = dfo("launch", "--host", "here", "--variant", "mine", "--no-preflight", "--watch", "-i", str(inventory),

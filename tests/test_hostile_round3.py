@@ -78,7 +78,7 @@ def test_a_start_line_with_a_hostile_step_count_is_counted_and_the_watch_and_its
     assert watched.malformed == 3 and watched.steps_total == 100
     out = io.StringIO()
     Console(file=out, width=250).print(render(watcher))
-    assert "step 30 of 100" in out.getvalue() and "3 malformed metric line(s) ignored" in out.getvalue()
+    assert "step 30 of 100" in out.getvalue() and "3 malformed metric lines ignored" in out.getvalue()
 
 
 # ------------------------------------------------------------------ nvidia-smi's figures

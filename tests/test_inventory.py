@@ -123,8 +123,8 @@ def test_names_with_shell_metacharacters_are_rejected(tmp_path: Path) -> None:
     [
         ("{compile: fast}", "variants.v.compile: expected 'eager', 'nographs', 'notrees', 'trees' or 'localtls', got 'fast'"),
         ("{command: x, metrics: '(unclosed'}", "variants.v.metrics: expected a regex with named groups step and tok_s: '(unclosed' does not compile"),
-        ("{command: x, metrics: 'loss=(?P<loss>.*)'}", "variants.v.metrics: expected a regex with named groups step and tok_s: 'loss=(?P<loss>.*)' lacks the named group(s) step, tok_s"),
-        ("{command: x, metrics: '(?P<tok_s>[0-9.]+) tok/s'}", "variants.v.metrics: expected a regex with named groups step and tok_s: '(?P<tok_s>[0-9.]+) tok/s' lacks the named group(s) step"),
+        ("{command: x, metrics: 'loss=(?P<loss>.*)'}", "variants.v.metrics: expected a regex with named groups step and tok_s: 'loss=(?P<loss>.*)' lacks the named groups step, tok_s"),
+        ("{command: x, metrics: '(?P<tok_s>[0-9.]+) tok/s'}", "variants.v.metrics: expected a regex with named groups step and tok_s: '(?P<tok_s>[0-9.]+) tok/s' lacks the named group step"),
         ("{command: x, compile: eager}", "variants.v: expected either command or compile/preset/args, got command with compile"),
         ("{preset: tiny-cpu}", "variants.v: expected compile (built-in trainer) or command"),
     ],

@@ -62,6 +62,15 @@ def test_metrics_shows_the_figure_warmup_gpus_and_a_timeline_with_the_decisions(
     assert "undecided" not in timeline  # the watcher's running "undecided" is not news
 
 
+def test_metrics_counts_a_gpus_samples_with_the_noun_in_their_number(home):
+    with Store(home / "dfo.db") as store:  # a third GPU sampled once, as when it joined the run late
+        store.add_gpu_samples("ct200", [{"ts": T0 + 95, "index": 2, "mem_used_mib": 10.0, "mem_total_mib": 143771.0,
+                                         "util_pct": 50.0}], run="trees-run")
+    out = dfo(home, "metrics", "trees-run").stdout
+    assert "GPU 2: peak 10 of 143,771 MiB, mean utilisation 50% (1 sample)" in out  # it said "(1 samples)"
+    assert "GPU 0: peak 95,000 of 143,771 MiB, mean utilisation 90% (20 samples)" in out
+
+
 def test_metrics_json_carries_every_series(home):
     shown = dfo(home, "metrics", "trees-run", "--json")
     data = json.loads(shown.stdout)

@@ -228,6 +228,19 @@ def test_a_run_page_shows_its_curves_verdict_chain_and_the_figure_dfo_metrics_pr
     playwright_api.expect(page.locator("dd.verdict")).to_have_text("crash")
 
 
+def test_a_run_page_counts_its_metric_lines_with_the_noun_in_their_number(tmp_path):
+    with registry(tmp_path) as store:
+        store.add_run(Run(name="one-line", target="ct200", variant="trees", state="stopped", exit_code=143,
+                          started_at=format_ts(T0), ended_at=format_ts(T0 + 10)))
+        store.add_samples("one-line", [{"step": 10, "ts": T0 + 5, "tok_s": 900.0, "loss": 3.0}])
+    server = Served(tmp_path, "--no-refresh")
+    try:
+        status, _, body = fetch(server.url + "/runs/one-line")
+    finally:
+        server.interrupt()
+    assert status == 200 and "<dd>1 metric line, up to step 10</dd>" in body  # it said "1 metric lines"
+
+
 def test_a_batch_page_shows_the_figures_and_best_line_of_dfo_report(home, served, page):
     page.goto(served.url + "/batches/sweep")
     report = dfo(home, "report", "sweep")

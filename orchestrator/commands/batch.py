@@ -28,7 +28,8 @@ from ..inventory import load_inventory
 from ..sanitize import text
 from ..store import Store
 from ..view import duration, exit_wait_text, step_text
-from .common import (InventoryOpt, JsonOpt, basis_label, bring_up_to_date, console, counted, fit_table, leave_half_done, number,
+from ..words import counted
+from .common import (InventoryOpt, JsonOpt, basis_label, bring_up_to_date, console, fit_table, leave_half_done, number,
                      print_basis_note, print_json, say, say_finishing)
 
 EXAMPLES = {

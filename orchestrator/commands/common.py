@@ -53,11 +53,6 @@ def bring_up_to_date(store, names: Sequence[str]) -> None:
                           highlight=False, markup=False, soft_wrap=True)
 
 
-def counted(count: int, noun: str) -> str:
-    """`1 target`, `2 targets`, `0 runs`: a count with its noun in the number it takes."""
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
 def say(line: str) -> None:
     """One line on stderr, as it is (no markup, no highlighting)."""
     err_console.print(line, highlight=False, markup=False, soft_wrap=True)

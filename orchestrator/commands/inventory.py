@@ -16,7 +16,8 @@ from rich.table import Table
 
 from ..errors import UsageError
 from ..inventory import Inventory, describe_validation_error, load_inventory, parse_inventory
-from .common import InventoryOpt, JsonOpt, console, counted, err_console, print_json
+from ..words import counted
+from .common import InventoryOpt, JsonOpt, console, err_console, print_json
 
 CHECK_EXAMPLE = "Example: dfo inventory check -i inventory/lab.example.yaml"
 DISCOVER_EXAMPLE = "Example: dfo inventory discover root@10.1.2.6 -o lab.yaml   |   dfo inventory discover pve1 --merge lab.yaml"

@@ -18,6 +18,7 @@ from ..errors import UsageError
 from ..report import LAST_WINDOW_S, STEADY
 from ..sanitize import text
 from ..store import Store
+from ..words import counted
 from .common import (JsonOpt, basis_label, bring_up_to_date, complete_runs, console, fit_table, number, print_basis_note,
                      print_json)
 
@@ -79,7 +80,7 @@ def show_metrics(metrics: metrics_lib.RunMetrics) -> None:
         total = f" of {gpu['mem_total_mib']:,.0f}" if gpu["mem_total_mib"] else ""
         peak = f"{gpu['peak_mem_mib']:,.0f}" if gpu["peak_mem_mib"] is not None else "?"
         util = f"{gpu['mean_util_pct']:.0f}%" if gpu["mean_util_pct"] is not None else "?"
-        console.print(f"GPU {gpu['index']}: peak {peak}{total} MiB, mean utilisation {util} ({gpu['samples']} samples)",
+        console.print(f"GPU {gpu['index']}: peak {peak}{total} MiB, mean utilisation {util} ({counted(gpu['samples'], 'sample')})",
                       highlight=False)
     if not metrics.gpus:
         console.print("GPUs: no samples stored for this run", highlight=False)

@@ -16,7 +16,8 @@ from ..connections import Connections
 from ..errors import UsageError
 from ..inventory import load_inventory
 from ..preflight import GPU_CHECK_NAMES, TargetReport, preflight
-from .common import InventoryOpt, JsonOpt, complete_targets, console, counted, print_json
+from ..words import counted
+from .common import InventoryOpt, JsonOpt, complete_targets, console, print_json
 
 PREFLIGHT_EXAMPLE = "Example: dfo preflight --host ct200 --host ct201 -i inventory/lab.yaml   |   dfo preflight --host all"
 TRUST_EXAMPLE = "Example: dfo hostkey trust pve1 -i inventory/lab.yaml"

@@ -22,7 +22,8 @@ from ..events import LevelShift
 from ..inventory import load_inventory
 from ..logfmt import MAX_TOK_S, MalformedLine, make_parser, parse_ts
 from ..sanitize import markup, text
-from .common import InventoryOpt, JsonOpt, console, counted, err_console, print_json, verdicts_exit_status
+from ..words import counted
+from .common import InventoryOpt, JsonOpt, console, err_console, print_json, verdicts_exit_status
 
 EXAMPLE = ("Example: dfo replay logs/run-trees.log --baseline 150000 --variant trees -i inventory/lab.yaml --json; "
            "dfo replay logs/run-trees.log --timeline (when each verdict a watcher would have acted on came)")

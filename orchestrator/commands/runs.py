@@ -32,8 +32,9 @@ from ..preflight import TOLERABLE_WHEN_BUSY, TargetReport
 from ..states import RunState
 from ..store import Run, Store
 from ..sanitize import markup, visible
+from ..words import counted
 from .common import (InventoryOpt, JsonOpt, complete_runs, complete_targets, complete_variants, console, err_console,
-                     counted, fit_table, number, print_json, say_waiting)
+                     fit_table, number, print_json, say_waiting)
 
 EXAMPLES = {
     "push": "Example: dfo push --host ct200 -i inventory/lab.yaml",

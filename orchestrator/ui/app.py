@@ -41,6 +41,7 @@ from ..errors import DfoError, UnknownRun, UsageError
 from ..names import check_name
 from ..sanitize import visible
 from ..store import Run, Store
+from ..words import counted
 from . import is_loopback, pages
 
 COOKIE = "dfo_ui_token"
@@ -62,6 +63,7 @@ def templates() -> Environment:
                       trim_blocks=True, lstrip_blocks=True)
     env.globals.update(NUMERIC=pages.NUMERIC_COLUMNS, LIVE_RUNS_S=LIVE_RUNS_S, LIVE_RUN_S=LIVE_RUN_S)
     env.filters["breakable"] = breakable
+    env.filters["counted"] = counted  # {{ n|counted("metric line") }}: `1 metric line`, `3 metric lines`
     return env
 
 
