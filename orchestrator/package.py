@@ -3,7 +3,9 @@
 Same files -> same bytes -> same sha256: names sorted, mtime 0, uid/gid 0, no user names, modes normalised
 to 0644/0755, gzip header without name or time. The archive holds `trainer/...` and `dfo_agent.py` (the
 stdlib-only agent from orchestrator/agent/agent.py) and unpacks into W/.dfo/pkg/<sha256>/, whose
-`.complete` file (content: the sha256) is written last. A target that already has it costs one round trip.
+`.complete` file (content: the sha256) is written last. A target that already has it costs one round trip, in
+which its files are hashed again (tree_script) against the tree hash dfo computed from its own archive: a package
+directory changed since it was unpacked (a file edited, added or missing) is not used; it is unpacked again.
 
 This module must not install anything in the target (a missing torch is reported, never fixed) and must
 never leave a half-unpacked package under its final name.
@@ -43,6 +45,7 @@ class Package:
     data: bytes
     sha256: str
     members: tuple[str, ...]
+    tree_sha256: str  # the files as unpacked: sha256 of the `sha256sum` lines tree_script prints (tree_hash)
 
     @property
     def size(self) -> int:
@@ -53,12 +56,14 @@ class Package:
 class PushResult:
     """What a push did: the package hash, whether bytes moved and how many, and what python the target has.
 
-    python_found/torch_found are None when no python was checked."""
+    python_found/torch_found are None when no python was checked; `replaced`: the target had the package, but
+    its files had changed since it was unpacked, so it was unpacked again."""
 
     sha256: str
     transferred: bool
     bytes_sent: int
     pkg_dir: str
+    replaced: bool = False
     python_found: bool | None = None
     torch_found: bool | None = None
 
@@ -99,18 +104,35 @@ def build_package(files: dict[str, Path] | None = None) -> Package:
     """The deterministic archive of `files` (default: package_files())."""
     files = package_files() if files is None else files
     raw = io.BytesIO()
+    contents = {name: files[name].read_bytes() for name in sorted(files)}
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(files):
-            _add_normalised(tar, name, files[name])
+        for name, content in contents.items():
+            _add_normalised(tar, name, files[name], content)
     packed = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=packed, mtime=0, compresslevel=9) as gz:
         gz.write(raw.getvalue())
     data = packed.getvalue()
-    return Package(data=data, sha256=hashlib.sha256(data).hexdigest(), members=tuple(sorted(files)))
+    return Package(data=data, sha256=hashlib.sha256(data).hexdigest(), members=tuple(contents),
+                   tree_sha256=tree_hash(contents))
 
 
-def _add_normalised(tar: tarfile.TarFile, name: str, path: Path) -> None:
-    content = path.read_bytes()
+def tree_hash(contents: dict[str, bytes]) -> str:
+    """What tree_script prints for a directory holding exactly these files (name -> bytes): the sha256 of their
+    `sha256sum` lines (`HASH  ./NAME`), in byte order of the names."""
+    lines = "".join(f"{hashlib.sha256(content).hexdigest()}  ./{name}\n" for name, content in sorted(contents.items()))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def tree_script(directory: str) -> str:
+    """Shell printing the tree hash of the files of `directory` (a shell word, quoted by the caller): every
+    entry but directories, `.complete` and the bytecode Python writes under `__pycache__` when the trainer runs,
+    hashed in byte order of their names (GNU and busybox find, sort, xargs and sha256sum). It changes directory:
+    run it in a subshell (`$(...)`)."""
+    return (f"cd {directory} 2>/dev/null && find . -name __pycache__ -prune -o ! -type d ! -path ./.complete "
+            "-print0 | LC_ALL=C sort -z | xargs -0r sha256sum | sha256sum | cut -d' ' -f1")
+
+
+def _add_normalised(tar: tarfile.TarFile, name: str, path: Path, content: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(content)
     info.mtime = 0
@@ -126,12 +148,16 @@ def pkg_dir(workspace: str, sha256: str) -> str:
     return f"{workspace}/.dfo/pkg/{sha256}"
 
 
-def probe_script(workspace: str, sha256: str, python: str | None = None, *, torch: bool = True) -> str:
-    """Shell printing `pkg=present|absent` (is this package complete there?) and, given a python,
-    `python=ok|missing` and, unless `torch` is False (the caller's own python answers it), `torch=ok|missing`
-    (found without importing it)."""
-    complete = shlex.quote(f"{pkg_dir(workspace, sha256)}/.complete")
-    script = f'if [ "$(cat {complete} 2>/dev/null)" = {sha256} ]; then echo pkg=present; else echo pkg=absent; fi\n'
+def probe_script(workspace: str, package: Package, python: str | None = None, *, torch: bool = True) -> str:
+    """Shell printing `pkg=present|changed|absent` (is this package complete there, with its files as unpacked?
+    `changed`: complete, but a file was edited, added or removed since) and, given a python, `python=ok|missing`
+    and, unless `torch` is False (the caller's own python answers it), `torch=ok|missing` (found without
+    importing it)."""
+    directory = pkg_dir(workspace, package.sha256)
+    complete = shlex.quote(f"{directory}/.complete")
+    script = (f'if [ "$(cat {complete} 2>/dev/null)" != {package.sha256} ]; then echo pkg=absent; '
+              f'elif [ "$({tree_script(shlex.quote(directory))})" = {package.tree_sha256} ]; then echo pkg=present; '
+              "else echo pkg=changed; fi\n")
     if python:
         py = shlex.quote(python)
         has_torch = shlex.quote('import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("torch") else 1)')
@@ -170,7 +196,7 @@ def push(
     """
     package = package or build_package()
     if probe is None:
-        probe = parse_probe(target.run(probe_script(workspace, package.sha256, python), timeout=PROBE_TIMEOUT, check=True).stdout)
+        probe = parse_probe(target.run(probe_script(workspace, package, python), timeout=PROBE_TIMEOUT, check=True).stdout)
     transferred = probe.get("pkg") != "present"
     if transferred:
         _transfer(target, workspace, package)
@@ -179,6 +205,7 @@ def push(
         transferred=transferred,
         bytes_sent=package.size if transferred else 0,
         pkg_dir=pkg_dir(workspace, package.sha256),
+        replaced=probe.get("pkg") == "changed",
         python_found=_found(probe, "python"),
         torch_found=_found(probe, "torch"),
     )
@@ -195,7 +222,7 @@ def _transfer(target: Target, workspace: str, package: Package) -> None:
         local = Path(tmp) / f"{package.sha256}.tar.gz"
         local.write_bytes(package.data)
         target.put(local, remote_archive, mode=0o644, timeout=UNPACK_TIMEOUT)
-    result = target.run(_verify_and_unpack_script(workspace, package.sha256, remote_archive), timeout=UNPACK_TIMEOUT)
+    result = target.run(_verify_and_unpack_script(workspace, package, remote_archive), timeout=UNPACK_TIMEOUT)
     if result.exit_code == SHA_MISMATCH_EXIT:
         raise TransferError(
             f"package archive arrived corrupted ({result.stderr.strip()}); nothing was unpacked",
@@ -206,12 +233,15 @@ def _transfer(target: Target, workspace: str, package: Package) -> None:
         raise TransferError(f"unpacking the package failed: {result.tail(3)}", where=target.name, hint="check disk space in the workspace")
 
 
-def _verify_and_unpack_script(workspace: str, sha256: str, archive: str) -> str:
-    """Check the archive's sha256, unpack into a temp dir, write .complete, then rename into place. The archive
-    is hashed and unpacked from stdin, in the directory: sha256sum marks a file name holding `\\` with one
-    more, and GNU tar unquotes `\\` escapes in -C and -f arguments, so a workspace with one would fail."""
+def _verify_and_unpack_script(workspace: str, package: Package, archive: str) -> str:
+    """Check the archive's sha256, unpack into a temp dir, check its tree hash, write .complete, then rename into
+    place: over a package directory whose files changed since it was unpacked too (moved aside first, so the
+    final name never holds a half-removed tree), not over one that another push completed meanwhile. The
+    archive is hashed and unpacked from stdin, in the directory: sha256sum marks a file name holding `\\` with
+    one more, and GNU tar unquotes `\\` escapes in -C and -f arguments, so a workspace with one would fail."""
     q = shlex.quote
-    final = q(pkg_dir(workspace, sha256))
+    sha256 = package.sha256
+    final = pkg_dir(workspace, sha256)
     return f"""
 a={q(archive)}
 got=$(sha256sum < "$a" | cut -d' ' -f1)
@@ -219,7 +249,9 @@ if [ "$got" != {sha256} ]; then rm -f "$a"; echo "sha256 $got, expected {sha256}
 d=$(mktemp -d {q(workspace + '/.dfo/pkg/.unpack.')}XXXXXX) || exit 1
 if ! (cd "$d" && tar -xzf - < "$a"); then rm -rf "$d" "$a"; exit 1; fi
 rm -f "$a"
+if [ "$({tree_script('"$d"')})" != {package.tree_sha256} ]; then rm -rf "$d"; echo "the unpacked files differ from the archive's" >&2; exit 1; fi
 printf %s {sha256} > "$d/.complete"
-if [ "$(cat {final}/.complete 2>/dev/null)" = {sha256} ]; then rm -rf "$d"; exit 0; fi
-rm -rf {final} && mv "$d" {final} && chmod 755 {final}
+if [ "$(cat {q(final)}/.complete 2>/dev/null)" = {sha256} ] && [ "$({tree_script(q(final))})" = {package.tree_sha256} ]; then rm -rf "$d"; exit 0; fi
+if [ -e {q(final)} ]; then old=$(mktemp -d {q(workspace + '/.dfo/pkg/.changed.')}XXXXXX) && mv {q(final)} "$old/" && rm -rf "$old"; fi
+mv "$d" {q(final)} && chmod 755 {q(final)}
 """

@@ -556,7 +556,7 @@ def _probe(target: Target, spec: RunSpec, name: str, package: Package | None, ga
     script = f"if [ -e {log} ]; then echo log=exists; else echo log=free; fi\n"
     if package:
         own_python = gate is not None and gate.spec.python == spec.python  # the gate's python answers torch too
-        script += probe_script(spec.workspace, package.sha256, spec.python, torch=not own_python)
+        script += probe_script(spec.workspace, package, spec.python, torch=not own_python)
     command = _command(spec, name, package)
     wrapper = wrapper_script(spec, name, command, with_secrets=with_secrets)
     start = start_script(spec, name, wrapper, with_secrets=with_secrets, secrets_from=SECRETS_FROM_STDIN)

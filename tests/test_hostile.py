@@ -432,6 +432,28 @@ def test_a_workspace_with_a_backslash_gets_its_package_intact(tmp_path):
     assert "nothing transferred" in again.stdout, again.stderr
 
 
+def test_a_package_changed_in_the_workspace_is_unpacked_again_not_used_as_it_is(tmp_path):
+    """A package directory with its `.complete` was used as it was: a file edited or planted there after the
+    unpack ran in every later run. Bytecode Python writes there is no change."""
+    inventory = local_inventory(tmp_path, str(tmp_path / "ws"))
+    first = json.loads(dfo("push", "--host", "here", "-i", str(inventory), "--json", home=tmp_path / "state").stdout)
+    pkg = tmp_path / "ws" / ".dfo" / "pkg" / first["hash"]
+    main = (pkg / "trainer" / "__main__.py").read_text()
+    (pkg / "trainer" / "__pycache__").mkdir(exist_ok=True)
+    (pkg / "trainer" / "__pycache__" / "__main__.cpython-311.pyc").write_bytes(b"bytecode")
+    kept = dfo("push", "--host", "here", "-i", str(inventory), home=tmp_path / "state")
+    assert kept.stdout.endswith("nothing transferred\n"), kept.stdout + kept.stderr
+    for tamper in (lambda: (pkg / "trainer" / "__main__.py").write_text("print('not the trainer')\n"),
+                   lambda: (pkg / "trainer" / "sitecustomize.py").write_text("import os\n"),
+                   lambda: (pkg / "trainer" / "__main__.py").unlink()):
+        tamper()
+        again = dfo("push", "--host", "here", "-i", str(inventory), home=tmp_path / "state")
+        assert again.returncode == 0 and f"trainer {first['hash'][:12]}'s files there had changed since it was " \
+            "unpacked; pushed it again" in " ".join(again.stdout.split()), again.stdout + again.stderr
+        assert (pkg / "trainer" / "__main__.py").read_text() == main and not (pkg / "trainer" / "sitecustomize.py").exists()
+        assert sorted(p.name for p in pkg.parent.iterdir()) == [first["hash"]]  # nothing left beside it
+
+
 def test_a_relative_workspace_on_the_local_host_is_refused_by_inventory_check(tmp_path):
     inventory = local_inventory(tmp_path, "relative/ws")
     assert_clean_error(dfo("inventory", "check", "-i", str(inventory), home=tmp_path / "state"), 2,

@@ -189,7 +189,8 @@ def test_builtin_trainer_is_pushed_once_and_runs_in_the_container(lab: Lab, tmp_
         pushed = lab.dfo("push", "--host", "ct_a", "--json", env=env)
         assert pushed.returncode == 0, pushed.stderr
         assert json.loads(pushed.stdout) == {"target": "ct_a", "hash": expected, "transferred": False, "bytes": 0,
-                                             "python_found": True, "torch_found": True}
+                                             "replaced": False, "python_found": True, "torch_found": True}  # the
+        # run's own __pycache__ is no change
     finally:
         started = time.monotonic()
         stopped = lab.dfo("stop", "tr1", "--grace", "30", "--json", timeout=STOP_LIMIT_S)
@@ -217,3 +218,7 @@ def test_push_through_ssh_and_pct_transfers_once(lab: Lab, tmp_path: Path) -> No
         calls.clear()
         second = push(target, "/workspace", package=package, store=store)
         assert not second.transferred and calls == ["run"]  # one round trip, nothing sent
+        planted = lab.container.path(f"/workspace/.dfo/pkg/{package.sha256}/trainer/__init__.py")
+        planted.write_text("VERSION = 666\n")  # changed in the container after the unpack: not used as it is
+        third = push(target, "/workspace", package=package, store=store)
+        assert third.transferred and third.replaced and planted.read_text() == "VERSION = 1\n"

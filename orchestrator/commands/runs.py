@@ -106,7 +106,10 @@ def push_command(host: str = HostOpt, inventory: Optional[Path] = InventoryOpt, 
         result = push(connections.container(host), spec.workspace, python=spec.python, store=store, target_name=host)
     if as_json:
         print_json({"target": host, "hash": result.sha256, "transferred": result.transferred, "bytes": result.bytes_sent,
-                    "python_found": result.python_found, "torch_found": result.torch_found})
+                    "replaced": result.replaced, "python_found": result.python_found, "torch_found": result.torch_found})
+    elif result.replaced:
+        console.print(f"{host}: trainer {result.sha256[:12]}'s files there had changed since it was unpacked; pushed it "
+                      f"again ({result.bytes_sent} bytes) to {markup(result.pkg_dir)}", highlight=False, soft_wrap=True)
     elif result.transferred:
         console.print(f"{host}: pushed trainer {result.sha256[:12]} ({result.bytes_sent} bytes) to {markup(result.pkg_dir)}",
                       highlight=False, soft_wrap=True)
