@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Record real trainer logs whose throughput moves the way the verdict rule must follow (issue 27's shapes),
 # on a single-GPU H200 machine (device kind nvidia-h200), from the repository root:
-#     bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu5
+#     bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu5|gpu6
 # Each run is `python -m trainer ... > LOG 2>&1` under `timeout -s TERM -k 90` (the trainer checkpoints and
 # exits 75; a run still there 90 s after its SIGTERM is killed), with bench/gpu_cotenant.py on the same GPU
 # following a schedule (seconds since the run's launch), or for the CPU runs busy loops pinned to the run's
@@ -99,5 +99,12 @@ case "${1:-}" in
         gpu small-thr-notrees-plain 95 none -- --preset h200-small --variant notrees --steps $BIG
         gpu small-ps-nographs-plain 95 none -- --preset h200-small --variant nographs --topology procsplit --drafters cuda:0 --steps $BIG
         wait ;;
-    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu5" >&2; exit 2 ;;
+    gpu6)  # gpu5 again (its results were lost before they were read), shorter: the SIGTERM check first, then the
+           # two thread-topology CUDA-graph runs (expected to crash: docs/design.md's crash signatures), then one plain run
+        gpu qwen-ps-trees-plain 75 none -- --preset qwen3-8b-shape --variant trees --topology procsplit --drafters cuda:0 --steps $BIG
+        gpu small-thr-trees-plain 60 none -- --preset h200-small --variant trees --steps $BIG
+        gpu small-thr-notrees-plain 60 none -- --preset h200-small --variant notrees --steps $BIG
+        gpu small-ps-nographs-plain 80 none -- --preset h200-small --variant nographs --topology procsplit --drafters cuda:0 --steps $BIG
+        wait ;;
+    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu5|gpu6" >&2; exit 2 ;;
 esac
