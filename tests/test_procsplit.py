@@ -95,9 +95,35 @@ def test_sigterm_stops_every_process_with_a_checkpoint(tmp_path):
     assert not [pid for pid in children if alive(pid)]
 
 
+def cpu_ticks(pid: int) -> int:
+    """The user and system CPU `pid` has used, in clock ticks (/proc/PID/stat's utime and stime)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().split(")")[-1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def wait_until_idle(pids: set[int], timeout: float = 120) -> None:
+    """Until every one of `pids` used at most 2 clock ticks in each of two 1-s windows in a row: drafters
+    waiting on an empty inbox (a training drafter steps every debug.step_sleep_s, ~10 ticks a second; a waiting
+    one only looks up every POLL_S). Polled, not a fixed sleep: a loaded machine can take longer."""
+    deadline, quiet = time.monotonic() + timeout, 0
+    before = {pid: cpu_ticks(pid) for pid in pids}
+    while quiet < 2:
+        assert time.monotonic() < deadline, f"drafters {sorted(pids)} still busy after {timeout:g}s"
+        time.sleep(1)
+        now = {pid: cpu_ticks(pid) for pid in pids}
+        quiet = quiet + 1 if all(now[pid] - before[pid] <= 2 for pid in pids) else 0
+        before = now
+
+
+def drafter_pids(lines: list[str]) -> set[int]:
+    """The drafter processes' pids, from their compile lines."""
+    return {int(line.split(" pid=")[1].split()[0]) for line in lines if "event=compile" in line}
+
+
 def target_pids(supervisor: int, lines: list[str]) -> set[int]:
     """The supervisor's spawned children that are not drafters (their pids are on the compile lines)."""
-    drafters = {int(line.split(" pid=")[1].split()[0]) for line in lines if "event=compile" in line}
+    drafters = drafter_pids(lines)
     spawned = set()
     for pid in child_pids(supervisor):
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
@@ -116,7 +142,7 @@ def stop_with_a_stopped_target(tmp_path, name: str, *topology: str) -> tuple[sub
         children = child_pids(proc.pid)
         [target] = target_pids(proc.pid, lines)
         os.kill(target, signal.SIGSTOP)
-        time.sleep(5)  # the drafters use up the batches already queued and wait for the next one
+        wait_until_idle(drafter_pids(lines))  # the drafters use up the batches already queued and wait for the next one
         os.killpg(proc.pid, signal.SIGTERM)
         stopped = time.monotonic()
         # before: the drafters waited 600 s on their inbox; the tests bound the end at 45 s (it takes a few: 20 and 25 s
