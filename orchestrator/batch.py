@@ -560,9 +560,13 @@ class Scheduler:
                      f"{typed.decision if typed is not None else 'failed'}; fallback did not start: {errors}")
 
     def _finish(self, active: _Active, chain: list[str], decision: dict, state: str, why: str) -> None:
+        """Close the cell: it ended when its final run did (the run's ended_at: its exit file's time), else (a run
+        still going, its stop failed) now."""
         record = active.record
         outcome = {"final_run": chain[-1], "runs": chain, "decision": decision or None, "why": why}
-        self._set(record, state=state, ended_at=format_ts(self.clock()), outcome=outcome)
+        final = self.store.find_run(chain[-1])
+        ended_at = final.ended_at if final is not None and not final.active and final.ended_at else format_ts(self.clock())
+        self._set(record, state=state, ended_at=ended_at, outcome=outcome)
         self.ledger.release(record.cell.id)
         self.active.pop(record.cell.id, None)
         self.durations.append(self.clock() - active.started)

@@ -20,6 +20,7 @@ from orchestrator.experiments import load_experiments, parse_experiments
 from orchestrator.errors import InventoryError
 from orchestrator.events import DecisionMade, Step
 from orchestrator.inventory import load_inventory, parse_inventory
+from orchestrator.logfmt import format_ts
 from orchestrator.store import Run, Store, utc_now
 
 INVENTORY = parse_inventory(textwrap.dedent("""
@@ -235,20 +236,25 @@ class FakeWatcher:
         script = self.scripts[run.variant]
         age = self.clock[0] - self.started_at[run.name]
         if script.crash_after is not None and age >= script.crash_after:
-            return self._decide(run, {"decision": "crash", "action": "stop", "signature": "exit_nonzero"}, state="crashed")
+            return self._decide(run, {"decision": "crash", "action": "stop", "signature": "exit_nonzero"}, state="crashed",
+                                ended=self.started_at[run.name] + script.crash_after)
         if script.too_slow_after is not None and age >= script.too_slow_after and not run.decision:
             return self._decide(run, {"decision": "too_slow", "action": "stop", "steady_tok_s": 500.0, "reason": "below baseline"})
         if script.stall_after is not None and age >= script.stall_after and not run.decision:
             return self._decide(run, {"decision": "stall", "action": "stop", "reason": "no new step"})
         if script.exit_after is not None and age >= script.exit_after:
-            return self._decide(run, {"decision": "exited", "action": "none", "reason": "exited 0"}, state="exited")
+            return self._decide(run, {"decision": "exited", "action": "none", "reason": "exited 0"}, state="exited",
+                                ended=self.started_at[run.name] + script.exit_after)
         if script.steady_after is not None and age >= script.steady_after and not run.decision:
             return self._decide(run, {"decision": "steady", "action": "keep", "steady_tok_s": 1000.0, "interval": [990.0, 1010.0]})
         return []
 
-    def _decide(self, run, decision, state=None):
+    def _decide(self, run, decision, state=None, ended=None):
+        """`ended`: when the run's process ended (its exit file's time, which the real watcher records as ended_at),
+        before this step noticed it."""
         decision = {**decision, "run": run.name}
-        self.store.update_run(run.name, decision=decision, **({"state": state} if state else {}))
+        ends = {"state": state, "ended_at": format_ts(ended), "ended_from": "exit_file"} if state else {}
+        self.store.update_run(run.name, decision=decision, **ends)
         return [DecisionMade(at=utc_now(), run=run.name, chain=run.name, decision=decision)]
 
     def stop_run(self, name, reason):
@@ -378,9 +384,12 @@ def test_too_slow_is_a_measurement_the_cell_is_done_without_a_fallback():
 
 def test_a_run_that_exits_before_its_condition_ends_its_cell():
     with Store.in_memory() as store:
-        _, _, _, scheduler = scheduled("batch: e\ntargets: [ct300]\nmatrix: {variant: [trees]}\n", {"trees": Script(exit_after=10)}, store)
+        _, _, _, scheduler = scheduled("batch: e\ntargets: [ct300]\nmatrix: {variant: [trees]}\n", {"trees": Script(exit_after=12)}, store)
         record = scheduler.run()[0]
+        run = store.get_run("e.trees.ct300.r1")
     assert record.state == "done" and record.outcome["decision"]["decision"] == "exited"
+    # the cell ended when its run did (the exit file's time), not when the scheduler's next pass saw it
+    assert (record.ended_at, run.ended_from) == (run.ended_at, "exit_file") == (format_ts(1_800_000_012.0), "exit_file")
 
 
 def test_second_invocation_skips_finished_cells_and_reattaches_running_ones():
