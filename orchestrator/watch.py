@@ -39,7 +39,7 @@ from . import events as ev
 from .agent.protocol import ProtocolError
 from .chains import GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Policy, catalogue_for, chain_key, chain_variants
 from .connections import Connections
-from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record
+from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record, read_stored
 from .errors import DfoError, UnknownRun
 from .gpu import failure_kind
 from .history import SAMPLE_FIELDS, WholeLog, catch_up, read_whole_log, sample_of
@@ -260,11 +260,14 @@ class Watcher:
                 self.owned.add(root)
             watched = self._new_watched(run, root, state.variants)
             self.watched[name] = watched
-            stored = self._resume(watched)
+            samples = self._resume(watched)
+            stored = len(samples)
             ended = not run.active and run.history_complete  # its end and every step of it are stored already
             offset, ident = run.log_offset, run.log_ident
-            if (offset or ended) and not watched.handled:  # judged from its whole log, not from its stored steps
-                offset, ident, stored = self._replay(watched, observer, stored, show_all=ended)
+            if (offset or ended) and not watched.handled:  # judged once, from its whole log, not its stored steps
+                offset, ident, stored = self._replay(watched, observer, samples, show_all=ended)
+            else:
+                self._judge_stored(watched, samples)
             if not ended:
                 observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=offset,
                                 ident=ident)
@@ -395,33 +398,38 @@ class Watcher:
         figures = [r.decision.get("steady_tok_s") for r in peers if r.decision and r.decision.get("steady_tok_s")]
         return max(figures) if figures else None
 
-    def _resume(self, watched: WatchedRun) -> int:
-        """Re-feed the judge from the stored samples (the view shows the last one); restore a final verdict an
-        earlier watch reached. Returns how many steps were stored."""
-        stored = 0
-        for sample in self.store.samples(watched.name):
-            if step_problem(sample.get("step"), sample.get("ts"), sample.get("tok_s")):
-                continue  # stored by a dfo that did not check ranges (ts=1e20): skipped, so the watch recovers
-            obs = StepObs(sample["ts"], int(sample["step"]), float(sample["tok_s"]), sample.get("loss"),
-                          sample.get("phase") or "train", sample.get("active"))
-            watched.judge.observe(obs)
-            watched.last_stored_step = obs.step
-            watched.throughput.append(obs.tok_s)
-            stored += 1
-            last = sample
-        if stored:
+    def _resume(self, watched: WatchedRun) -> list[dict]:
+        """Where an earlier watch (or a look) left the run: its stored samples (returned; the view shows the last
+        one, and a step up to it is not stored again), the level shifts it sent, and the decision it recorded,
+        which is what a decision of this watch is news against; a final verdict it reached is restored (acted on
+        already when its successor exists or the run ended). The judge is fed once, by the caller: from the
+        whole log (_replay), else from these samples (_judge_stored)."""
+        samples = [sample for sample in self.store.samples(watched.name)  # a dfo that did not check ranges
+                   if not step_problem(sample.get("step"), sample.get("ts"), sample.get("tok_s"))]  # stored ts=1e20
+        if samples:
+            last = samples[-1]
             known = {name: last.get(name) for name in SAMPLE_FIELDS if last.get(name) is not None}
             watched.latest = StepRecord(**{**known, "ts": float(last.get("ts") or 0.0), "step": int(last["step"]),
                                            "tok_s": float(last["tok_s"])})
-        watched.decision = watched.judge.decision()
+            watched.last_stored_step = watched.latest.step
+            watched.throughput.extend(float(sample["tok_s"]) for sample in samples)
         watched.shifts_reported = self._stored_shifts(watched.name)
-        earlier = watched.run.decision
-        if earlier and self.lifecycle.acts_on(earlier.get("decision")):
-            watched.decision = Decision.from_json(earlier)
+        earlier, _ = read_stored(watched.run.decision)  # one it cannot read: no decision said yet
+        watched.decision = earlier or watched.decision
+        if earlier is not None and self.lifecycle.acts_on(earlier.decision):
             watched.handled = bool(self.store.children(watched.name)) or not watched.run.active
-        return stored
+        return samples
 
-    def _replay(self, watched: WatchedRun, observer: ObserverBase, stored: int, *,
+    def _judge_stored(self, watched: WatchedRun, samples: list[dict]) -> None:
+        """Judge the run from its stored samples (its log is not read again: a run never read before, one whose
+        verdict was acted on, or one whose log cannot be read now); a final verdict restored by _resume stands."""
+        for sample in samples:
+            watched.judge.observe(StepObs(sample["ts"], int(sample["step"]), float(sample["tok_s"]), sample.get("loss"),
+                                          sample.get("phase") or "train", sample.get("active")))
+        if not self.lifecycle.acts_on(watched.decision.decision):
+            watched.decision = watched.judge.decision()
+
+    def _replay(self, watched: WatchedRun, observer: ObserverBase, samples: list[dict], *,
                 show_all: bool = False) -> tuple[int | None, dict | None, int]:
         """A run with a stored history (an earlier watch's, or a look's: history.sync_history, which `dfo watch` and
         `dfo batch` call first) is judged from its whole log, read again from its first byte (history.read_whole_log),
@@ -430,16 +438,16 @@ class Watcher:
         stored (or kept, when another watcher owns the chain), the stored ones shown in the view, not stored or
         sent again as `step` events (`show_all`, a run that had ended: every step sent, its whole run shown at
         once). Returns the offset and file identity to follow on from, and the steps stored. A log that
-        cannot be read: judged from the stored steps (_resume), followed from the stored offset."""
-        run = watched.run
+        cannot be read: judged from the stored steps (_judge_stored), followed from the stored offset."""
+        run, stored = watched.run, len(samples)
         try:
             log = read_whole_log(observer.target, observer.agent_cmd, run)
         except (DfoError, ProtocolError) as exc:
             self.emit(watched, ev.RunError, text=f"its log was not read from its start ({exc}): judged from its "
                                                   f"stored steps")
+            self._judge_stored(watched, samples)
             return run.log_offset, run.log_ident, stored
         floor = watched.last_stored_step
-        watched.judge = self._new_judge(run, watched.chain)
         watched.throughput.clear()
         watched.step_times.clear()
         watched.last_stored_step, watched.replay_floor, watched.replaying = None, None if show_all else floor, True

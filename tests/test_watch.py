@@ -21,7 +21,7 @@ from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 from rich.console import Console
 
 from orchestrator.connections import Connections
-from orchestrator.decide import DecideConfig
+from orchestrator.decide import DecideConfig, StepObs
 from orchestrator.inventory import load_inventory
 from orchestrator.runs import launch, spec_for, stop
 from orchestrator.commands.watch import resolve_names
@@ -269,6 +269,35 @@ def test_reattach_continues_from_the_offset_without_counting_twice(lab) -> None:
     run_until(second, Watcher.settled)
     steps = [s["step"] for s in lab.store.samples("r1")]
     assert steps == sorted(set(steps)) and steps == lab.log_steps("r1")[: len(steps)]
+    second.close()
+
+
+def test_a_reattach_judges_each_step_once_and_says_no_decision_the_registry_holds_already(lab, monkeypatch) -> None:
+    # the re-attach judges the run from its whole log (its text lines give a crash its signature), once: not from
+    # its stored steps first and then from the log again; a decision the first watch recorded is not news again
+    lab.launch("nographs", "j1")
+    first = lab.watcher()
+    first.attach("j1")
+    run_until(first, lambda w: w.runs()[0].decision.decision == "steady" and len(lab.store.samples("j1")) >= 65)
+    first.close()
+    stored = len(lab.store.samples("j1"))
+    judged: list[int] = []
+    second = lab.watcher()
+    new_judge = second._new_judge
+
+    def counting_judge(run, chain):
+        judge = new_judge(run, chain)
+        observe = judge.observe
+        judge.observe = lambda obs: (judged.append(obs.step) if isinstance(obs, StepObs) else None, observe(obs))[1]
+        return judge
+
+    monkeypatch.setattr(second, "_new_judge", counting_judge)
+    attached = second.attach("j1")
+    assert len(judged) >= stored and judged == sorted(set(judged)), (stored, judged[:3], len(judged))  # each once
+    assert judged == [s["step"] for s in lab.store.samples("j1")][: len(judged)]
+    assert attached.decision.decision == "steady"  # the view shows the verdict at once
+    events = second.step(0)
+    assert [e.decision["decision"] for e in events if e.kind == "decision"] == []  # steady was said by the first watch
     second.close()
 
 
