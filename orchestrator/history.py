@@ -120,6 +120,7 @@ class WholeLog:
     lines: list[str] = field(default_factory=list)
     offset: int | None = None
     ident: dict | None = None
+    complete: bool = False  # read to the end it had then (the last snapshot read less than the agent's budget)
 
 
 def read_whole_log(target: Target, agent_cmd: Sequence[str], run: Run, *, snapshot_timeout: float = SNAPSHOT_TIMEOUT,
@@ -152,6 +153,7 @@ def read_whole_log(target: Target, agent_cmd: Sequence[str], run: Run, *, snapsh
             elif obs.kind == "truncated":  # another file now: read again from its start
                 log, again = WholeLog(), True
         if not again and (log.offset or 0) - start < ONCE_BUDGET // 2:
+            log.complete = True
             break
     return log
 
@@ -234,15 +236,11 @@ def sync_history(store: Store, runs: Sequence[Run], connections_for: Callable[[R
 
 def sync_before_attach(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], Any]) -> dict[str, str]:
     """What `dfo watch` and `dfo batch` call before they attach `runs`: sync_history of their rows (an end nobody
-    saw recorded, ended_at the exit file's time), and of the history of those that had ended (read to their log's
-    end once: history_complete, then judged at once and never followed). A running run's history is brought up
-    to date by the attach itself (Watcher._replay: judged from its whole log, what is new stored, followed on
-    from there), so its log is not read twice. Returns {target: why it could not be read}."""
-    problems = sync_history(store, runs, connections_for, history_of=[])
-    ended = [fresh for run in runs if (fresh := store.find_run(run.name)) is not None and not fresh.active]
-    if ended:
-        problems.update(sync_history(store, ended, connections_for))
-    return problems
+    saw recorded, ended_at the exit file's time). Their histories are brought up to date by the attach itself,
+    which reads each log once (Watcher._replay: judged from its whole log, what is new stored; one that had ended
+    is then history_complete, judged at once and never followed; a running one is followed on from there), not
+    here first. Returns {target: why it could not be read}."""
+    return sync_history(store, runs, connections_for, history_of=[])
 
 
 def parser_for(inventory: Any, run: Run) -> Callable:

@@ -260,14 +260,18 @@ class Watcher:
                 self.owned.add(root)
             watched = self._new_watched(run, root, state.variants)
             self.watched[name] = watched
+            finished = not run.active and run.pid is not None  # it ran, and ended before this watch (its row
+            # brought up to date: sync_before_attach)
+            if finished and root in self.owned and self._acted_before(run):  # not judged again: its log's rest
+                self._read_rest(watched, observer)  # stored as a look stores it (history_complete)
             samples = self._resume(watched)
             stored = len(samples)
-            ended = not run.active and run.history_complete  # its end and every step of it are stored already
             offset, ident = run.log_offset, run.log_ident
-            if (offset or ended) and not watched.handled:  # judged once, from its whole log, not its stored steps
-                offset, ident, stored = self._replay(watched, observer, samples, show_all=ended)
+            if (offset or finished) and not watched.handled:  # judged once, from its whole log, read once
+                offset, ident, stored = self._replay(watched, observer, samples, show_all=finished)
             else:
                 self._judge_stored(watched, samples)
+            ended = not run.active and self.store.get_run(name).history_complete  # its end and every step stored
             if not ended:
                 observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=offset,
                                 ident=ident)
@@ -420,6 +424,24 @@ class Watcher:
             watched.handled = bool(self.store.children(watched.name)) or not watched.run.active
         return samples
 
+    def _acted_before(self, run: Run) -> bool:
+        """Whether an earlier watch acted on the ended `run`'s verdict (its stored final verdict: _resume restores it
+        and the run is not judged again)."""
+        earlier, _ = read_stored(run.decision)
+        return earlier is not None and self.lifecycle.acts_on(earlier.decision)
+
+    def _read_rest(self, watched: WatchedRun, observer: ObserverBase) -> None:
+        """An ended run not judged again: what its log holds past the stored offset is stored (history.catch_up, once,
+        as a look does; read to its end: history_complete); a log that cannot be read is followed instead."""
+        run = self.store.get_run(watched.name)
+        if run.pid is None or run.history_complete:
+            return
+        try:
+            catch_up(observer.target, observer.agent_cmd, self.store, [run], lambda _: watched.parse)
+        except (DfoError, ProtocolError) as exc:
+            self.emit(watched, ev.RunError, text=f"the end of its log was not read ({exc})")
+        watched.run = self.store.get_run(watched.name)
+
     def _judge_stored(self, watched: WatchedRun, samples: list[dict]) -> None:
         """Judge the run from its stored samples (its log is not read again: a run never read before, one whose
         verdict was acted on, or one whose log cannot be read now); a final verdict restored by _resume stands."""
@@ -467,6 +489,8 @@ class Watcher:
         if log.offset is None:  # an empty log: followed from where it was
             return run.log_offset, run.log_ident, stored
         self._persist(Writes(samples={run.name: new}, offsets={run.name: log.offset}, idents={run.name: log.ident}))
+        if show_all and log.complete and watched.root in self.owned:  # it had ended: every step of it is stored
+            self.store.update_run(run.name, history_complete=True)
         watched.last_stored_step = max((step for step in (floor, watched.last_stored_step) if step is not None),
                                        default=None)
         return log.offset, log.ident, stored + len(new)

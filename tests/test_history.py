@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 from harness import cli as harness_cli
 from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
-from orchestrator.history import sync_history
+from orchestrator.history import sync_before_attach, sync_history
+from orchestrator.observe import PollObserver
 from test_watch import lab, run_until  # noqa: F401  (lab: the fixture)
 
 
@@ -127,6 +128,27 @@ def test_dfo_watch_of_a_run_that_ended_unwatched_reports_its_end_at_once_every_s
     assert (final["decision"], final["at_ts"]) == ("exited", run.ended_at)  # judged at its end, not at the watch
     assert [e["data"]["state"] for e in lab.store.events("h7", kind="ended")] == ["exited"]  # recorded once
     assert [s["step"] for s in lab.store.samples("h7")] == list(range(1, 31))  # nothing stored twice
+
+
+def test_a_watch_reads_the_log_of_a_run_that_ended_unwatched_once(lab, monkeypatch) -> None:
+    # what `dfo watch` does (history.sync_before_attach, then the attach): the row is brought up to date, and the
+    # log is read once, from its first byte, by the attach that judges it; not caught up first, then read again
+    lab.launch("short", "h11")  # 30 steps, exit 0; nobody watches it
+    wait_for_exit(lab, "h11")
+    reads: list[tuple[str, int | None]] = []
+    follow = PollObserver.follow
+    monkeypatch.setattr(PollObserver, "follow", lambda self, name, *args, offset=None, **kw: (
+        reads.append((name, offset)), follow(self, name, *args, offset=offset, **kw))[1])
+    assert sync_before_attach(lab.store, [lab.store.get_run("h11")], lambda run: lab.connections) == {}
+    watcher = lab.watcher()
+    watcher.attach("h11")
+    events = run_until(watcher, lambda w: w.settled())
+    assert reads == [("h11", 0)]  # once, whole
+    run = lab.store.get_run("h11")
+    assert (run.state, run.ended_from, run.history_complete) == ("exited", "exit_file", True)
+    assert [s["step"] for s in lab.store.samples("h11")] == list(range(1, 31))
+    assert [e.state for e in events if e.kind == "ended"] == ["exited"]
+    assert watcher.final_decisions()[0]["decision"] == "exited"
 
 
 def test_a_crash_that_ended_unwatched_is_judged_from_its_whole_log_after_a_look_stored_its_steps(lab, tmp_path) -> None:
