@@ -13,9 +13,12 @@ their own tables).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 from .gpu import failure_kind
+
+if TYPE_CHECKING:  # the type only: decide/ is imported by the modules that make a Final
+    from .decide import Decision
 
 
 def optional() -> Any:
@@ -67,6 +70,23 @@ class TargetEvent(Event):
     @property
     def subject(self) -> str:
         return self.target
+
+
+@dataclass(frozen=True)
+class Final:
+    """`dfo watch`'s last word on a chain once the watch ends (commands/watch.py finals): the decision of its current
+    run, typed (decide.Decision), and how that run ended (`{state, exit_code}`, None while it runs). Its JSON line is
+    the decision's JSON with `kind`, `chain` and that `ended` (which stands for the decision's own `ended`); never
+    stored."""
+
+    kind: ClassVar[str] = "final"
+
+    chain: str
+    decision: "Decision"
+    ended: Optional[dict]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.decision.to_json(), "chain": self.chain, "ended": self.ended}
 
 
 # ---------------------------------------------------------------------------------------------- about a run

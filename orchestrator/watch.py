@@ -888,7 +888,8 @@ class Watcher:
         watched = self.watched.get(current)
         if watched is None:
             run = self.store.find_run(current)
-            decision = (run.decision if run else None) or {"decision": "undecided", "run": current}
+            decision = (run.decision if run else None) or {"decision": "undecided", "run": current, "action": "none",
+                                                           "reason": "no decision: not followed by this watch"}
             return {"root": state.root, "runs": list(state.runs), "current": current, "decision": decision,
                     "settled": False}
         if watched.stopped_reason is not None or watched.lost:

@@ -258,3 +258,20 @@ def test_a_stop_is_carried_out_and_recorded_once_when_a_second_watcher_takes_the
     assert kinds.count("acting") == 1 and kinds.count("stopped") == 1, kinds
     assert "not_signalled" not in kinds and "took_over" in kinds
     assert lab.store.get_run("d1").state == "stopped"
+
+
+def test_the_final_line_of_a_chain_whose_successor_is_not_followed_says_so_not_a_traceback(lab) -> None:
+    # Lifecycle.done: a fallback launched the successor but the watch could not follow it (its target out of reach
+    # then): the chain's current run is one the watch holds no decision of. `dfo watch`'s last line names it,
+    # undecided and why (before: a KeyError on the decision's missing `action`, a traceback instead of the line)
+    from orchestrator.commands.watch import final_line, finals
+
+    lab.launch("short", "nf1")  # 30 steps, exit 0
+    watcher = lab.watcher()
+    watcher.attach("nf1")
+    run_until(watcher, lambda w: w.settled())
+    watcher.chain_runs("nf1").append("nf1.2-fast")  # what Lifecycle.done records before its attach fails
+    [final] = finals(watcher, lab.store)
+    assert final_line(final) == ("nf1: nf1.2-fast undecided; still running "
+                                 "(action none: no decision: not followed by this watch)")
+    assert final.to_json()["kind"] == "final" and final.to_json()["chain"] == "nf1"

@@ -16,9 +16,10 @@ from rich.live import Live
 from ..chains import (FALLBACK, MULTINODE_FALLBACK, FallbacksLeft, Outcome, Supervisor, fallback_text,
                       finish_on_own_thread, inventory_for)
 from ..connections import Connections
+from ..decide import Decision, read_stored
 from ..errors import DfoError
-from ..events import (ActionError, DecisionMade, Event, FellBack, GpuError, LeaseHeld, LeftToBatch, LevelShift,
-                      MultinodeFellBack)
+from ..events import (ActionError, DecisionMade, Event, FellBack, Final, GpuError, LeaseHeld, LeftToBatch,
+                      LevelShift, MultinodeFellBack)
 from ..history import sync_before_attach
 from ..inventory import Inventory
 from ..states import Verdict
@@ -150,15 +151,11 @@ def watch_runs(
             return stopped_watching(watcher.finish_actions(lambda fallbacks: say_finishing(fallbacks, AGAIN)))
         finally:
             watcher.close()
-        decisions = watcher.final_decisions()
+        decisions = finals(watcher, store)
         lost = any(w.lost for w in watcher.runs())
-        for decision in decisions:
-            run = store.find_run(decision["run"])
-            decision["ended"] = ({"state": run.state, "exit_code": run.exit_code}
-                                 if run is not None and not run.active else None)
     if as_json:
-        for decision in decisions:
-            print_json({"kind": "final", **decision})  # every JSON line has a kind
+        for final in decisions:
+            print_json(final.to_json())  # every JSON line has a kind
     else:
         summarise(decisions)
     with Store() as store:
@@ -170,7 +167,7 @@ def watch_runs(
     if followers:  # a multi-node run fell back: watch its successor on every node
         return watch_runs(inventory, followers, interval=interval, poll=poll, until_decided=until_decided,
                           fallback=fallback, as_json=as_json, unreachable_s=unreachable_s)
-    return 1 if lost else verdicts_exit_status(d.get("decision") for d in decisions)
+    return 1 if lost else verdicts_exit_status(final.decision.decision for final in decisions)
 
 
 def catch_up_first(store: Store, names: Sequence[str], connections: Connections) -> None:
@@ -340,12 +337,11 @@ def show(live: Live, watcher: Watcher, events: list[Event]) -> None:
 
 def event_line(event: Event) -> str:
     """One line for the scroll-back above the live view."""
-    if isinstance(event, DecisionMade):
-        d = event.decision
-        nxt = f" -> {d['next_run']}" if d.get("next_run") else ""
-        if d["decision"] == Verdict.CRASH:  # the crash itself is printed once, in its run's panel (view.crash_rows)
-            return f"{event.at[11:19]} {event.subject}: {crash_words(d)} (action {d['action']}{nxt}): {crash_shown(d)}"
-        return f"{event.at[11:19]} {event.subject}: {d['decision']} (action {d['action']}{nxt}): {d.get('reason', '')}"
+    if isinstance(event, DecisionMade) and (d := read_stored(event.decision)[0]) is not None:
+        nxt = f" -> {d.next_run}" if d.next_run else ""
+        if d.decision == Verdict.CRASH:  # the crash itself is printed once, in its run's panel (view.crash_rows)
+            return f"{event.at[11:19]} {event.subject}: {crash_words(d)} (action {d.action}{nxt}): {crash_shown(d)}"
+        return f"{event.at[11:19]} {event.subject}: {d.decision} (action {d.action}{nxt}): {d.reason}"
     if isinstance(event, (LevelShift, LeftToBatch, LeaseHeld)):
         return f"{event.at[11:19]} {event.subject}: {event.text}"
     if isinstance(event, GpuError) and event.no_nvidia_smi:
@@ -354,37 +350,53 @@ def event_line(event: Event) -> str:
     return f"{event.at[11:19]} {event.subject}: {event.kind} {detail}".rstrip()
 
 
-def summarise(decisions: list[dict]) -> None:
-    for d in decisions:
-        console.print(final_line(d), highlight=False, markup=False, soft_wrap=True)
+def finals(watcher: Watcher, store: Store) -> list[Final]:
+    """The watch's last word on each chain (events.Final): its current run's decision, read as the typed Decision
+    (decide.read_stored), and how that run ended. A run the watch holds no readable decision of (a successor the
+    lifecycle launched but could not follow, a damaged stored one) is `undecided`, saying why."""
+    out = []
+    for summary in watcher.chains():
+        decision, why = read_stored(summary["decision"])
+        if decision is None:  # one that cannot be read: said as undecided, with why
+            decision = Decision.from_json({"decision": Verdict.UNDECIDED, "run": summary["current"],
+                                           "reason": why or "no decision"})
+        run = store.find_run(decision.run)
+        ended = {"state": run.state, "exit_code": run.exit_code} if run is not None and not run.active else None
+        out.append(Final(chain=summary["root"], decision=decision, ended=ended))
+    return out
 
 
-def final_line(d: dict) -> str:
+def summarise(last: list[Final]) -> None:
+    for final in last:
+        console.print(final_line(final), highlight=False, markup=False, soft_wrap=True)
+
+
+def final_line(final: Final) -> str:
     """`c1: c1.2-nographs steady at 5,344 tok/s; exited 0 (action keep: ...)`: the verdict and how the run ended."""
-    verdict = d["decision"]
-    if verdict in (Verdict.STEADY, Verdict.EXITED) and d.get("steady_tok_s") is not None:  # steady, then exited
-        what = f"steady at {d['steady_tok_s']:,.0f} tok/s"
+    d, verdict = final.decision, final.decision.decision
+    if verdict in (Verdict.STEADY, Verdict.EXITED) and d.steady_tok_s is not None:  # steady, then exited
+        what = f"steady at {d.steady_tok_s:,.0f} tok/s"
     elif verdict == Verdict.CRASH:
         what = crash_words(d)
     else:
-        what = verdict + (f" at step {d['at_step']}" if d.get("at_step") is not None else "")
-    ended = d.get("ended")
+        what = verdict + (f" at step {d.at_step}" if d.at_step is not None else "")
+    ended = final.ended
     if ended is None:
         how = "still running"
     elif ended.get("exit_code") is not None:
         how = f"{'exited' if ended['state'] in ('exited', 'crashed') else ended['state']} {ended['exit_code']}"
     else:
         how = f"{ended['state']}, no exit status"
-    reason = f"{crash_shown(d)} above" if verdict == Verdict.CRASH else d.get("reason", "")
-    return f"{d['chain']}: {d['run']} {what}; {how} (action {d['action']}: {reason})"
+    reason = f"{crash_shown(d)} above" if verdict == Verdict.CRASH else d.reason
+    return f"{final.chain}: {d.run} {what}; {how} (action {d.action}: {reason})"
 
 
-def crash_shown(d: dict) -> str:
+def crash_shown(d: Decision) -> str:
     """Where the crash's meaning and lines are printed (once): the crashed run's panel of the view."""
-    return f"the crash: in {d['run']}'s panel"
+    return f"the crash: in {d.run}'s panel"
 
 
-def crash_words(d: dict) -> str:
+def crash_words(d: Decision) -> str:
     """`crash [cudagraph_tls] at step 3`: a crash named by its signature, its meaning and lines left to its panel."""
-    signature = f" [{d['signature']}]" if d.get("signature") else ""
-    return f"crash{signature}" + (f" at step {d['at_step']}" if d.get("at_step") is not None else "")
+    signature = f" [{d.signature}]" if d.signature else ""
+    return f"crash{signature}" + (f" at step {d.at_step}" if d.at_step is not None else "")
