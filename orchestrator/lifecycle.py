@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import events as ev
 from .chains import (GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy, Supervisor, batch_command,
-                     fallback_text, finish_under_way, wait_until)
+                     chain_key, fallback_text, finish_under_way, wait_until)
 from .errors import DfoError
 from .states import Action
 from .store import Store, utc_now
@@ -81,6 +81,24 @@ class Lifecycle:
                                 on_wait=follower.stop_waiting)
         return cls(follower, store, supervisor, fallback=fallback, policy=policy, claims=claims)
 
+    # ------------------------------------------------------------------ claims: who stores, who acts
+
+    def claim(self, root: str) -> bool:
+        """Whether this dfo holds chain `root`'s claim now (the registry's lease, chains.Claims): held, the follower
+        stores for the chain and this lifecycle acts for it; given up or held elsewhere, neither (stores_for)."""
+        held = self.claims.holds(chain_key(root))
+        (self.owned.add if held else self.owned.discard)(root)
+        return held
+
+    def stores_for(self, root: str) -> bool:
+        """The one check of "only the chain's owner stores (and acts)": whether chain `root`'s claim was held here at
+        the last claim(); an observing follower shows what it reads and keeps it for a take-over."""
+        return root in self.owned
+
+    def stores_any(self) -> bool:
+        """Whether this lifecycle holds any chain's claim (a target's own events are stored only then)."""
+        return bool(self.owned)
+
     # ------------------------------------------------------------------ policy
 
     def acts_on(self, verdict: str | None) -> bool:
@@ -90,7 +108,7 @@ class Lifecycle:
     def decided(self, watched: "WatchedRun") -> None:
         """The follower's decision about `watched` (watched.decision): acted on once, by the chain's owner, when the
         policy says so."""
-        if watched.handled or watched.root not in self.owned or not self.acts_on(watched.decision.decision):
+        if watched.handled or not self.stores_for(watched.root) or not self.acts_on(watched.decision.decision):
             return
         self._act(watched)
 
@@ -226,7 +244,7 @@ class Lifecycle:
         self._left_to_batch.add(intent.id)
         event = ev.LeftToBatch(at=utc_now(), run=intent.data["run"], chain=root, batch=batch,
                                command=batch_command(self.store, batch))
-        self.follower.publish(event, intent.data["run"], event.stored and root in self.owned)
+        self.follower.publish(event, intent.data["run"], event.stored and self.stores_for(root))
 
     # ------------------------------------------------------------------ ending
 

@@ -229,11 +229,6 @@ class Watcher:
         """The chain claims, its lifecycle's: a chain is stored (and acted on) only by the dfo that holds its claim."""
         return self.lifecycle.claims
 
-    @property
-    def owned(self) -> set[str]:
-        """The chain roots whose claim the lifecycle holds: this watch stores for them (and its lifecycle acts)."""
-        return self.lifecycle.owned
-
     # ------------------------------------------------------------------ public
 
     def attach(self, name: str) -> WatchedRun:
@@ -256,14 +251,13 @@ class Watcher:
                                                         chain_variants(self.store, root, self.inventory, self.chain_override))
             elif name not in state.runs:
                 state.runs.append(name)
-            if self.claims.holds(chain_key(root)):
-                self.owned.add(root)
+            self.lifecycle.claim(root)
             watched = self._new_watched(run, root, state.variants)
             self.watched[name] = watched
             finished = not run.active and run.pid is not None  # it ran, and ended before this watch (its row
             # brought up to date: sync_before_attach)
-            if finished and root in self.owned and self._acted_before(run):  # not judged again: its log's rest
-                self._read_rest(watched, observer)  # stored as a look stores it (history_complete)
+            if finished and self.lifecycle.stores_for(root) and self._acted_before(run):  # not judged again:
+                self._read_rest(watched, observer)  # its log's rest stored as a look stores it (history_complete)
             samples = self._resume(watched)
             stored = len(samples)
             offset, ident = run.log_offset, run.log_ident
@@ -276,10 +270,10 @@ class Watcher:
                 observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=offset,
                                 ident=ident)
             self.emit(watched, ev.Attached, target=run.target, variant=run.variant, offset=offset,
-                       steps_stored=stored, owner=root in self.owned, claimed_by=self._holder_of(root))
+                       steps_stored=stored, owner=self.lifecycle.stores_for(root), claimed_by=self._holder_of(root))
             if ended:
                 self._ended_before(watched)
-            if root in self.owned:
+            if self.lifecycle.stores_for(root):
                 self.lifecycle.finish_open_intents(root)
             else:
                 self._say_held_elsewhere(root)
@@ -289,7 +283,7 @@ class Watcher:
         """Whether this watcher stores and acts for the chain of run `name` (else another watcher does)."""
         with self._lock:
             watched = self.watched.get(name)
-            return watched is not None and watched.root in self.owned
+            return watched is not None and self.lifecycle.stores_for(watched.root)
 
     def step(self, timeout: float = 0.25) -> list[ev.Event]:
         """Handle what arrived within `timeout` seconds: parse, persist, judge, act. Returns the new events."""
@@ -489,7 +483,7 @@ class Watcher:
         if log.offset is None:  # an empty log: followed from where it was
             return run.log_offset, run.log_ident, stored
         self._persist(Writes(samples={run.name: new}, offsets={run.name: log.offset}, idents={run.name: log.ident}))
-        if show_all and log.complete and watched.root in self.owned:  # it had ended: every step of it is stored
+        if show_all and log.complete and self.lifecycle.stores_for(watched.root):  # it had ended: every step stored
             self.store.update_run(run.name, history_complete=True)
         watched.last_stored_step = max((step for step in (floor, watched.last_stored_step) if step is not None),
                                        default=None)
@@ -514,12 +508,11 @@ class Watcher:
         the runs its owner launched."""
         now = time.monotonic()
         for root in list(self._chains):
-            held = self.claims.holds(chain_key(root))
-            if held and root not in self.owned:
-                self.owned.add(root)
+            had = self.lifecycle.stores_for(root)
+            held = self.lifecycle.claim(root)
+            if held and not had:
                 self._take_over(root)
             elif not held:
-                self.owned.discard(root)
                 self._say_held_elsewhere(root)
                 if now - self._looked_at.get(root, 0.0) >= 1.0:
                     self._looked_at[root] = now
@@ -718,7 +711,7 @@ class Watcher:
         event = ev.Ended(at=utc_now(), run=watched.name, chain=watched.root, exit_code=exit_code, state=state,
                          why=why or f"exit status {code}")
         recorded = None
-        if run is not None and run.active and watched.root in self.owned:  # seen as it happens: noticed is right
+        if run is not None and run.active and self.lifecycle.stores_for(watched.root):  # seen as it happens: `noticed`
             ended_at = format_ts(exit_mtime) if exit_mtime is not None else None
             recorded = self.store.transition(watched.name, RunState(state), RunState.endable(), exit_code=exit_code,
                                              ended_at=ended_at or event.at, ended_from="exit_file" if ended_at else "noticed")
@@ -751,7 +744,7 @@ class Watcher:
         the GPU samples. Only for the chains this watcher owns: an observer keeps them for a take-over."""
         for name in writes.samples.keys() | writes.offsets.keys():
             watched = self.watched[name]
-            if watched.root in self.owned:
+            if self.lifecycle.stores_for(watched.root):
                 samples = writes.samples.get(name, [])
                 if watched.stored_floor is not None:  # right after a take-over: its former owner stored these
                     samples = [sample for sample in samples if sample["step"] > watched.stored_floor]
@@ -763,7 +756,7 @@ class Watcher:
                 watched.unsaved_offset = writes.offsets[name]
                 watched.unsaved_ident = writes.idents.get(name)
         for source, run, samples in writes.gpu_samples:
-            if any(w.source == source and w.root in self.owned for w in self.watched.values()):
+            if any(w.source == source and self.lifecycle.stores_for(w.root) for w in self.watched.values()):
                 self.store.add_gpu_samples(source, samples, run=run)
 
     # ------------------------------------------------------------------ judging and acting
@@ -840,7 +833,7 @@ class Watcher:
                 continue
             watched.shifts_reported |= {(shift["at_step"], declared), (shift["at_step"], False)}
             event = self.emit(watched, ev.LevelShift, **ev.LevelShift.fields_of(shift, declared))
-            if watched.root not in self.owned:
+            if not self.lifecycle.stores_for(watched.root):
                 watched.unstored_shifts.append(event)
             sent = True
         return sent
@@ -849,7 +842,7 @@ class Watcher:
         """Store the run's decision (its owner) and, `said`, emit it and notify. Not `said`: the decision's
         next_run, once its fallback launched, is stored only; the `fell_back` event says it (the verdict is said once)."""
         decision = watched.decision.to_json()
-        if watched.root in self.owned:
+        if self.lifecycle.stores_for(watched.root):
             self.store.update_run(watched.name, decision=decision)
         if not said:
             return
@@ -871,7 +864,8 @@ class Watcher:
         observer.unfollow(watched.name)
         watched.ended = True
         run = self.store.find_run(watched.name)
-        if watched.root not in self.owned or run is None or run.active or run.pid is None or run.history_complete:
+        if (not self.lifecycle.stores_for(watched.root) or run is None or run.active or run.pid is None
+                or run.history_complete):
             return  # an observer stores nothing; a run still going (its stop failed) is read by the next look
         try:
             catch_up(observer.target, observer.agent_cmd, self.store, [run], lambda _: watched.parse)
@@ -903,13 +897,13 @@ class Watcher:
     def emit(self, watched: WatchedRun, cls: type[ev.RunEvent], **data: Any) -> ev.RunEvent:
         event = cls(at=utc_now(), run=watched.name, chain=watched.root, **data)
         # an observing watcher shows, its owner stores (a kind an ended run's earlier watch stored: not again)
-        stored = event.stored and watched.root in self.owned and not (
+        stored = event.stored and self.lifecycle.stores_for(watched.root) and not (
             watched.replaying and self.store.events(watched.name, kind=event.kind))
         self.publish(event, watched.name, stored)
         return event
 
     def _emit_source(self, cls: type[ev.TargetEvent], source: str, **data: Any) -> None:
-        self.publish(cls(at=utc_now(), target=source, **data), None, bool(self.owned))
+        self.publish(cls(at=utc_now(), target=source, **data), None, self.lifecycle.stores_any())
 
     def publish(self, event: ev.Event, run: str | None, store: bool) -> None:
         if store:
