@@ -241,6 +241,11 @@ def exit_path(workspace: str, name: str) -> str:
     return f"{log_path(workspace, name)}.exit"
 
 
+def exit_part_path(workspace: str, name: str) -> str:
+    """Where the wrapper writes the exit status before renaming it to exit_path (wrapper_script)."""
+    return f"{exit_path(workspace, name)}.part"
+
+
 def secrets_path(workspace: str, name: str) -> str:
     return f"{workspace}/.dfo/secrets/{name}.env"
 
@@ -300,7 +305,12 @@ def _arg(value: Any) -> str:
 
 
 def wrapper_script(spec: RunSpec, name: str, command: str, *, with_secrets: bool) -> str:
-    """What the detached `sh -c` runs: keep TERM from killing it, load and delete the secrets, run, write $?."""
+    """What the detached `sh -c` runs: keep TERM from killing it, load and delete the secrets, run, write $?.
+
+    The status goes to LOG.exit.part, which is then renamed to LOG.exit, so a reader finds no exit file or the
+    whole status, never an empty or half-written one. The rename is the wrapper itself (`exec mv`: its PID, still
+    alone in its group, as the stopper expects of a wrapper writing the status), ignoring TERM (a stop's signal
+    to the group cannot cut it short) and found on the system's PATH whatever the run's `env:` made of it."""
     parts = [WRAPPER_HEAD.removeprefix("sh -c ")]
     if with_secrets:
         secrets = shlex.quote(secrets_path(spec.workspace, name))
@@ -312,7 +322,8 @@ def wrapper_script(spec: RunSpec, name: str, command: str, *, with_secrets: bool
     # instead of dying at once or going on to the next command; a 0 there (TERM arrived between commands)
     # becomes 143. The newline before `)` keeps a trailing comment in the command from swallowing it.
     run = f"( trap 's=$?; [ $s = 0 ] && s=143; exit $s' TERM; {command}\n)"
-    return "; ".join(parts) + f"; {run}; echo $? > {shlex.quote(exit_path(spec.workspace, name))}"
+    done, part = shlex.quote(exit_path(spec.workspace, name)), shlex.quote(exit_part_path(spec.workspace, name))
+    return "; ".join(parts) + f"; {run}; echo $? > {part}; trap '' TERM; PATH=/usr/bin:/bin:$PATH exec mv -f {part} {done}"
 
 
 def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool, secrets_from: str = "cat") -> str:
@@ -323,7 +334,7 @@ def start_script(spec: RunSpec, name: str, wrapper: str, *, with_secrets: bool, 
     lines = [
         f"mkdir -p {q(spec.workspace + '/logs')} {q(spec.workspace + '/.dfo/secrets')} && cd {q(spec.workspace)} || exit 1",
         f"if ! (set -C; : > {log}) 2>/dev/null; then echo 'log exists' >&2; exit {LOG_EXISTS_EXIT}; fi",
-        f"rm -f {q(exit_path(spec.workspace, name))}",
+        f"rm -f {q(exit_path(spec.workspace, name))} {q(exit_part_path(spec.workspace, name))}",
     ]
     if with_secrets:  # never through a file or link that is there already (planted by whoever can write the
         # workspace: `>` would follow a link, or keep a file's mode), checked, then created with noclobber (O_EXCL)

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import sqlite3
@@ -133,6 +134,63 @@ def test_command_run_is_detached_logged_recorded_and_writes_its_exit_status(stor
     assert Path(run.log_path).read_text() == "hello\nfrom-run\n"
     assert Path(workspace, "logs", "r1.log").stat().st_size > 0
     assert [e["kind"] for e in store.events("r1")] == ["launched"]
+
+
+class DirectoryEvents:
+    """inotify on one directory (Linux, through libc): which names were created, written and moved into it."""
+
+    IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE = 0x8, 0x80, 0x100
+
+    def __init__(self, directory: str) -> None:
+        import ctypes
+
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK)
+        assert self.fd >= 0 and self.libc.inotify_add_watch(
+            self.fd, directory.encode(), self.IN_CLOSE_WRITE | self.IN_MOVED_TO | self.IN_CREATE) >= 0
+
+    def read(self) -> list[tuple[str, str]]:
+        """(kind, name) of every event so far: kind is `created`, `written` or `moved_in`."""
+        import struct
+
+        kinds = {self.IN_CREATE: "created", self.IN_CLOSE_WRITE: "written", self.IN_MOVED_TO: "moved_in"}
+        events, data = [], b""
+        while True:
+            try:
+                data += os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+        while data:
+            _, mask, _, size = struct.unpack_from("iIII", data)
+            name = data[16:16 + size].rstrip(b"\0").decode()
+            events += [(kind, name) for bit, kind in kinds.items() if mask & bit]
+            data = data[16 + size:]
+        return events
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@pytest.mark.parametrize("how", ["exits", "stopped"])
+def test_the_exit_file_appears_whole_by_a_rename_never_empty_or_half_written(store, workspace, how):
+    """The wrapper wrote LOG.exit with `>`: between its creation and its write a reader found it empty. Its PATH
+    set by the run's own `env:` must not keep it from being renamed either."""
+    os.makedirs(f"{workspace}/logs")
+    events = DirectoryEvents(f"{workspace}/logs")
+    try:
+        command = "exit 3" if how == "exits" else f"{shutil.which('sleep')} 60"
+        run = launch(LocalTarget("here"), spec(workspace, command, env={"PATH": "/nonexistent"}), store, name="x1").run
+        if how == "stopped":
+            wait_for(lambda: alive(run.pid), what="run start")
+            assert stop(LocalTarget("here"), store, "x1", grace_s=10).run.exit_code == 143
+        exit_file = Path(run.exit_path)
+        assert wait_for(exit_file.exists, what="exit file") and exit_file.read_text() == ("3\n" if how == "exits" else "143\n")
+        wait_for(lambda: not alive(run.pid), what="the wrapper's end")
+        seen = [(kind, name) for kind, name in events.read() if name.startswith("x1.log.exit")]
+    finally:
+        events.close()
+    assert seen == [("created", "x1.log.exit.part"), ("written", "x1.log.exit.part"), ("moved_in", "x1.log.exit")]
+    assert not Path(f"{run.exit_path}.part").exists()
 
 
 def test_builtin_variant_runs_the_pushed_package_with_its_arguments(store, workspace, tmp_path):
