@@ -44,6 +44,15 @@ TRAINER_FILES = frozenset({"test_trainer_learning.py", "test_trainer_cli.py", "t
 NOT_TRAINING = frozenset({
     # 12 s of a played checkpoint, 18 s in all: off the critical path
     "test_multinode_ssh.py::test_the_nodes_a_multinode_fallback_stops_get_their_variants_stop_grace_to_write_their_checkpoint",
+    # refused before any node starts, or no node's trainer ever starts: 12 s of the group's critical path
+    "test_multinode_ssh.py::test_three_containers_of_one_host_in_one_launch_are_refused_at_once_with_the_fix",
+    "test_multinode_ssh.py::test_a_node_whose_preflight_fails_starts_nothing_anywhere",
+    "test_multinode_ssh.py::test_every_node_that_refuses_is_named_in_one_line",
+    "test_multinode_ssh.py::test_a_taken_rendezvous_port_is_refused_before_anything_starts",
+    "test_multinode_ssh.py::test_a_variant_that_cannot_span_nodes_is_a_usage_error",
+    "test_multinode_ssh.py::test_a_master_addr_with_shell_metacharacters_is_refused_before_any_connection",
+    "test_multinode_ssh.py::test_a_failed_launch_waits_for_a_node_whose_start_got_no_answer_only_the_inventorys_start_grace",
+    "test_multinode_ssh.py::test_nodes_not_started_after_a_failed_start_stay_listed_as_failed_saying_why",
 })
 
 
