@@ -98,6 +98,19 @@ def has_steps(path: Path) -> bool:
     return path.exists() and "event=step" in path.read_text()
 
 
+@pytest.fixture
+def played_hosts(hosts):
+    """`hosts` whose nodes' trainer is PLAYED_NODE (no torch): for the tests of what dfo does around a
+    multinode fallback, not of what trains."""
+    inventory = yaml.safe_load(hosts.inventory.read_text())
+    python = str(played_python(hosts.tmp, PLAYED_NODE))
+    for host in inventory["hosts"].values():
+        for container in host["containers"].values():
+            container["python"] = python
+    hosts.inventory.write_text(yaml.safe_dump(inventory))
+    return hosts
+
+
 @pytest.mark.slow
 def test_two_nodes_start_stop_and_resume_as_one_run(hosts):
     launched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2")
@@ -319,7 +332,8 @@ def open_intents(hosts: TwoHosts) -> list:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["recorded", "stopped"])
-def test_a_multinode_fallback_left_half_done_by_a_killed_dfo_is_finished_once_by_two_racing_watches(hosts, point):
+def test_a_multinode_fallback_left_half_done_by_a_killed_dfo_is_finished_once_by_two_racing_watches(played_hosts, point):
+    hosts = played_hosts
     killed = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail", "--watch", "--until-decided",
                           "--json", timeout=300, env={"DFO_TEST_FALLBACK_EXIT_AT": point})
     assert killed.returncode == 137, killed.stdout[-3000:] + killed.stderr  # dfo died inside the fallback
@@ -349,7 +363,8 @@ def test_a_multinode_fallback_left_half_done_by_a_killed_dfo_is_finished_once_by
 
 
 @pytest.mark.slow
-def test_a_multinode_fallback_killed_between_starting_its_nodes_is_relaunched_whole_once(hosts):
+def test_a_multinode_fallback_killed_between_starting_its_nodes_is_relaunched_whole_once(played_hosts):
+    hosts = played_hosts
     launched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail")
     assert launched.returncode == 0, launched.stderr
     killed = hosts.dfo("watch", "mn", "--until-decided", "--json", timeout=300,
@@ -373,7 +388,8 @@ def test_a_multinode_fallback_killed_between_starting_its_nodes_is_relaunched_wh
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["after_start", "before_start"])
 def test_a_multinode_successor_whose_starts_got_no_answer_is_adopted_if_it_runs_and_launched_again_only_if_not(
-        hosts, point):
+        played_hosts, point):
+    hosts = played_hosts
     # the successor's starts time out on both nodes: after_start, the nodes started and their PIDs never came
     # back; before_start, the word to start never went out. Their rows are `lost` without a PID and the fallback
     # stays open, as a single run's (before: closed as failed, with the nodes that ran stopped)
@@ -404,7 +420,8 @@ def test_a_multinode_successor_whose_starts_got_no_answer_is_adopted_if_it_runs_
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_a_multinode_fallback_says_what_it_finishes_and_finishes_it_first(hosts):
+def test_ctrl_c_during_a_multinode_fallback_says_what_it_finishes_and_finishes_it_first(played_hosts):
+    hosts = played_hosts
     # the fallback runs after the watch, on dfo's main thread: Ctrl-C there cut it off half way (its successor's
     # nodes recorded, none started) with only "interrupted: remote runs were left running"; now it is finished
     # first and said as a single run's fallback is (a real SIGINT while its successor's launch is held)
@@ -526,23 +543,58 @@ def test_nodes_not_started_after_a_failed_start_stay_listed_as_failed_saying_why
     assert stopped.returncode == 0 and "mn had already ended on every node" in stopped.stdout, stopped.stderr
 
 
+# A node trainer played by a script (`PYTHON -m trainer` on both hosts runs it, see played_python): it steps
+# --steps times and exits 0; the node whose --node-rank is debug.fail_drafter crashes (exit 1, the injected
+# failure's words) at debug.fail_at_step; on SIGTERM it checkpoints and exits 75, as the built-in trainer does.
+PLAYED_NODE = """\
+import signal, sys, time
+from datetime import datetime, timezone
+argv = sys.argv[1:]
+sets = dict(argv[i + 1].split("=", 1) for i, arg in enumerate(argv) if arg == "--set")
+steps, rank = int(argv[argv.index("--steps") + 1]), int(argv[argv.index("--node-rank") + 1])
+fail_at = int(sets["debug.fail_at_step"]) if sets.get("debug.fail_drafter") == str(rank) else 0
+signal.signal(signal.SIGTERM, lambda *_: (print("event=checkpoint reason=sigterm", flush=True), sys.exit(75)))
+print("ts=%s event=start" % datetime.now(timezone.utc).isoformat(), flush=True)
+for step in range(1, steps + 1):
+    ts = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    print(f"ts={ts} event=step step={step} tok_s={1000 + step % 3:.1f} loss=1.0", flush=True)
+    if step == fail_at:
+        print(f"RuntimeError: injected failure in drafter {rank}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    time.sleep(0.05)
+print(f"event=done step={steps} reason=finished", flush=True)
+"""
+
+
+def played_python(tmp_path: Path, script: str) -> Path:
+    """A `python` whose `-m trainer` runs `script`, anything else the real interpreter."""
+    (tmp_path / "node.py").write_text(script)
+    python = tmp_path / "fakepython"
+    python.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "trainer" ]; then shift 2; '
+                      f'exec {sys.executable} {tmp_path}/node.py "$@"; fi\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
 @pytest.fixture
 def gpu_hosts(tmp_path, sshd, ssh_home, pct_standin_env):
     """Two hosts listing GPUs 0 and 1 whose nvidia-smi (one stand-in state for both) shows GPU 0 busy with
-    another tenant's work and GPU 1 idle; the variants are pinned to GPU 1 (CUDA_VISIBLE_DEVICES)."""
+    another tenant's work and GPU 1 idle; the variants are pinned to GPU 1 (CUDA_VISIBLE_DEVICES). Their
+    trainer is PLAYED_NODE: what is tested is when dfo starts the successor, not what trains."""
     gpus = NvidiaSmiState(tmp_path / "gpus.json", [Gpu(0, memory_used_mib=40960, utilization_pct=87), Gpu(1)])
     servers = [SshServer(tmp_path / f"gpusshd{i}", env={**pct_standin_env, STATE_ENV: str(gpus.path)}).start()
                for i in (0, 1)]
     for i, server in enumerate(servers):
         ssh_home.add_host(f"gpuhost{i}", server)
+    python = played_python(tmp_path, PLAYED_NODE)
     pinned = {"compile": "eager", "preset": "tiny-cpu", "topology": "procsplit", "env": {"CUDA_VISIBLE_DEVICES": "1"}}
     inventory = write_inventory(tmp_path, {
         "defaults": {"min_free_disk_gb": 0},
         "hosts": {f"pve{i}": {"address": f"gpuhost{i}", "containers": {f"n{i}": {
-            "ctid": None, "workspace": str(tmp_path / f"ws{i}"), "python": sys.executable, "gpus": [0, 1]}}}
+            "ctid": None, "workspace": str(tmp_path / f"ws{i}"), "python": str(python), "gpus": [0, 1]}}}
             for i in (0, 1)},
         "variants": {
-            "ps2fail": {**pinned, "args": {"steps": 100000, "log_every": 5, "debug.step_sleep_s": 0.05,
+            "ps2fail": {**pinned, "args": {"steps": 100000, "log_every": 5,
                                            "debug.fail_at_step": 10, "debug.fail_drafter": 1}},
             "ps2ok": {**pinned, "args": {"steps": 10, "log_every": 5}},
         },
@@ -628,11 +680,7 @@ def slow_checkpoint_hosts(tmp_path, sshd, ssh_home, pct_standin_env):
     stop_grace_s: 30, its successor (`psok`) runs 5 steps."""
     from test_watch import FAST_WATCH
 
-    (tmp_path / "node.py").write_text(SLOW_CHECKPOINT_NODE)
-    python = tmp_path / "fakepython"
-    python.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ] && [ "$2" = "trainer" ]; then shift 2; '
-                      f'exec {sys.executable} {tmp_path}/node.py "$@"; fi\nexec {sys.executable} "$@"\n')
-    python.chmod(0o755)
+    python = played_python(tmp_path, SLOW_CHECKPOINT_NODE)
     servers = [SshServer(tmp_path / f"cksshd{i}", env=dict(pct_standin_env)).start() for i in (0, 1)]
     for i, server in enumerate(servers):
         ssh_home.add_host(f"ckhost{i}", server)
