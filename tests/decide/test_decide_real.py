@@ -241,3 +241,20 @@ def test_a_fallback_run_stopped_before_its_checks_held_ends_steady_at_its_level(
     lo, hi = decision.interval
     assert lo <= decision.steady_tok_s <= hi and lo <= log.level <= hi
     assert decision.evidence["steady_declared_step"] == decision.evidence["last_step"]
+
+
+# The crash a person reads from each crash-labelled real log's traceback (its labels.csv note), by its signature's
+# name in docs/design.md's table: the H200 runs of the threads topology with CUDA graphs, where the first step fails
+REAL_CRASH_SIGNATURES = {
+    "small-thr-localtls-g1": "cuda_capture_unsupported",  # `operation failed due to a previous error during capture`
+    "small-thr-trees-h200": "cuda_capture_unsupported",  # the same text, from plain trees in two threads
+    "small-thr-notrees-h200": "cudagraph_static_ptr",  # `assert dst.data_ptr() == src.data_ptr()`, a bare AssertionError
+}
+
+
+def test_each_real_crash_log_is_named_by_the_signature_its_traceback_shows():
+    crashes = {log.name: log for log in LOGS if log.verdict == "crash"}
+    assert set(crashes) == set(REAL_CRASH_SIGNATURES)  # every crash-labelled log has its expected signature here
+    for name, log in crashes.items():
+        decision = judge(log)
+        assert (decision.decision, decision.signature) == ("crash", REAL_CRASH_SIGNATURES[name]), (name, decision.reason)
