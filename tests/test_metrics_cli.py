@@ -173,3 +173,14 @@ def test_metrics_timeline_puts_the_warm_up_end_at_the_declarations_cut_and_says_
     data = json.loads(dfo(tmp_path, "metrics", "e2p", "--json").stdout)
     assert (data["warmup_end"]["step"], data["declared_warmup_end"]["step"], data["figure_steps"]) == (1341, 301, [1341, 3180])
     assert data["declared_warmup_end"]["t"] < [d["t"] for d in data["decisions"] if d["decision"] == "steady"][0]
+
+
+def test_metrics_of_a_run_with_one_metric_line_says_1_metric_line(tmp_path):
+    """A run stopped after its first step line: `dfo metrics` says how many lines it holds in the noun's number."""
+    with Store(tmp_path / "dfo.db") as store:
+        store.add_run(Run(name="short-run", target="ct200", variant="trees", state="stopped", exit_code=143,
+                          started_at=format_ts(T0), ended_at=format_ts(T0 + 10)))
+        store.add_samples("short-run", [{"step": 10, "ts": T0 + 5, "tok_s": 900.0, "loss": 3.0}])
+    shown = dfo(tmp_path, "metrics", "short-run")
+    assert shown.returncode == 0, shown.stderr
+    assert "1 metric line, up to step 10" in " ".join(shown.stdout.split())  # it said "1 metric lines"

@@ -67,7 +67,7 @@ def show_metrics(metrics: metrics_lib.RunMetrics) -> None:
     steps = [s["step"] for s in metrics.steps if s["step"] is not None]
     span = max((s["t"] for s in metrics.steps if s["t"] is not None), default=None)
     console.print(f"{run.name} on {run.target}, variant {run.variant or 'command'}: {run.state}{exit_code}; "
-                  f"{len(metrics.steps)} metric lines" + (f", up to step {max(steps)}" if steps else "")
+                  f"{counted(len(metrics.steps), 'metric line')}" + (f", up to step {max(steps)}" if steps else "")
                   + (f" in {span:,.0f} s" if span is not None else ""), highlight=False, markup=False)
     console.print(f"figure: {describe_figure(metrics)}", highlight=False, markup=False)
     if metrics.unreadable:
