@@ -321,11 +321,11 @@ def root_of(store: Store, run: str) -> str:
     return group[0] if group else run
 
 
-def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: float = 30.0,
-              gpu_poll_s: float = 1.0, on_wait: Callable[[runs_lib.StopWait], None] | None = None) -> dict | None:
-    """After the watch of multi-node `run`: if its first failure falls back (watch's policy) and the chain
-    has a next variant that can span nodes, record the intent (once: two dfo deciding it share it), then
-    finish it (finish_fallback). None when there is nothing to do, else the closed intent's data."""
+def group_fallback(inventory, store: Store, run: str) -> dict | None:
+    """The group's combined decision: the fallback multi-node `run` calls for, as its intent's data (`run`,
+    `variant`, `first_failed`, `rest`, `reason`), or None. Its first failure (decide/nodes.first_failure over the
+    nodes' stored decisions) must fall back (watch's policy) and the chain must have a next variant that can span
+    nodes and that the failure's signature allows. No I/O but the registry's reads."""
     culprit = first_failure(outcomes(store, run))
     if culprit is None or not WATCH_POLICY.falls_back(culprit.decision):
         return None
@@ -337,9 +337,19 @@ def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: 
     variant = next_variant_after(chain, nodes[culprit.rank], None, culprit.signature, catalogue_for(inventory), topologies)
     if variant is None:
         return None
-    intent = record_fallback(store, root_of(store, run), MULTINODE_FALLBACK, {
-        "run": run, "variant": variant, "first_failed": nodes[culprit.rank].name,
-        "rest": list(rest_of_chain(chain, variant)), "reason": culprit.decision})
+    return {"run": run, "variant": variant, "first_failed": nodes[culprit.rank].name,
+            "rest": list(rest_of_chain(chain, variant)), "reason": culprit.decision}
+
+
+def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: float = 30.0,
+              gpu_poll_s: float = 1.0, on_wait: Callable[[runs_lib.StopWait], None] | None = None) -> dict | None:
+    """After the watch of multi-node `run`: if the group's combined decision calls for a fallback (group_fallback),
+    record the intent (once: two dfo deciding it share it), then finish it (finish_fallback). None when there is
+    nothing to do, else the closed intent's data."""
+    data = group_fallback(inventory, store, run)
+    if data is None:
+        return None
+    intent = record_fallback(store, root_of(store, run), MULTINODE_FALLBACK, data)
     return finish_fallback(inventory, connections, store, intent, gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s,
                            on_wait=on_wait)
 
