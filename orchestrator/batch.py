@@ -6,7 +6,8 @@
 
 A cell is one (target, variant, settings, GPU count, repeat). Its first run is named `BATCH.CELL`. The
 Watcher (built with fallback=False) judges runs; on a verdict chains.BATCH_POLICY falls back on (crash,
-stall) the scheduler hands the fallback to chains.Supervisor.fall_back, `dfo watch`'s own, on a thread: the
+stall; the policy its Lifecycle holds) the scheduler hands the fallback to chains.Supervisor.fall_back, `dfo watch`'s
+own, on that Lifecycle's executor (a bounded worker thread, finished on Ctrl-C within its bound: Lifecycle.carry_out): the
 intent recorded once (subject the cell's first run), then the run stopped and the next variant of the chain
 (chains.next_variant_after) launched once under chains' one naming rule (`BATCH.CELL.<n>-<variant>`) with
 `parent` set, on the same GPUs with the same settings (chains.next_spec: those of the cell's first launch)
@@ -30,19 +31,20 @@ import math
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from . import runs
 from .chains import (BATCH_POLICY, FALLBACK, Claims, FallbacksLeft, Outcome, Supervisor, catalogue_for, fallback_text,
-                     finish_under_way, next_variant_after, rest_of_chain, wait_until)
+                     next_variant_after, rest_of_chain)
 from .decide import Catalogue, Decision, read_stored
 from .events import DecisionMade, Event, lease_held_text
 from .errors import DfoError, RefusedError
 from .experiments import Cell, Plan
 from .inventory import Inventory
 from .launchplan import Gate
+from .lifecycle import Lifecycle, UnderWay
 from .logfmt import format_ts, parse_ts
 from .preflight import TOLERABLE_WHEN_BUSY, PreflightFailed
 from .states import CellState, Verdict
@@ -50,7 +52,7 @@ from .store import Intent, Run, Store
 
 EXIT_GRACE_S = 15.0  # time the Watcher gets to judge a run that ended before its cell is closed without a verdict
 STOP_WAIT_S = 120.0  # a stop that has not ended the run by then (target unreachable) closes the cell anyway
-MAX_PARALLEL_LAUNCHES = 16
+MAX_PARALLEL_LAUNCHES = 16  # cells launched at once, and cell fallbacks carried out at once (the rest wait their turn)
 
 
 # ---------------------------------------------------------------------------------------------- GPU ledger
@@ -171,6 +173,7 @@ class SupervisorLike(Protocol):
 
     def fall_back(self, run: Run, variant: str, chain: list[str], reason: str) -> Outcome: ...
     def finish_open(self, subject: str) -> list[Outcome]: ...
+    def bound_s(self, run: Run, *, launches: bool) -> float: ...
 
 
 @dataclass
@@ -206,7 +209,7 @@ class _Active:
     started: float  # epoch seconds
     waiting_since: Optional[float] = None  # when the chain's last run was first seen ended without a verdict
     stopping: Optional[_Stopping] = None
-    falling_back: Optional[Future] = None  # the fallback being carried out (its Outcomes), on a thread
+    falling_back: Optional[UnderWay] = None  # the fallback being carried out (its Outcomes), on the Lifecycle's executor
     fell_from: Optional[dict] = None  # the verdict it follows (a later `stopped` about that run is not the result)
     falling_since: Optional[float] = None  # when this scheduler began carrying it out
 
@@ -238,7 +241,7 @@ class Scheduler:
     ) -> None:
         self.plan, self.store, self.watcher, self.start, self.supervisor = plan, store, watcher, start, supervisor
         self.on_interrupt = on_interrupt or (lambda fallbacks: None)  # Ctrl-C with fallbacks under way: which
-        self.fallbacks = ThreadPoolExecutor(max_workers=MAX_PARALLEL_LAUNCHES, thread_name_prefix="fallback")
+        self.turns = threading.BoundedSemaphore(MAX_PARALLEL_LAUNCHES)  # the cell fallbacks carried out at once
         self.table = CellTable(store)
         self.clock, self.poll_s, self.stop_wait_s = clock, poll_s, stop_wait_s
         self.on_progress = on_progress or (lambda progress: None)
@@ -252,6 +255,9 @@ class Scheduler:
         self.news: deque[str] = deque(maxlen=6)
         self.durations: list[float] = []
         self.claims = claims or Claims(store, clock=clock)
+        # the policy (the verdicts a cell falls back on) and the one executor of its fallbacks: bounded worker
+        # threads, finished on Ctrl-C within their bounds (Lifecycle.carry_out, finish_actions)
+        self.lifecycle = Lifecycle(watcher, store, supervisor, fallback=False, policy=BATCH_POLICY, claims=self.claims)
         self.elsewhere: set[str] = set()  # unfinished cells another live `dfo batch` holds: watched, not touched
 
     # -- the loop
@@ -279,8 +285,9 @@ class Scheduler:
                 raise left from None
             raise
         finally:
-            # a fallback under way is carried to its end (or its intent stays open), unless Ctrl-C twice left it
-            self.fallbacks.shutdown(wait=left is None)
+            # a fallback under way gets ACTION_JOIN_S to end (its intent stays open), unless Ctrl-C twice left it
+            if left is None:
+                self.lifecycle.close()
             self.claims.release_all()
         self._report()
         return [self.records[cell.id] for cell in self.plan.cells]
@@ -336,7 +343,7 @@ class Scheduler:
         self.active[record.cell.id] = active
         if self._open_fallback(record):  # an earlier invocation died inside a fallback: finished first
             self.news.append(f"{record.cell.id}: finishing the fallback a dfo that went away left half done")
-            self._carry_out(active, lambda: self.supervisor.finish_open(record.root_run))
+            self._finish_open(active)
             return
         last = self.table.chain(record.root_run)[-1]
         self._attach(active, last)
@@ -421,7 +428,7 @@ class Scheduler:
             self.active.pop(active.record.cell.id, None)
             return
         if active.falling_back is not None:
-            if active.falling_back.done():
+            if active.falling_back.ended.is_set():
                 self._after_fallback(active)
             return
         chain = self.table.chain(active.record.root_run)
@@ -433,7 +440,7 @@ class Scheduler:
             return
         typed, _ = read_stored(decision)  # None: none yet, or one it cannot read (no verdict: waited out as none)
         verdict = typed.decision if typed is not None else None
-        if BATCH_POLICY.falls_back(verdict):
+        if self.lifecycle.acts_on(verdict):
             following = self._next_variant(run, typed)
             why = f"{verdict}: {typed.reason or ''}".strip(": ")
             if following is None:
@@ -441,8 +448,10 @@ class Scheduler:
             else:
                 self.news.append(f"{active.record.cell.id}: {run.name} {why[:60]}; falling back to {following}")
                 active.fell_from = decision
-                self._carry_out(active, lambda: [self.supervisor.fall_back(run, following, list(self.plan.chain),
-                                                                           f"batch {self.plan.batch}: {why}")])
+                self._carry_out(active, [{"run": run.name, "variant": following}],
+                                self.supervisor.bound_s(run, launches=True),
+                                lambda: [self.supervisor.fall_back(run, following, list(self.plan.chain),
+                                                                   f"batch {self.plan.batch}: {why}")])
             return
         if verdict == Verdict.TOO_SLOW:
             self._stop(active, run, decision, f"too_slow: {typed.reason or ''}".rstrip(": "), "done")
@@ -502,28 +511,31 @@ class Scheduler:
         return next((intent for intent in self.store.open_intents(record.root_run) if intent.kind == FALLBACK), None)
 
     def _finish_fallbacks(self) -> Optional[FallbacksLeft]:
-        """Ctrl-C: the cells' fallbacks under way are carried to their end first (chains.finish_under_way:
-        on_interrupt says which; a second Ctrl-C leaves them half done, for the next `dfo batch`)."""
-        under_way = {active.record.cell.id: active.falling_back for active in self.active.values()
-                     if active.falling_back is not None and not active.falling_back.done()}
-        if not under_way:
-            return None
-        return finish_under_way([f"cell {cell_id}" for cell_id in under_way],
-                                lambda: [self._describe_fallback(self.records[cell_id]) for cell_id in under_way],
-                                self.on_interrupt, lambda: wait_until(lambda: all(f.done() for f in under_way.values())))
+        """Ctrl-C: the cells' fallbacks under way are carried to their end first, each within its bound
+        (Lifecycle.finish_actions: on_interrupt says which; a second Ctrl-C, or one still under way past its bound,
+        leaves them half done, their intents open for the next `dfo batch`)."""
+        return self.lifecycle.finish_actions(self.on_interrupt)
 
-    def _describe_fallback(self, record: CellRecord) -> str:
-        """`RUN to VARIANT (cell CELL)` for the cell's open fallback (what its intent says), else `cell CELL`."""
-        intent = self._open_fallback(record)
-        if intent is None:
-            return f"cell {record.cell.id}"
-        return f"{fallback_text(intent.data)} (cell {record.cell.id})"
+    def _carry_out(self, active: _Active, fallbacks: list[dict[str, Any]], bound_s: float,
+                   fallback: Callable[[], list[Outcome]]) -> None:
+        """Carry out a cell's fallback (`fallbacks`: each `run` and `variant`) on the Lifecycle's executor (its stop
+        waits for the run to end, its launch for the GPUs) while the other cells are watched; at most
+        MAX_PARALLEL_LAUNCHES at once, the rest wait their turn (inside their bound); _check goes on once it is done."""
+        def in_turn() -> list[Outcome]:
+            with self.turns:
+                return fallback()
 
-    def _carry_out(self, active: _Active, fallback: Callable[[], list[Outcome]]) -> None:
-        """Carry out a cell's fallback on a thread (its stop waits for the run to end, its launch for the GPUs)
-        while the other cells are watched; _check goes on once it is done."""
         active.falling_since = active.falling_since or self.clock()
-        active.falling_back = self.fallbacks.submit(fallback)
+        what = "; ".join(fallback_text(data) for data in fallbacks) or "a fallback"
+        active.falling_back = self.lifecycle.carry_out(f"{what} (cell {active.record.cell.id})", bound_s, in_turn)
+
+    def _finish_open(self, active: _Active) -> None:
+        """Carry out again the cell's fallback intents left open (a dfo that died, a stop that failed)."""
+        root = active.record.root_run
+        intents = [intent for intent in self.store.open_intents(root) if intent.kind == FALLBACK]
+        bound_s = sum(self.supervisor.bound_s(self.store.find_run(intent.data["run"]) or self.store.get_run(root),
+                                              launches=True) for intent in intents)
+        self._carry_out(active, [intent.data for intent in intents], bound_s, lambda: self.supervisor.finish_open(root))
 
     def _after_fallback(self, active: _Active) -> None:
         """Attach the successor the fallback launched (or adopted), or close the cell when none started. A
@@ -532,15 +544,17 @@ class Scheduler:
         open: the next `dfo batch` of the file takes the cell up again on its GPUs and finishes it first."""
         record, done = active.record, active.falling_back
         active.falling_back = None
-        try:
-            outcomes = done.result()
-        except DfoError as exc:  # another dfo is still carrying it out past INTENT_WAIT_S: tried again
-            outcomes = [Outcome(record.root_run, error=str(exc))]
+        if isinstance(done.raised, DfoError):  # another dfo is still carrying it out past INTENT_WAIT_S: tried again
+            outcomes = [Outcome(record.root_run, error=str(done.raised))]
+        elif done.raised is not None:  # a Ctrl-C inside it, or a bug: raised on the loop
+            raise done.raised
+        else:
+            outcomes = done.result
         if self._open_fallback(record):  # its stop failed (the target out of reach): again, for stop_wait_s
             error = "; ".join(outcome.error for outcome in outcomes if outcome.error) or "not carried out"
             if self.clock() - active.falling_since < self.stop_wait_s:
                 self.news.append(f"{record.cell.id}: fallback not carried out yet ({error})")
-                self._carry_out(active, lambda: self.supervisor.finish_open(record.root_run))
+                self._finish_open(active)
                 return
             outcomes = [Outcome(outcomes[-1].run if outcomes else record.root_run,
                                 error=f"{error} (the fallback stays open: the next `dfo batch` of this file "

@@ -51,6 +51,8 @@ class UnderWay:
     bound_s: float
     started: float = field(default_factory=time.monotonic)
     ended: threading.Event = field(default_factory=threading.Event)  # set by its thread, whatever it did
+    result: Any = None  # a caller's own action (carry_out): what its work returned, once ended
+    raised: BaseException | None = None  # ... or what it raised
 
     @property
     def deadline(self) -> float:
@@ -245,6 +247,27 @@ class Lifecycle:
         event = ev.LeftToBatch(at=utc_now(), run=intent.data["run"], chain=root, batch=batch,
                                command=batch_command(self.store, batch))
         self.follower.publish(event, intent.data["run"], event.stored and self.stores_for(root))
+
+    # ------------------------------------------------------------------ a caller's own actions (dfo batch's cells)
+
+    def carry_out(self, what: str, bound_s: float, work: Callable[[], Any]) -> UnderWay:
+        """`work` (`what`, in Ctrl-C's words) on a worker thread of this executor, for a caller that takes what it
+        did itself (dfo batch: a cell's fallback, its GPU ledger follows the outcome): bounded by `bound_s` and
+        finished on Ctrl-C with this lifecycle's own actions (finish_actions); what it returned, or raised (a
+        Ctrl-C inside it too), is kept on the returned UnderWay once `ended` is set, never put on the follower's queue."""
+        action = UnderWay(what, bound_s)
+
+        def body() -> None:
+            try:
+                action.result = work()
+            except BaseException as exc:  # noqa: BLE001 - the caller's loop raises it again or takes it as an error
+                action.raised = exc
+            finally:
+                action.ended.set()
+
+        self.actions.append(action)
+        threading.Thread(target=body, name=f"act-{what[:40]}", daemon=True).start()
+        return action
 
     # ------------------------------------------------------------------ ending
 

@@ -577,21 +577,55 @@ def test_a_cells_fallback_is_recorded_once_and_one_a_dead_batch_left_open_is_fin
     assert launched2 == ["o.trees.ct200.r1.2-nographs"] and watcher2.stopped[-1][1] == "batch o: stop_when steady"
 
 
+def falling_back_stuck(store, batch):
+    """A one-cell batch whose run stalls and whose fallback's launch is stuck until the test sets `release`
+    (`launching` set once it is)."""
+    from orchestrator.chains import GpusStillBusy
+
+    text = f"batch: {batch}\ntargets: [ct200]\nmatrix: {{variant: [trees]}}\nfallback: [trees, nographs]\n"
+    _, _, _, scheduler = scheduled(text, {"trees": Script(stall_after=10)}, store)
+    launching, release = threading.Event(), threading.Event()
+
+    def stuck(target, spec, name, *, after):
+        launching.set()
+        release.wait(60)
+        raise GpusStillBusy("released only by the test")
+
+    scheduler.supervisor.launch_when_released = stuck
+    return scheduler, launching, release
+
+
+def run_until_it_leaves(scheduler, release, waited):
+    """scheduler.run() on a thread, as the batch command runs it, left 10 s to leave (`waited`: what it did if it
+    does not), then the stuck remote call `release`d; what it raised."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            scheduler.run()
+        except BaseException as exc:  # noqa: BLE001 - what the batch command would get
+            raised.append(exc)
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        runner.join(10)
+        assert not runner.is_alive(), waited
+    finally:
+        release.set()
+        runner.join(10)
+    [left] = raised
+    return left
+
+
 def test_a_second_ctrl_c_while_the_first_is_being_reported_leaves_the_fallback_at_once():
     # Ctrl-C while a cell falls back; the second comes while dfo is still saying which fallback it finishes
     # (on_interrupt): dfo leaves at once with the fallback left half done (FallbacksLeft), as a second Ctrl-C
     # during the wait does, instead of waiting for the fallback (here, a launch that never ends)
     from orchestrator.batch import FallbacksLeft
 
-    text = "batch: cc\ntargets: [ct200]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n"
     with Store.in_memory() as store:
-        _, _, _, scheduler = scheduled(text, {"trees": Script(stall_after=10)}, store)
-        launching, release = threading.Event(), threading.Event()
-
-        def stuck(target, spec, name, *, after):
-            launching.set()
-            release.wait(60)
-            raise KeyboardInterrupt
+        scheduler, launching, release = falling_back_stuck(store, "cc")
 
         def first_ctrl_c(progress):
             if launching.is_set():
@@ -600,27 +634,33 @@ def test_a_second_ctrl_c_while_the_first_is_being_reported_leaves_the_fallback_a
         def second_ctrl_c(fallbacks):
             raise KeyboardInterrupt
 
-        scheduler.supervisor.launch_when_released = stuck
         scheduler.on_progress, scheduler.on_interrupt = first_ctrl_c, second_ctrl_c
-        raised: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                scheduler.run()
-            except BaseException as exc:  # noqa: BLE001 - what the batch command would get
-                raised.append(exc)
-
-        runner = threading.Thread(target=run, daemon=True)
-        runner.start()
-        try:
-            runner.join(10)
-            assert not runner.is_alive(), "dfo batch waited for the fallback after a second Ctrl-C"
-        finally:
-            release.set()
-            runner.join(10)
-        [left] = raised
+        left = run_until_it_leaves(scheduler, release, "dfo batch waited for the fallback after a second Ctrl-C")
         assert isinstance(left, FallbacksLeft) and left.fallbacks == ["cc.trees.ct200.r1 to nographs (cell trees.ct200.r1)"]
         [intent] = store.open_intents("cc.trees.ct200.r1")  # half done, for the next dfo batch
+        assert intent.data["variant"] == "nographs"
+
+
+def test_one_ctrl_c_leaves_a_cells_fallback_stuck_past_its_bound_half_done_instead_of_waiting_for_ever():
+    # Ctrl-C once while a cell falls back, its launch stuck past every remote call's timeout (the fallback's
+    # bound): dfo batch waits for it only that long, then leaves it half done (FallbacksLeft, overdue_s: the
+    # words `dfo watch` says), its intent open for the next `dfo batch`; it waited for ever before
+    from orchestrator.batch import FallbacksLeft
+    with Store.in_memory() as store:
+        scheduler, launching, release = falling_back_stuck(store, "od")
+
+        def ctrl_c(progress):
+            if launching.is_set():
+                raise KeyboardInterrupt
+
+        told: list[list[str]] = []
+        scheduler.supervisor.bound_s = lambda run, *, launches: 0.2  # its remote calls' timeouts, played short
+        scheduler.on_progress, scheduler.on_interrupt = ctrl_c, told.append
+        left = run_until_it_leaves(scheduler, release, "dfo batch waited for a fallback stuck past its bound")
+        assert told == [["od.trees.ct200.r1 to nographs (cell trees.ct200.r1)"]]
+        assert isinstance(left, FallbacksLeft) and left.overdue_s == 0.2
+        assert left.fallbacks == ["od.trees.ct200.r1 to nographs (cell trees.ct200.r1)"]
+        [intent] = store.open_intents("od.trees.ct200.r1")  # half done, for the next dfo batch
         assert intent.data["variant"] == "nographs"
 
 

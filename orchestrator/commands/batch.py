@@ -85,7 +85,7 @@ def batch_command(
                     run_batch(plan, inv, connections, store, watcher, wandb=wandb, poll_s=poll, on_interrupt=finishing,
                               on_progress=lambda progress: live.update(render_progress(progress, watcher), refresh=True))
         except FallbacksLeft as left:
-            leave_half_done(left.fallbacks, again)
+            leave_half_done(left.fallbacks, again, left.overdue_s)
         except KeyboardInterrupt:
             say(f"interrupted: running cells go on; `dfo batch {file}` again resumes")
             raise typer.Exit(130)
