@@ -75,9 +75,10 @@ class TargetEvent(Event):
 @dataclass(frozen=True)
 class Final:
     """`dfo watch`'s last word on a chain once the watch ends (commands/watch.py finals): the decision of its current
-    run, typed (decide.Decision), and how that run ended (`{state, exit_code}`, None while it runs). Its JSON line is
-    the decision's JSON with `kind`, `chain` and that `ended` (which stands for the decision's own `ended`); never
-    stored."""
+    run, typed (decide.Decision), and how that run ended as the registry has it (`{state, exit_code}`, None while it
+    runs). Its JSON line is the decision's JSON with `kind` and `chain`; `ended` is the registry's `{state,
+    exit_code}`, and the decision's own `ended` (exited | stopped | crashed as its log said, or None) is kept beside it
+    as `decision_ended`: one name each, neither overwrites the other (docs/design.md). Never stored."""
 
     kind: ClassVar[str] = "final"
 
@@ -86,7 +87,9 @@ class Final:
     ended: Optional[dict]
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, **self.decision.to_json(), "chain": self.chain, "ended": self.ended}
+        decision = self.decision.to_json()
+        decision["decision_ended"] = decision.pop("ended")
+        return {"kind": self.kind, **decision, "chain": self.chain, "ended": self.ended}
 
 
 # ---------------------------------------------------------------------------------------------- about a run

@@ -160,3 +160,16 @@ def test_a_runs_record_keeps_the_rows_shape_without_a_chain():
     assert resolved.stored_data() == {"pid": None, "how": "found ended by its exit file"}  # as it always was
     resumed = ev.Resumed(at=AT, run="mn.2-ps2", from_run="mn")  # a multi-node resume names no checkpoint file
     assert resumed.stored_data() == {"from_run": "mn"}
+
+
+def test_the_final_line_keeps_the_decisions_own_end_beside_the_registrys_without_overwriting_either():
+    # `dfo watch --json`'s final line of a run steady then crashed by its exit code, whose registry row reads
+    # failed 1: a script reads both (before, the registry's `ended` overwrote the decision's `exited|crashed`)
+    from orchestrator.decide import Decision
+
+    decision = Decision.from_json({"decision": "steady", "run": "r1", "action": "keep", "reason": "steady",
+                                   "steady_tok_s": 5344.0, "ended": "crashed", "exit_code": 1})
+    line = ev.Final(chain="r1", decision=decision, ended={"state": "failed", "exit_code": 1}).to_json()
+    assert (line["kind"], line["chain"], line["decision"]) == ("final", "r1", "steady")
+    assert line["decision_ended"] == "crashed" and line["ended"] == {"state": "failed", "exit_code": 1}
+    assert list(line).count("ended") == 1 and json.loads(json.dumps(line)) == line
