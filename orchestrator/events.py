@@ -373,6 +373,32 @@ class Launched(RunRecord):
 
 
 @dataclass(frozen=True)
+class LaunchAnswer(Event):
+    """`dfo launch --json`'s line (the first of `dfo launch --watch --json`): one shape whether the run has one
+    node or several. `nodes`: each process started (`run`, `target`, `pid`, `log`, `exit`), one for a single-node
+    run; `target`, `pid`, `log` and `exit` are that one's, null for a multi-node run (its processes are its
+    nodes); `rendezvous` (host:port) is a multi-node run's, null otherwise; `pushed`: a trainer package was copied
+    to a target. Never stored: the registry keeps a `launched` record (Launched) of each process instead."""
+
+    kind: ClassVar[str] = "launched"
+    stored: ClassVar[bool] = False
+    run: str
+    target: Optional[str]
+    pid: Optional[int]
+    log: Optional[str]
+    exit: Optional[str]
+    trainer_hash: Optional[str]
+    pushed: bool
+    rendezvous: Optional[str]
+    nodes: list[dict]
+    next: str
+
+    @property
+    def subject(self) -> str:
+        return self.run
+
+
+@dataclass(frozen=True)
 class LaunchFailed(RunRecord):
     kind: ClassVar[str] = "launch_failed"
     error: str

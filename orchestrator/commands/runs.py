@@ -23,14 +23,14 @@ from .. import runs as runs_lib
 from ..connections import Connections
 from ..errors import DfoError, RefusedError, RemoteError, UsageError
 from ..decide import read_stored
-from ..events import LevelShift
+from ..events import LaunchAnswer, LevelShift
 from ..inventory import TargetSpec, load_inventory
 from ..launchplan import Gate
 from ..names import check_name
 from ..package import push
 from ..preflight import TOLERABLE_WHEN_BUSY, TargetReport
 from ..states import RunState
-from ..store import Run, Store
+from ..store import Run, Store, utc_now
 from ..sanitize import markup, visible
 from ..words import counted
 from .common import (InventoryOpt, JsonOpt, complete_runs, complete_targets, complete_variants, console, err_console,
@@ -178,9 +178,7 @@ def launch_command(
         _warn(f"warning: secret {missing} is not set in this environment; the run starts without it")
     run = launched.run
     if as_json:
-        print_json({"kind": "launched", "run": run.name, "target": run.target, "pid": run.pid, "log": run.log_path, "exit": run.exit_path,
-                    "trainer_hash": run.trainer_hash, "pushed": bool(launched.push and launched.push.transferred),
-                    "next": f"dfo watch {run.name}"})
+        print_json(launch_answer(run.name, [launched]).to_json())
     else:
         console.print(f"launched [bold]{markup(run.name)}[/] on {markup(run.target)} (PID {run.pid})", highlight=False)
         console.print(f"  log:  {markup(run.log_path)}", highlight=False, soft_wrap=True)
@@ -189,6 +187,17 @@ def launch_command(
         from .watch import watch_runs
 
         raise typer.Exit(watch_runs(inv, [run.name], until_decided=until_decided, fallback=not no_fallback, as_json=as_json))
+
+
+def launch_answer(name: str, nodes: Sequence[runs_lib.Launched], *, rendezvous: str | None = None) -> LaunchAnswer:
+    """`dfo launch --json`'s line of the run NAME started as `nodes` (one, or a multi-node run's with its
+    rendezvous): events.LaunchAnswer, one shape for both."""
+    one = nodes[0].run if rendezvous is None else None
+    return LaunchAnswer(at=utc_now(), run=name, target=one and one.target, pid=one and one.pid,
+                        log=one and one.log_path, exit=one and one.exit_path, trainer_hash=nodes[0].run.trainer_hash,
+                        pushed=any(bool(n.push and n.push.transferred) for n in nodes), rendezvous=rendezvous,
+                        nodes=[{"run": n.run.name, "target": n.run.target, "pid": n.run.pid, "log": n.run.log_path,
+                                "exit": n.run.exit_path} for n in nodes], next=f"dfo watch {name}")
 
 
 def _launch_nodes(inv, hosts: list[str], variant: str, *, name: Optional[str], sets: list[str], wandb: str, force: bool,
@@ -210,10 +219,7 @@ def _launch_nodes(inv, hosts: list[str], variant: str, *, name: Optional[str], s
     for node, target in zip(launched.nodes, targets):
         _warn_tolerated(node.preflight, target)
     if as_json:
-        print_json({"kind": "launched", "run": launched.name, "rendezvous": str(launched.rendezvous),
-                    "nodes": [{"run": n.run.name, "target": n.run.target, "pid": n.run.pid, "log": n.run.log_path,
-                               "exit": n.run.exit_path} for n in launched.nodes],
-                    "next": f"dfo watch {launched.name}"})
+        print_json(launch_answer(launched.name, launched.nodes, rendezvous=str(launched.rendezvous)).to_json())
     else:
         console.print(f"launched [bold]{markup(launched.name)}[/] on {len(launched.nodes)} nodes "
                       f"(rendezvous {markup(str(launched.rendezvous))})", highlight=False)
