@@ -50,7 +50,7 @@ from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
 from .runs import StopWait, resolve_launch, worth_a_look
-from .states import RunState
+from .states import RunState, Verdict
 from .store import Run, Store, utc_now
 
 DRAIN_MAX = 5000  # observations handled per step(); the rest wait for the next one
@@ -168,6 +168,17 @@ def log_changed_since(ident: dict | None, offset: int | None, now: WholeLog) -> 
     if ident.get("head") and ident.get("head") == now.ident.get("head") and ident.get("sha") != now.ident.get("sha"):
         return "rewritten"
     return None
+
+
+def current_decision(summary: dict[str, Any]) -> Decision:
+    """A chain's current decision (a Watcher.chains() summary's), read as the typed Decision (decide.read_stored); one
+    the watch holds no readable decision of (a successor it could not follow, a damaged stored one) is `undecided`,
+    saying why."""
+    decision, why = read_stored(summary["decision"])
+    if decision is None:
+        decision = Decision.from_json({"decision": Verdict.UNDECIDED, "run": summary["current"],
+                                       "reason": why or "no decision"})
+    return decision
 
 
 class Watcher:
@@ -320,9 +331,9 @@ class Watcher:
         with self._lock:
             return bool(self._chains) and all(self._chain_summary(s)["settled"] for s in self._chains.values())
 
-    def final_decisions(self) -> list[dict[str, Any]]:
-        """The current decision of each chain, in docs/design.md's JSON shape (plus reason, evidence, chain)."""
-        return [{**summary["decision"], "chain": summary["root"]} for summary in self.chains()]
+    def final_decisions(self) -> list[Decision]:
+        """The current decision of each chain (in chains() order), typed: current_decision."""
+        return [current_decision(summary) for summary in self.chains()]
 
     def stop_run(self, name: str, reason: str) -> None:
         """Stop a followed run for the caller's own reason (batch's stop_when); no fallback follows."""

@@ -148,7 +148,7 @@ def test_a_watch_reads_the_log_of_a_run_that_ended_unwatched_once(lab, monkeypat
     assert (run.state, run.ended_from, run.history_complete) == ("exited", "exit_file", True)
     assert [s["step"] for s in lab.store.samples("h11")] == list(range(1, 31))
     assert [e.state for e in events if e.kind == "ended"] == ["exited"]
-    assert watcher.final_decisions()[0]["decision"] == "exited"
+    assert watcher.final_decisions()[0].decision == "exited"
 
 
 def test_a_crash_that_ended_unwatched_is_judged_from_its_whole_log_after_a_look_stored_its_steps(lab, tmp_path) -> None:

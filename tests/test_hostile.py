@@ -190,7 +190,7 @@ def test_a_run_poisoned_by_an_older_dfo_is_watched_again(lab):
     watcher = lab.watcher(fallback=False)
     watcher.attach("old1")
     run_until(watcher, lambda w: len(lab.store.samples("old1")) >= 30)
-    assert watcher.final_decisions()[0]["decision"] in ("steady", "undecided", "exited")
+    assert watcher.final_decisions()[0].decision in ("steady", "undecided", "exited")
 
 
 # ------------------------------------------------------------------ --json

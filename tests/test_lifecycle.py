@@ -45,7 +45,7 @@ def test_a_stop_during_a_watch_is_stopped_not_a_crash_and_nothing_falls_back(lab
     stop(lab.connections.container("here"), lab.store, "st1", grace_s=5)
     events = run_until(watcher, lambda w: w.runs()[0].alive is False and w.settled(), timeout=30)
     [decision] = watcher.final_decisions()
-    assert (decision["decision"], decision["action"], decision["next_run"]) == ("stopped", "none", None)
+    assert (decision.decision, decision.action, decision.next_run) == ("stopped", "none", None)
     assert [r.name for r in lab.store.list_runs()] == ["st1"]  # no fallback launched
     assert lab.store.get_run("st1").state == "stopped" and lab.store.get_run("st1").exit_code == 143
     assert "acting" not in [e.kind for e in events]
@@ -61,8 +61,8 @@ def test_a_checkpointing_trainer_stopped_after_steady_keeps_its_steady_verdict(l
     stop(lab.connections.container("here"), lab.store, "k1", grace_s=10)
     run_until(watcher, lambda w: w.runs()[0].alive is False and w.settled(), timeout=30)
     [decision] = watcher.final_decisions()
-    assert (decision["decision"], decision["action"]) == ("steady", "keep")
-    assert 990 < decision["steady_tok_s"] < 1010
+    assert (decision.decision, decision.action) == ("steady", "keep")
+    assert 990 < decision.steady_tok_s < 1010
     assert [r.name for r in lab.store.list_runs()] == ["k1"]
     assert (lab.store.get_run("k1").state, lab.store.get_run("k1").exit_code) == ("stopped", 75)
 

@@ -26,6 +26,7 @@ from orchestrator.inventory import load_inventory
 from orchestrator.runs import launch, spec_for, stop
 from orchestrator.commands.watch import resolve_names
 from orchestrator.errors import UnknownRun
+from orchestrator.states import Action, Verdict
 from orchestrator.store import Run, Store
 from orchestrator.view import render
 from orchestrator.chains import next_run_names
@@ -172,8 +173,9 @@ def test_steady_command_reaches_steady_keep_and_stores_every_step(lab) -> None:
     watcher.attach("s1")
     events = run_until(watcher, lambda w: w.settled() and w.runs()[0].gpu_now)  # a GPU sample shown, too
     [decision] = watcher.final_decisions()
-    assert (decision["decision"], decision["action"], decision["run"]) == ("steady", "keep", "s1")
-    assert 980 < decision["steady_tok_s"] < 1020 and decision["warmup_end_step"] is not None
+    assert (decision.decision, decision.action, decision.run) == ("steady", "keep", "s1")
+    assert (decision.decision, decision.action) == (Verdict.STEADY, Action.KEEP)  # typed: the enums, not their text
+    assert 980 < decision.steady_tok_s < 1020 and decision.warmup_end_step is not None
     stored = lab.store.get_run("s1").decision
     assert stored["decision"] == "steady" and stored["evidence"]["steady"]["steps_used"] > 0
     steps = [s["step"] for s in lab.store.samples("s1")]
@@ -182,7 +184,7 @@ def test_steady_command_reaches_steady_keep_and_stores_every_step(lab) -> None:
     view = Console(record=True, width=120)
     view.print(render(watcher))
     shown = view.export_text()
-    assert f"steady {decision['steady_tok_s']:,.0f} tok/s" in shown  # 999 or 1,0xx: the level is 1,000 +- 0.4%
+    assert f"steady {decision.steady_tok_s:,.0f} tok/s" in shown  # 999 or 1,0xx: the level is 1,000 +- 0.4%
     assert "s1" in shown and "active drafters 1/1" in shown and "queue 90%" in shown
     assert "GPU0" in shown and "87%" in shown and "here: connected" in shown
     assert any(ch in shown for ch in "▁▂▃▄▅▆▇")  # the tok/s sparkline
@@ -244,8 +246,8 @@ def test_no_fallback_reports_a_nonzero_exit_and_launches_nothing(lab) -> None:
     watcher.attach("f1")
     run_until(watcher, Watcher.settled)
     [decision] = watcher.final_decisions()
-    assert (decision["decision"], decision["signature"], decision["next_run"]) == ("crash", "exit_nonzero", None)
-    assert decision["action"] == "stop"
+    assert (decision.decision, decision.signature, decision.next_run) == ("crash", "exit_nonzero", None)
+    assert decision.action == "stop"
     assert [r.name for r in lab.store.list_runs()] == ["f1"]
     assert lab.store.get_run("f1").state == "crashed" and lab.store.get_run("f1").exit_code == 3
 
@@ -354,7 +356,7 @@ def test_poll_mode_reaches_the_same_verdict(lab) -> None:
     watcher.attach("p1")
     run_until(watcher, Watcher.settled)
     [decision] = watcher.final_decisions()
-    assert (decision["decision"], decision["action"]) == ("steady", "keep")
+    assert (decision.decision, decision.action) == ("steady", "keep")
     steps = [s["step"] for s in lab.store.samples("p1")]
     assert steps == lab.log_steps("p1")[: len(steps)]
 

@@ -133,10 +133,10 @@ def test_gpu_memory_climbing_while_the_log_is_quiet_is_said_live_as_a_warning_an
     ended = plain(coloured(render(watcher)))
     assert "memory climbing" not in ended and "memory was climbing at the end +" in ended, ended
     [final] = watcher.final_decisions()
-    assert (final["decision"], final["ended"], final["degrading"]) == ("steady", "exited", None), final["reason"]
-    assert final["degrading_at_end"]["what"] == "gpu_memory" and final["degrading_at_end"]["now_gib"] > 41
-    assert "; then exited 0; memory was climbing: GPU 0 memory 40.0 -> " in final["reason"]
-    assert lab.store.get_run("m1").decision["degrading_at_end"] == final["degrading_at_end"]
+    assert (final.decision, final.ended, final.degrading) == ("steady", "exited", None), final.reason
+    assert final.degrading_at_end["what"] == "gpu_memory" and final.degrading_at_end["now_gib"] > 41
+    assert "; then exited 0; memory was climbing: GPU 0 memory 40.0 -> " in final.reason
+    assert lab.store.get_run("m1").decision["degrading_at_end"] == final.degrading_at_end
 
 
 

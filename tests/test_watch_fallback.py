@@ -179,7 +179,7 @@ def test_a_fallback_onto_gpus_that_stay_busy_is_not_launched_and_says_why(tmp_pa
         [error] = [e for e in events if e.kind == "action_error"]
         assert "not launching nographs" in error.error and "GPU 0 40960 MiB" in error.error
         assert [r.name for r in lab.store.list_runs()] == ["b1"]
-        assert watcher.final_decisions()[0]["next_run"] is None
+        assert watcher.final_decisions()[0].next_run is None
     finally:
         lab.close()
 
@@ -228,10 +228,10 @@ def test_a_container_out_of_reach_for_good_ends_the_watch_undecided_and_a_short_
         agents = cut_off(workspace)
         events = run_until(watcher, Watcher.settled, timeout=30)
         [decision] = watcher.final_decisions()
-        assert (decision["decision"], decision["action"]) == ("undecided", "none")
-        assert "here unreachable for" in decision["reason"] and decision["evidence"]["unreachable_s"] >= 2
+        assert (decision.decision, decision.action) == ("undecided", "none")
+        assert "here unreachable for" in decision.reason and decision.evidence["unreachable_s"] >= 2
         assert "unreachable" in [e.kind for e in events]
-        assert watcher.runs()[0].lost and lab.store.get_run("u1").decision["reason"] == decision["reason"]
+        assert watcher.runs()[0].lost and lab.store.get_run("u1").decision["reason"] == decision.reason
         assert lab.store.get_run("u1").state == "running"  # giving up on watching never touches the run
         view = Console(record=True, width=160)
         view.print(render(watcher))

@@ -80,9 +80,9 @@ def test_the_gpu_that_goes_idle_first_is_flagged_and_named_in_the_crash(tmp_path
     assert samples and all(sorted(g["index"] for g in s) == [0, 1] for s in samples)  # the target's GPUs only
     assert {"mem_used_mib", "mem_total_mib", "util_pct"} <= set(samples[0][0])
     [decision] = watcher.final_decisions()
-    assert decision["decision"] == "crash"
-    assert f"GPU 1 went idle first at {idle.idle_since} (GPU 0 still busy)" in decision["reason"]
-    assert decision["evidence"]["gpu_idle_first"]["gpu"] == 1
+    assert decision.decision == "crash"
+    assert f"GPU 1 went idle first at {idle.idle_since} (GPU 0 still busy)" in decision.reason
+    assert decision.evidence["gpu_idle_first"]["gpu"] == 1
     assert [e["kind"] for e in store_events(tmp_path)].count("gpu_idle") == 1  # kept in the registry too
 
 

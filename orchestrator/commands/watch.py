@@ -25,7 +25,7 @@ from ..inventory import Inventory
 from ..states import Verdict
 from ..store import Store, utc_now
 from ..view import render
-from ..watch import Watcher
+from ..watch import Watcher, current_decision
 from .common import (InventoryOpt, complete_runs, console, err_console, leave_half_done, print_json, say_finishing,
                      say_waiting, verdicts_exit_status)
 
@@ -356,10 +356,7 @@ def finals(watcher: Watcher, store: Store) -> list[Final]:
     lifecycle launched but could not follow, a damaged stored one) is `undecided`, saying why."""
     out = []
     for summary in watcher.chains():
-        decision, why = read_stored(summary["decision"])
-        if decision is None:  # one that cannot be read: said as undecided, with why
-            decision = Decision.from_json({"decision": Verdict.UNDECIDED, "run": summary["current"],
-                                           "reason": why or "no decision"})
+        decision = current_decision(summary)
         run = store.find_run(decision.run)
         ended = {"state": run.state, "exit_code": run.exit_code} if run is not None and not run.active else None
         out.append(Final(chain=summary["root"], decision=decision, ended=ended))
