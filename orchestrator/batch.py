@@ -5,8 +5,9 @@
       pending --launch--> running --stop_when holds, or the chain ends--> done | failed   (not started: error)
 
 A cell is one (target, variant, settings, GPU count, repeat). Its first run is named `BATCH.CELL`. The
-Watcher (built with fallback=False) judges runs; on a verdict chains.BATCH_POLICY falls back on (crash,
-stall; the policy its Lifecycle holds) the scheduler hands the fallback to chains.Supervisor.fall_back, `dfo watch`'s
+Watcher (built with fallback=False and policy BATCH_POLICY) judges runs; its Lifecycle is the batch's one (its
+claims, and the executor of every fallback and stop of a cell, which one Ctrl-C finishes). On a verdict
+chains.BATCH_POLICY falls back on (crash, stall) the scheduler hands the fallback to chains.Supervisor.fall_back, `dfo watch`'s
 own, on that Lifecycle's executor (a bounded worker thread, finished on Ctrl-C within its bound: Lifecycle.carry_out): the
 intent recorded once (subject the cell's first run), then the run stopped and the next variant of the chain
 (chains.next_variant_after) launched once under chains' one naming rule (`BATCH.CELL.<n>-<variant>`) with
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from . import runs
-from .chains import (BATCH_POLICY, FALLBACK, Claims, FallbacksLeft, Outcome, Supervisor, catalogue_for, fallback_text,
+from .chains import (BATCH_POLICY, FALLBACK, FallbacksLeft, Outcome, catalogue_for, fallback_text,
                      next_variant_after, rest_of_chain)
 from .decide import Catalogue, Decision, read_stored
 from .events import DecisionMade, Event, lease_held_text
@@ -152,7 +153,10 @@ def _record(row: Any) -> CellRecord:
 # ---------------------------------------------------------------------------------------------- scheduler
 
 class WatcherLike(Protocol):
-    """What the scheduler needs of orchestrator.watch.Watcher (built with fallback=False: the batch falls back)."""
+    """What the scheduler needs of orchestrator.watch.Watcher (built with fallback=False: the batch falls back):
+    its `lifecycle` is the batch's one (its executor, claims and policy), its stop_run a stop on that executor."""
+
+    lifecycle: Lifecycle
 
     def attach(self, run_name: str) -> Any: ...
     def step(self, timeout: float) -> list[Event]: ...
@@ -165,15 +169,6 @@ class Starter(Protocol):
     already in the registry is adopted, never started twice."""
 
     def __call__(self, cell: Cell, gpu_ids: tuple[int, ...], variant: str, name: str) -> str: ...
-
-
-class SupervisorLike(Protocol):
-    """What the scheduler needs of chains.Supervisor: a cell's fallback is `dfo watch`'s (recorded as an intent
-    once, carried out once: stop, GPU release, launch under chains.successor_name), run on a thread of its own."""
-
-    def fall_back(self, run: Run, variant: str, chain: list[str], reason: str) -> Outcome: ...
-    def finish_open(self, subject: str) -> list[Outcome]: ...
-    def bound_s(self, run: Run, *, launches: bool) -> float: ...
 
 
 @dataclass
@@ -229,17 +224,15 @@ class Scheduler:
         watcher: WatcherLike,
         start: Starter,
         *,
-        supervisor: SupervisorLike,
         clock: Callable[[], float] = time.time,
         poll_s: float = 1.0,
         on_progress: Optional[Callable[[Progress], None]] = None,
         ready: Optional[Callable[[str], Optional[str]]] = None,
         catalogue: Optional[Catalogue] = None,
         stop_wait_s: float = STOP_WAIT_S,
-        claims: Optional[Claims] = None,
         on_interrupt: Optional[Callable[[list[str]], None]] = None,
     ) -> None:
-        self.plan, self.store, self.watcher, self.start, self.supervisor = plan, store, watcher, start, supervisor
+        self.plan, self.store, self.watcher, self.start = plan, store, watcher, start
         self.on_interrupt = on_interrupt or (lambda fallbacks: None)  # Ctrl-C with fallbacks under way: which
         self.turns = threading.BoundedSemaphore(MAX_PARALLEL_LAUNCHES)  # the cell fallbacks carried out at once
         self.table = CellTable(store)
@@ -254,10 +247,12 @@ class Scheduler:
         self.active: dict[str, _Active] = {}
         self.news: deque[str] = deque(maxlen=6)
         self.durations: list[float] = []
-        self.claims = claims or Claims(store, clock=clock)
-        # the policy (the verdicts a cell falls back on) and the one executor of its fallbacks: bounded worker
-        # threads, finished on Ctrl-C within their bounds (Lifecycle.carry_out, finish_actions)
-        self.lifecycle = Lifecycle(watcher, store, supervisor, fallback=False, policy=BATCH_POLICY, claims=self.claims)
+        # the batch's one Lifecycle, its Watcher's (open_watcher: policy BATCH_POLICY): the policy (the verdicts a cell
+        # falls back on), the claims, and the one executor of the cells' fallbacks and stops (stop_when, too slow,
+        # nothing left to fall back to): bounded worker threads, finished on Ctrl-C within their bounds
+        # (Lifecycle.carry_out, Lifecycle.stop, finish_actions)
+        self.lifecycle = watcher.lifecycle
+        self.supervisor, self.claims = self.lifecycle.supervisor, self.lifecycle.claims
         self.elsewhere: set[str] = set()  # unfinished cells another live `dfo batch` holds: watched, not touched
 
     # -- the loop
@@ -671,7 +666,7 @@ def open_watcher(inventory: Inventory, connections: Any, store: Store, **options
     peer of the batch (a sweep measures the slow configurations too)."""
     from .watch import Watcher  # the watch loop and its agent channels load only when a batch runs
 
-    return Watcher(inventory, connections, store, fallback=False, peer_baseline=False, **options)
+    return Watcher(inventory, connections, store, fallback=False, peer_baseline=False, policy=BATCH_POLICY, **options)
 
 
 def run_batch(
@@ -700,8 +695,7 @@ def run_batch(
     problems = sync_before_attach(store, last, lambda run: connections) if last else {}
     catalogue = catalogue_for(inventory)
     scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb, ours=ours),
-                          supervisor=Supervisor(inventory, connections, store, on_wait=watcher.stop_waiting), poll_s=poll_s,
-                          on_progress=on_progress, catalogue=catalogue, on_interrupt=on_interrupt)
+                          poll_s=poll_s, on_progress=on_progress, catalogue=catalogue, on_interrupt=on_interrupt)
     scheduler.news.extend(f"could not read the logs on {target} before resuming ({why})" for target, why in problems.items())
     return scheduler.run()
 

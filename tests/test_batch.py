@@ -15,11 +15,12 @@ import pytest
 
 from harness.cli import dfo
 from orchestrator.batch import CellTable, GpuLedger, Scheduler, decision_of, plan_rows, run_spec
-from orchestrator.chains import Outcome, Supervisor, next_spec
+from orchestrator.chains import BATCH_POLICY, Claims, Outcome, Supervisor, next_spec
 from orchestrator.experiments import load_experiments, parse_experiments
 from orchestrator.errors import InventoryError
 from orchestrator.events import DecisionMade, Step
 from orchestrator.inventory import load_inventory, parse_inventory
+from orchestrator.lifecycle import Lifecycle
 from orchestrator.logfmt import format_ts
 from orchestrator.store import Run, Store, utc_now
 
@@ -307,9 +308,17 @@ def scheduled(text, scripts, store, clock=None):
     clock = clock or [1_800_000_000.0]
     watcher = FakeWatcher(store, clock, scripts)
     launched: list[str] = []
-    scheduler = Scheduler(plan, store, watcher, starter(store, watcher, plan, launched),
-                          supervisor=PlayedSupervisor(store, watcher, plan, launched), clock=lambda: clock[0], poll_s=5.0)
+    scheduler = Scheduler(plan, store, with_lifecycle(watcher, PlayedSupervisor(store, watcher, plan, launched), clock),
+                          starter(store, watcher, plan, launched), clock=lambda: clock[0], poll_s=5.0)
     return plan, watcher, launched, scheduler
+
+
+def with_lifecycle(watcher, supervisor, clock):
+    """`watcher` given the batch's one Lifecycle, as open_watcher builds the Watcher's (policy BATCH_POLICY, acting
+    on nothing by itself), over `supervisor`, its claims on the fake clock."""
+    watcher.lifecycle = Lifecycle(watcher, watcher.store, supervisor, fallback=False, policy=BATCH_POLICY,
+                                  claims=Claims(watcher.store, clock=lambda: clock[0]))
+    return watcher
 
 
 STEADY = {"trees": Script(steady_after=30), "nographs": Script(steady_after=20), "eager": Script(steady_after=10)}
@@ -724,9 +733,62 @@ def test_a_damaged_stored_decision_is_no_verdict_the_cell_falls_back_from_nothin
         plan = plan_of(text)
         clock, launched = [1_800_000_000.0], []
         watcher = DamagedWatcher(store, clock, {"trees": Script()})
-        scheduler = Scheduler(plan, store, watcher, starter(store, watcher, plan, launched),
-                              supervisor=PlayedSupervisor(store, watcher, plan, launched), clock=lambda: clock[0],
-                              poll_s=5.0)
+        scheduler = Scheduler(plan, store, with_lifecycle(watcher, PlayedSupervisor(store, watcher, plan, launched), clock),
+                              starter(store, watcher, plan, launched), clock=lambda: clock[0], poll_s=5.0)
         [record] = scheduler.run()
         assert launched == ["d.trees.ct300.r1"] and store.open_intents() == []  # nothing fallen back to
         assert record.state == "failed" and record.outcome["why"].startswith("run ended (crashed")
+
+
+class FollowingWatcher(FakeWatcher):
+    """The fake watcher whose stop_run is the Watcher's: a stop on its Lifecycle's executor (Lifecycle.stop, a
+    worker thread, its outcome put on the queue), not one carried out at once."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.queue = __import__("queue").Queue()
+
+    def stop_run(self, name, reason):
+        run = self.store.get_run(name)
+        self.lifecycle.stop(SimpleNamespace(name=name, run=run, root=name, stopping=False, acting=False, alive=True,
+                                            stopped_reason=None), reason)
+
+    def emit(self, watched, cls, **data):
+        pass
+
+
+def test_one_ctrl_c_while_a_stop_when_stop_is_under_way_waits_for_it_within_its_bound_and_reports_it_half_done():
+    # stop_when steady holds, and the cell's stop is stuck past every remote call's timeout (its bound) when Ctrl-C
+    # comes: dfo batch says it finishes that stop first, waits for it only that long and leaves it half done
+    # (FallbacksLeft, overdue_s). Before, the stop ran on the Watcher's own Lifecycle, a second one of the batch:
+    # the Ctrl-C path neither said nor awaited it (a plain KeyboardInterrupt, the stop cut off by the exit)
+    from orchestrator.batch import FallbacksLeft
+
+    text = "batch: sw\ntargets: [ct200]\nmatrix: {variant: [trees]}\n"
+    stopping, release = threading.Event(), threading.Event()
+
+    class StuckStop(Supervisor):
+        def stop(self, name, reason):
+            stopping.set()
+            release.wait(60)
+            return Outcome(name, error="released only by the test")
+
+        def bound_s(self, run, *, launches):
+            return 0.2  # its remote calls' timeouts, played short
+
+    with Store.in_memory() as store:
+        plan, clock, launched = plan_of(text), [1_800_000_000.0], []
+        watcher = FollowingWatcher(store, clock, {"trees": Script(steady_after=10)})
+        with_lifecycle(watcher, StuckStop(INVENTORY, SimpleNamespace(container=lambda t: t), store), clock)
+        told: list[list[str]] = []
+
+        def ctrl_c(progress):
+            if stopping.is_set():
+                raise KeyboardInterrupt
+
+        scheduler = Scheduler(plan, store, watcher, starter(store, watcher, plan, launched), clock=lambda: clock[0],
+                              poll_s=5.0, on_progress=ctrl_c, on_interrupt=told.append)
+        left = run_until_it_leaves(scheduler, release, "dfo batch waited for a stop stuck past its bound")
+        assert told == [["sw.trees.ct200.r1 (a stop only: batch sw: stop_when steady)"]]
+        assert isinstance(left, FallbacksLeft) and left.overdue_s == 0.2
+        assert left.fallbacks == ["sw.trees.ct200.r1 (a stop only: batch sw: stop_when steady)"]
