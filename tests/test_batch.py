@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import textwrap
 import threading
 from dataclasses import dataclass, field
@@ -746,7 +747,7 @@ class FollowingWatcher(FakeWatcher):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.queue = __import__("queue").Queue()
+        self.queue = queue.Queue()
 
     def stop_run(self, name, reason):
         run = self.store.get_run(name)
