@@ -683,6 +683,9 @@ def refresh(store: Store, runs: Sequence[Run], connections_for: Callable[[Run], 
 # ---------------------------------------------------------------------------------------------- resume
 
 RESUMABLE = (RunState.STOPPED, RunState.CRASHED, RunState.LOST)
+"""The states `dfo resume` continues: a run that ran and ended with its checkpoint left behind (lost: it had a PID,
+killed by SIGKILL or the OOM killer). Not `unconfirmed`: its start got no answer, so it may be running; a resume
+would start a second trainer on the same checkpoint (check_resumable says to look first)."""
 CHECKPOINT = "checkpoint.pt"
 
 
@@ -707,12 +710,17 @@ def resume(inventory: Inventory, connections: Any, store: Store, name: str, *, f
 
 
 def check_resumable(inventory: Inventory, run: Run, package, *, force: bool) -> None:
-    """Refuse (RefusedError) a run still going, one that finished, a user's own command, and (unless `force`) a
-    run whose trainer package has changed since."""
+    """Refuse (RefusedError) a run still going, one whose start is unconfirmed (it may be going), one that finished,
+    a user's own command, and (unless `force`) a run whose trainer package has changed since."""
     name = run.name
     if run.active:
         raise RefusedError(f"run {name} is still {run.state}; dfo resume continues a stopped or crashed run",
                            hint=f"dfo stop {name} first (the trainer writes a checkpoint on SIGTERM)")
+    if start_unseen(run):
+        raise RefusedError(f"run {name}'s start is unconfirmed (it got no answer): it may be running, and a resume "
+                           "would start a second trainer on its checkpoint",
+                           hint=f"`dfo runs {name} --recheck` looks for it: `dfo stop {name}` if it runs, nothing to "
+                                "resume if it is marked failed")
     if run.state not in RESUMABLE:
         raise RefusedError(f"run {name} {run.state} (exit code {run.exit_code}); there is nothing to resume",
                            hint="dfo resume continues a stopped or crashed run")

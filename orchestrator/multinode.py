@@ -10,7 +10,7 @@ refusal leave nothing behind anywhere:
      waits for dfo's word): one refusal cancels the calls already open, and nothing has started;
   3. the nodes recorded as one run, then every node started (a start that fails stops those started; from
      here on no node's row is forgotten: one not started stays `failed`, saying why). A start that got no
-     answer is left `lost` for the next look, as a single run's is, and the later nodes are started.
+     answer is left `unconfirmed` for the next look, as a single run's is, and the later nodes are started.
 The trainers meet on torch.distributed's TCPStore at the first target (trainer/procsplit.py). A node run
 never falls back on its own (its chain is empty): a crash anywhere is the run's, and decide/nodes.py names
 the node that failed first. fall_back() relaunches all nodes with the next variant of the inventory's
@@ -218,7 +218,7 @@ def launch_nodes(
                 continue
             _undo_start(prepared, index, store, start_grace_s, stop_grace_s)
             raise
-    if unseen:  # `lost` without a PID: a single run's start that got no answer is left the same way
+    if unseen:  # `unconfirmed`: a single run's start that got no answer is left the same way
         raise runs_lib.StartsUnseen(name, [(store.get_run(ready.name), exc) for ready, exc in unseen],
                                     [node.run for node in launched], grace_s=start_grace_s)
     return MultiLaunched(name, rendezvous, tuple(launched))
@@ -245,7 +245,7 @@ def _stop_if_started(ready: runs_lib.Prepared, store: Store, start_grace_s: floa
         try:
             row = runs_lib.resolve_launch(ready.target, store, row, grace_s=start_grace_s)
         except DfoError:
-            return  # its target went away: the row stays lost, and `dfo runs` looks again later
+            return  # its target went away: the row stays unconfirmed, and `dfo runs` looks again later
     if row.active:
         _stop_quietly(row.name, ready.target, store, ready.spec.python, stop_grace_s)
 

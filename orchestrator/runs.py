@@ -50,7 +50,7 @@ FOLLOW_DRAIN_S = 1.5  # then how long tail gets to print the last lines (it poll
 LOG_EXISTS_EXIT = 17
 KILL_SETTLE_S = 10.0
 LOST_RECHECK_S = 300.0
-"""`dfo runs` looks for a run whose start got no answer (`lost` without a PID) at most this often (look_due)."""
+"""`dfo runs` looks for a run whose start got no answer (`unconfirmed`) at most this often (look_due)."""
 LATE_START_S = 3600.0
 """How long after a launch was marked failed `dfo runs` still looks for its run coming up late (may_start_late)."""
 STOP_PROBE_TIMEOUT = 20.0
@@ -378,8 +378,8 @@ def launch(target: Target, spec: RunSpec, store: Store, *, start_grace_s: float 
 
 
 class StartsUnseen(CommandTimeout):
-    """A launch whose start got no answer (a multi-node run's: on some of its nodes): those runs are left `lost`
-    without a PID (start_unseen) and may come up all the same. The message names the run, each such node and its
+    """A launch whose start got no answer (a multi-node run's: on some of its nodes): those runs are left
+    `unconfirmed` (start_unseen) and may come up all the same. The message names the run, each such node and its
     target (a single run: the run and its target once), the nodes that did start (`started`, None for a single
     run) and what happens next; `answer` is what the target said (or did not), for a fallback's own message
     (chains.StartUnseen)."""
@@ -387,21 +387,21 @@ class StartsUnseen(CommandTimeout):
     def __init__(self, run: str, unseen: Sequence[tuple[Run, DfoError]], started: Sequence[Run] | None, *,
                  grace_s: float | None) -> None:
         self.answer = unseen[0][1].message
-        lost = ", ".join(f"{row.name} on {row.target}" for row, _ in unseen)
+        unconfirmed = ", ".join(f"{row.name} on {row.target}" for row, _ in unseen)
         if started is None:  # a single run: the run and its target named once
             [(row, exc)] = unseen
             said = exc.detail if isinstance(exc, RemoteError) and exc.where == row.target else exc.message
             message, left = f"{run}: the start on {row.target} got no answer ({said})", "it may still come up"
         else:
-            message = (f"{run}: the start of {lost} got no answer ({self.answer}); started: "
+            message = (f"{run}: the start of {unconfirmed} got no answer ({self.answer}); started: "
                        + (", ".join(f"{node.name} on {node.target} (PID {node.pid})" for node in started) or "no node"))
-            left = f"{lost}, which may still come up"
+            left = f"{unconfirmed}, which may still come up"
         grace = "watch.start_grace_s" + (f" ({grace_s:g} s)" if grace_s is not None else "")
         after = (f"the started nodes wait for it at the rendezvous (run.rendezvous_timeout_s) and end on their own "
-                 f"if it never comes; `dfo stop {run}` stops every node, waiting for a `lost` one while its start "
+                 f"if it never comes; `dfo stop {run}` stops every node, waiting for an unconfirmed one while its start "
                  f"grace lasts" if started is not None else
                  f"`dfo stop {run}` stops it, waiting for it while its start grace lasts")
-        super().__init__(f"{message}; left `lost`: {left}",
+        super().__init__(f"{message}; left `unconfirmed`: {left}",
                          hint=f"`dfo runs {run}` or `dfo watch {run}` looks for it by its exit file: adopted if it runs, "
                               f"marked failed if nothing of it shows within {grace}; {after}")
 
@@ -425,7 +425,7 @@ class Prepared:
 
     def start(self, *, recorded: bool = False) -> Launched:
         """Push and start it; a start that fails forgets the row (`recorded`: marks it `failed`), one that got
-        no answer leaves it `lost` (start_unseen)."""
+        no answer leaves it `unconfirmed` (start_unseen)."""
         target, spec, store, name, opened, package = self.target, self.spec, self.store, self.name, self.opened, self.package
         starting = False
         try:
@@ -634,13 +634,13 @@ def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseEx
              forget: bool = True) -> None:
     """After a failed launch: remove the secrets file and the empty log we made, and forget the run (unless not
     `forget`: marked `failed`); a start that timed out or was interrupted may be running, so its log stays and
-    it is recorded as `lost`."""
+    it is recorded as `unconfirmed`."""
     log_is_ours = not maybe_started and not isinstance(exc, RefusedError)  # a refused start never made the log
     _remove_launch_files(target, spec.workspace, name, log=log_is_ours)
     error = str(exc)[:500] or type(exc).__name__
     if maybe_started:
         events.record(store, events.LaunchFailed(at=utc_now(), run=name, error=error))
-        store.transition(name, RunState.LOST, [RunState.LAUNCHING], ended_at=utc_now())
+        store.transition(name, RunState.UNCONFIRMED, [RunState.LAUNCHING], ended_at=utc_now())
     elif forget:
         events.record(store, events.LaunchFailed(at=utc_now(), run=name, error=error))
         store.delete_run(name)
@@ -649,10 +649,14 @@ def _abandon(target: Target, spec: RunSpec, name: str, store: Store, exc: BaseEx
 
 
 def mark_failed(store: Store, name: str, why: str) -> Run:
-    """Record that launch `name` never started its run: `failed`, `why` its `launch_failed` event."""
+    """Record that launch `name` never started its run: `failed`, `why` its `launch_failed` event (recorded only by
+    the dfo that made the change: one that found it settled already, running or failed, records nothing)."""
+    failed = store.transition(name, RunState.FAILED, [RunState.LAUNCHING, RunState.UNCONFIRMED], ended_at=utc_now(),
+                              owner=None)
+    if failed is None:
+        return store.get_run(name)
     events.record(store, events.LaunchFailed(at=utc_now(), run=name, error=why))
-    return (store.transition(name, RunState.FAILED, [RunState.LAUNCHING, RunState.LOST], ended_at=utc_now(), owner=None)
-            or store.get_run(name))
+    return failed
 
 
 def _remove_launch_files(target: Target, workspace: str, name: str, *, log: bool) -> None:
@@ -665,9 +669,9 @@ def _remove_launch_files(target: Target, workspace: str, name: str, *, log: bool
 
 
 def start_unseen(run: Run) -> bool:
-    """A start dfo sent but never saw answered (it timed out, or dfo was interrupted): `lost` without a PID or an
+    """A start dfo sent but never saw answered (it timed out, or dfo was interrupted): `unconfirmed`, no PID, no
     exit status. Its run may well be going: look (resolve_launch) before taking it for nothing."""
-    return run.state == RunState.LOST and run.pid is None and run.exit_code is None
+    return run.state == RunState.UNCONFIRMED
 
 
 def needs_look(run: Run) -> bool:
@@ -1008,7 +1012,7 @@ def look(target: Target, store: Store, runs: Sequence[Run], *, timeout: float = 
          grace_s: float = START_GRACE_S) -> list[Run]:
     """Bring the registry up to date with what `target` shows of `runs` (active rows and starts never seen
     answered, start_unseen; a `launching` row only once its launcher is gone) in one remote call. Returns the
-    runs as now recorded. A start never seen answered whose process is not there yet stays `lost` while it is
+    runs as now recorded. A start never seen answered whose process is not there yet stays `unconfirmed` while it is
     within its grace (start_grace_left with `grace_s`), then is marked failed."""
     runs = [run for run in runs if run.state != RunState.LAUNCHING or not launcher_alive(run)]
     if not runs:
@@ -1029,11 +1033,13 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> 
         late = " after it was marked failed: it started after its start grace" if run.state == RunState.FAILED else ""
         if seen.get("found"):
             pid, _, stat = seen["found"].partition(" ")
-            events.record(store, events.LaunchResolved(at=utc_now(), run=run.name, pid=int(pid),
-                                                       how="found by its exit file path" + late))
-            run = store.transition(run.name, RunState.RUNNING, RunState.unsettled(), pid=int(pid),
-                                   proc_starttime=stopper.starttime(stat), started_at=run.started_at or utc_now(),
-                                   ended_at=None, owner=None) or store.get_run(run.name)
+            adopted = store.transition(run.name, RunState.RUNNING, RunState.unsettled(), pid=int(pid),
+                                       proc_starttime=stopper.starttime(stat), started_at=run.started_at or utc_now(),
+                                       ended_at=None, owner=None)
+            if adopted is not None:  # of two dfo that found it (a watch and a look), the one that recorded it says so
+                events.record(store, events.LaunchResolved(at=utc_now(), run=run.name, pid=int(pid),
+                                                           how="found by its exit file path" + late))
+            run = adopted or store.get_run(run.name)
             return run if not exit_text.strip() else _record_end(store, run, exit_text, "ended before dfo looked",
                                                                  exit_mtime=seen.get("mtime"))
         if exit_text.strip():  # it started and ended before anyone looked: resolved as a late start is, then its end
@@ -1043,7 +1049,7 @@ def _settle(store: Store, run: Run, seen: Mapping[str, str], grace_s: float) -> 
             return _record_end(store, run, exit_text, "ended before dfo looked", exit_mtime=seen.get("mtime"))
         if run.state == RunState.FAILED or start_grace_left(run, grace_s) > 0:
             return run  # a slow start may bring it up yet: not judged until its grace is over (or again, failed)
-        return mark_failed(store, run.name, "its start got no answer; no process found" if run.state == RunState.LOST
+        return mark_failed(store, run.name, "its start got no answer; no process found" if start_unseen(run)
                            else "the dfo launching it went away before the start; no process found")
     stat = seen.get("stat", "")
     if not gone(stat, run.proc_starttime):

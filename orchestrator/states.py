@@ -68,40 +68,56 @@ class Action(StrEnum):
 
 class RunState(StrEnum):
     """A run's row in the registry. Changed only by Store.transition, each change guarded by the states it may
-    come from (`UPDATE ... WHERE state IN (...)`), so one end seen by two dfo is recorded once.
+    come from (`UPDATE ... WHERE state IN (...)`), so one end seen by two dfo is recorded once, and of two dfo
+    that find one unconfirmed start, one records it running.
 
         launching --start seen--> running --exit file--> exited (0) | crashed (!= 0)
-            |   |                    +--dfo stop-------> stopped
-            |   +--start got no answer--> lost, no PID (launched, not yet confirmed: looked for during
-            |                             watch.start_grace_s) --found--> running | --end found--> exited ...
-            +--dfo died before the start, nothing found--> failed      (lost with a PID: gone, no exit file)
+            |   |                    |--dfo stop-------> stopped
+            |   |                    +--gone, no exit file--> lost (it had a PID: SIGKILL, OOM killer, restart)
+            |   +--start got no answer--> unconfirmed (launched, not yet confirmed; no PID: looked for by its exit
+            |                             file path during watch.start_grace_s from when dfo gave up on the answer)
+            |                                 --found--> running | --end found--> exited ... | --grace over,
+            |                                 nothing found--> failed
+            +--dfo died before the start, nothing found--> failed
+
+    Three kinds of state: active (launching, running: a process dfo is starting or knows the PID of; what
+    `dfo runs --active`, `dfo stop --all` and a watch of no names take), unconfirmed (neither: no process known,
+    no end recorded; a look settles it), and terminal (everything else).
     """
 
     LAUNCHING = "launching"
+    UNCONFIRMED = "unconfirmed"  # the start got no answer: it may run or not; looked for until its grace is over
     RUNNING = "running"
     EXITED = "exited"
     CRASHED = "crashed"
     STOPPED = "stopped"
-    LOST = "lost"
+    LOST = "lost"  # it had a PID, and its process is gone without an exit file
     FAILED = "failed"  # the launch never started the run (dfo died or was refused before the start)
 
     def is_terminal(self) -> bool:
-        return self not in (RunState.LAUNCHING, RunState.RUNNING)
+        """An outcome is recorded: not active, and not unconfirmed (whose outcome a look is still to find)."""
+        return self not in (RunState.LAUNCHING, RunState.UNCONFIRMED, RunState.RUNNING)
+
+    def is_active(self) -> bool:
+        return self in RunState.active()
 
     @classmethod
     def active(cls) -> tuple["RunState", ...]:
+        """A process dfo is starting (launching) or has the PID of (running). Not unconfirmed: no process is known
+        (it has no PID to stop or follow), so what acts on active runs looks for it first (runs.resolve_launch)."""
         return cls.LAUNCHING, cls.RUNNING
 
     @classmethod
     def unsettled(cls) -> tuple["RunState", ...]:
-        """Before a start was seen: launching, lost without a PID (its start got no answer: launched, not yet
-        confirmed, for watch.start_grace_s), failed (a slow start may still bring it up): what `running` follows."""
-        return cls.LAUNCHING, cls.LOST, cls.FAILED
+        """Before a start was seen: launching, unconfirmed (its start got no answer: for watch.start_grace_s),
+        failed (a slow start may still bring it up): what `running` follows."""
+        return cls.LAUNCHING, cls.UNCONFIRMED, cls.FAILED
 
     @classmethod
     def endable(cls) -> tuple["RunState", ...]:
-        """What an end (its exit file, a stop) is recorded from: every state but an end already recorded."""
-        return cls.LAUNCHING, cls.RUNNING, cls.LOST, cls.FAILED
+        """What an end (its exit file, a stop) is recorded from: every state but an end already recorded (lost
+        is one: its process was seen gone with no exit file, which never comes after)."""
+        return cls.LAUNCHING, cls.RUNNING, cls.UNCONFIRMED, cls.FAILED
 
     @classmethod
     def after_exit(cls, code: int | None) -> "RunState":

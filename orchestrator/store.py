@@ -212,6 +212,12 @@ def _m009_history(db: sqlite3.Connection) -> None:
     db.execute("UPDATE runs SET ended_from = 'noticed' WHERE ended_at IS NOT NULL")
 
 
+def _m010_unconfirmed(db: sqlite3.Connection) -> None:
+    """A start that got no answer has a state of its own, `unconfirmed` (states.RunState): the rows that said it
+    as `lost` without a PID or an exit status become it; `lost` keeps only a process gone without an exit file."""
+    db.execute("UPDATE runs SET state = 'unconfirmed' WHERE state = 'lost' AND pid IS NULL AND exit_code IS NULL")
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
@@ -222,6 +228,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("runs.checked_at: when a start never seen answered was last looked for", _m007_checked_at),
     ("claims.since: when the claim's owner took it", _m008_claim_since),
     ("runs.ended_from, runs.history_complete: where ended_at came from; history read to the log's end", _m009_history),
+    ("runs.state unconfirmed: a start that got no answer, once `lost` without a PID", _m010_unconfirmed),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 
@@ -265,7 +272,8 @@ class Run:
 
     @property
     def active(self) -> bool:
-        return not RunState(self.state).is_terminal()
+        """Launching or running (states.RunState.active): not an unconfirmed start, which has no process known."""
+        return RunState(self.state).is_active()
 
     def as_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -557,7 +565,7 @@ class Store:
 
     def list_runs(self, *, active: bool | None = None, batch: str | None = None, target: str | None = None,
                   states: Sequence[str] = (), started_since: str | None = None, limit: int | None = None) -> list[Run]:
-        """Runs, oldest first, optionally only active (launching/running) or finished ones, of a batch or target,
+        """Runs, oldest first, optionally only active (launching/running) or the others, of a batch or target,
         in one of `states`, started at or after `started_since` (RFC 3339 UTC text, as utc_now writes it), the
         newest `limit` of them."""
         clause, params = _where(batch=batch, target=target)

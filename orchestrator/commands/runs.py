@@ -26,6 +26,7 @@ from ..decide import read_stored
 from ..events import LaunchAnswer, LevelShift
 from ..inventory import TargetSpec, load_inventory
 from ..launchplan import Gate
+from ..logfmt import format_ts
 from ..names import check_name
 from ..package import push
 from ..preflight import TOLERABLE_WHEN_BUSY, TargetReport
@@ -259,8 +260,8 @@ def runs_command(
                                              "(2026-11-29, 2026-11-29T11:40; local time)."),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, metavar="N", help="Only the newest N runs (of those chosen)."),
     no_refresh: bool = typer.Option(False, "--no-refresh", help="Show the registry as it is: no look at the targets of active runs."),
-    recheck: bool = typer.Option(False, "--recheck", help="Look for every run whose start was never settled (`lost` "
-                                                          "without a PID, or `launching` by a dfo that died) now, even one "
+    recheck: bool = typer.Option(False, "--recheck", help="Look for every run whose start was never settled "
+                                                          "(`unconfirmed`, or `launching` by a dfo that died) now, even one "
                                                           f"tried less than {runs_lib.LOST_RECHECK_S:g} s ago."),
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = JsonOpt,
@@ -287,7 +288,7 @@ def runs_command(
         if not no_refresh:
             _say_not_looked_for(store, [run for run in runs if runs_lib.needs_look(run) and not due(run)])
         if name is not None:
-            show_run(name, as_json)
+            show_run(name, as_json, inventory)
             return
         runs = store.list_runs(**chosen)
     if as_json:
@@ -303,7 +304,7 @@ def runs_command(
 
 
 def _say_not_looked_for(store: Store, skipped: list[Run]) -> None:
-    """One note for the runs whose start was never settled (runs.start_unsettled: `lost` without a PID, or
+    """One note for the runs whose start was never settled (runs.start_unsettled: `unconfirmed`, or
     `launching` by a dfo that died) that were not looked for (runs.look_due: their target did not answer lately)
     and still are as they were: not tried again, nor settled by a look at their target made anyway for an active
     run there."""
@@ -341,30 +342,70 @@ LOST_WITHOUT_EXIT = ("its process is gone and wrote no exit status: killed by SI
 
 
 def why_lost(store: Store, run: Run) -> str | None:
-    """Why a `lost` run is lost, from its record: a start that got no answer (its launch_failed error), or a
-    process that ended without an exit status (its `ended` event's why); None for any other run."""
+    """Why a `lost` run is lost, from its record: its process ended without an exit status (its `ended` event's
+    why); None for any other run."""
     if run.state != RunState.LOST:
         return None
-    if runs_lib.start_unseen(run):
-        failed = store.events(run.name, kind="launch_failed")
-        error = (failed[-1]["data"] or {}).get("error") if failed else None
-        return (f"its start got no answer{f' ({error})' if error else ''}; it may be running: `dfo runs {run.name} "
-                "--recheck` looks for it")
     ended = [event for event in store.events(run.name, kind="ended") if (event["data"] or {}).get("state") == "lost"]
     found = (ended[-1]["data"] or {}).get("why") if ended else None
     return LOST_WITHOUT_EXIT.format(name=run.name) + (f" (recorded: {found})" if found else "")
 
 
-def show_run(name: str, as_json: bool) -> None:
+def looked_for_until(run: Run, grace_s: float) -> str | None:
+    """Until when an unconfirmed start is looked for before it is marked failed (RFC 3339 UTC text): its
+    watch.start_grace_s counted from when dfo gave up on its answer (its ended_at); None for any other run."""
+    if not runs_lib.start_unseen(run) or not run.ended_at:
+        return None
+    return format_ts(datetime.fromisoformat(run.ended_at).timestamp() + grace_s)
+
+
+def why_unconfirmed(store: Store, run: Run, grace_s: float, now: datetime | None = None) -> str | None:
+    """What an `unconfirmed` run is: its start got no answer (the launch's error), until when it is looked for
+    (looked_for_until) and what then; None for any other run."""
+    if not runs_lib.start_unseen(run):
+        return None
+    failed = store.events(run.name, kind="launch_failed")
+    error = (failed[-1]["data"] or {}).get("error") if failed else None
+    said = f"its start got no answer{f' ({error})' if error else ''}, so it may be running"
+    until = looked_for_until(run, grace_s)
+    if until is None:
+        return f"{said}: `dfo runs {run.name} --recheck` looks for it by its exit file"
+    now = now or datetime.now().astimezone()
+    when = _local_time(until, now, seconds=True)
+    grace = f"watch.start_grace_s, {grace_s:g} s after dfo gave up on the answer"
+    if datetime.fromisoformat(until) > now:
+        return (f"{said}: looked for by its exit file until {when} ({grace}), adopted if it shows, then marked "
+                f"failed; `dfo runs {run.name} --recheck` looks now")
+    return (f"{said}: its grace to show ended at {when} ({grace}); the next look marks it failed unless it "
+            f"shows (`dfo runs {run.name} --recheck` looks now)")
+
+
+def _start_grace_s(run: Run, given: Optional[Path]) -> float:
+    """The run's inventory's watch.start_grace_s (the built-in default when that inventory cannot be read)."""
+    from ..chains import inventory_for
+    from ..inventory import START_GRACE_S
+
+    if not runs_lib.start_unseen(run):
+        return START_GRACE_S
+    try:
+        return inventory_for(run, given)[0].watch.start_grace_s
+    except DfoError:
+        return START_GRACE_S
+
+
+def show_run(name: str, as_json: bool, inventory: Optional[Path] = None) -> None:
     """`dfo runs NAME`: one run's record, its verdict and where its W&B run is (URL, or offline directory)."""
     with Store() as store:
         run = store.get_run(name)
         wandb = store.events(name, kind="wandb")
         not_started = why_not_started(store, run)
         lost = why_lost(store, run)
+        grace_s = _start_grace_s(run, inventory)
+        unconfirmed = why_unconfirmed(store, run, grace_s)
     where = (wandb[-1]["data"] or {}) if wandb else {}
     if as_json:
-        print_json({**run.as_dict(), "wandb": where or None, "launch_failed": not_started, "lost_why": lost})
+        print_json({**run.as_dict(), "wandb": where or None, "launch_failed": not_started, "lost_why": lost,
+                    "unconfirmed_why": unconfirmed, "looked_for_until": looked_for_until(run, grace_s)})
         return
     decision, unreadable = read_stored(run.decision)
     verdict = str(decision.decision) if decision else ""
@@ -372,12 +413,13 @@ def show_run(name: str, as_json: bool) -> None:
         verdict += f", {decision.steady_tok_s:,.0f} tok/s"
     rows = [("run", run.name), ("target", run.target), ("variant", run.variant or ""),
             ("state", run.state + (f" (exit code {run.exit_code})" if run.exit_code is not None else "")),
-            ("started", run.started_at or ""), ("ended", run.ended_at or ""), ("PID", _text(run.pid)),
+            ("started", run.started_at or ""), ("ended", run.ended_at if run.ended_at and not unconfirmed else ""),
+            ("PID", _text(run.pid)),
             ("checked", f"{run.checked_at} (its target did not answer; `dfo runs {run.name} --recheck` looks again)"
                         if runs_lib.start_unsettled(run) and run.checked_at else ""),
             ("log", run.log_path or ""), ("batch", run.batch or ""), ("after", run.parent or ""),
             ("decision", verdict), ("why", (decision.reason if decision else "") or not_started or ""),
-            ("lost", lost or ""),
+            ("lost", lost or ""), ("unconfirmed", unconfirmed or ""),
             ("registry", f"unreadable: {'; '.join(filter(None, (run.unreadable, unreadable)))} (shown as empty)"
                          if run.unreadable or unreadable else ""),
             *(("shift", LevelShift.describe(shift)) for shift in (decision.level_shifts if decision else ())),
@@ -838,7 +880,7 @@ def _stop_nodes(store: Store, name: str, grace: Optional[float], inventory: Opti
             if runs_lib.worth_a_look(node) and node.pid is None:
                 try:
                     _look_for_start(connections.container(node.target), store, node, inv.watch.start_grace_s)
-                except DfoError as exc:  # out of reach: it stays `lost`, the other nodes are stopped all the same
+                except DfoError as exc:  # out of reach: it stays `unconfirmed`, the other nodes are stopped all the same
                     _warn(f"{node.name}: not looked for ({exc}); `dfo runs {name}` looks again later")
         try:
             stopped = stop_nodes(store, name, connections.container, grace_s=_grace(inv, store.get_run(nodes[0]), grace),
