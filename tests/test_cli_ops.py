@@ -154,8 +154,8 @@ def test_runs_filters_by_state_age_and_count(tmp_path):
     assert names(runs("--limit", "1", "--state", "exited", "--state", "crashed")) == ["twodays"]
     typo = runs("--state", "runing")
     assert typo.returncode == 2 and typo.stdout == ""
-    assert ("dfo: error: --state: unknown state 'runing' (did you mean 'running'?); states: launching, running, "
-            "exited, crashed, stopped, lost, failed") in typo.stderr
+    assert ("dfo: error: --state: unknown state 'runing' (did you mean 'running'?); states: launching, unconfirmed, "
+            "running, exited, crashed, stopped, lost, failed") in typo.stderr
     for bad in ("yesterday", "2 hours", "-3d"):
         refused = runs("--since", bad)
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.output
@@ -254,18 +254,51 @@ def test_a_lost_run_says_why_in_runs_name_and_its_json(tmp_path):
         store.add_run(Run(name="gone", target="ct200", state="lost", pid=4242, started_at="2026-11-29T11:40:03.123Z",
                           ended_at="2026-11-29T12:40:03.123Z"))
         store.add_event("gone", "ended", {"state": "lost", "exit_code": None, "why": "ended while nobody watched"})
-        store.add_run(Run(name="unseen", target="ct200", state="lost"))
-        store.add_event("unseen", "launch_failed", {"error": "ct200: the start got no answer within 30 s"})
     env = {"DFO_HOME": str(tmp_path)}
     shown = dfo("runs", "gone", "--no-refresh", env=env)
     assert shown.returncode == 0, shown.output
     said = " ".join(line for line in shown.stdout.splitlines() if line.startswith("lost:"))
     assert "its process is gone and wrote no exit status" in said and "OOM killer" in said, shown.stdout
     assert "(recorded: ended while nobody watched)" in " ".join(shown.stdout.split())
-    unseen = json.loads(dfo("runs", "unseen", "--no-refresh", "--json", env=env).stdout)
-    assert unseen["lost_why"] == ("its start got no answer (ct200: the start got no answer within 30 s); it may be "
-                                  "running: `dfo runs unseen --recheck` looks for it")
-    assert "lost_why" in json.loads(dfo("runs", "gone", "--no-refresh", "--json", env=env).stdout)
+    assert "start:" not in shown.stdout
+    gone = json.loads(dfo("runs", "gone", "--no-refresh", "--json", env=env).stdout)
+    assert gone["lost_why"].startswith("its process is gone") and gone["unconfirmed_why"] is None
+
+
+def test_a_start_that_got_no_answer_is_unconfirmed_in_dfo_runs_saying_until_when_it_is_looked_for(lab):
+    # the start script waits 3 s before it starts the run; dfo gives up on its answer after 1 s (DFO_TEST_SLOW_START).
+    # Before, its row was `lost` (with no PID), the state of a run whose process died without an exit file, and
+    # `dfo runs NAME` said `lost:` for both.
+    inventory, env = lab
+    launched = dfo("launch", "--host", "here", "--variant", "long", "--name", "slow", "--no-preflight", "-i", inventory,
+                   env={**env["a"], "DFO_TEST_SLOW_START": "slow:3"})
+    assert launched.returncode == 1, launched.output
+    assert "left `unconfirmed`: it may still come up" in " ".join(launched.stderr.split()), launched.stderr
+    [row] = json.loads(dfo("runs", "--no-refresh", "--json", env=env["a"]).stdout)
+    assert (row["name"], row["state"], row["pid"], row["exit_code"]) == ("slow", "unconfirmed", None, None)
+    assert names(dfo("runs", "--no-refresh", "--json", "--state", "unconfirmed", env=env["a"])) == ["slow"]
+    assert names(dfo("runs", "--no-refresh", "--json", "--state", "lost", env=env["a"])) == []
+    gave_up = datetime.fromisoformat(row["ended_at"])  # when dfo gave up on the answer: its start grace counts from it
+    until = (gave_up + timedelta(seconds=30)).astimezone()  # the built-in watch.start_grace_s
+    shown = dfo("runs", "slow", "-i", inventory, env=env["a"])  # looked at: nothing shows yet, within its grace
+    assert shown.returncode == 0, shown.output
+    said = " ".join(shown.stdout.split())
+    assert "state: unconfirmed" in said and "lost:" not in said, shown.stdout
+    assert (f"start: unconfirmed: it got no answer (local: the launch script gave no start within 1s), so the run may "
+            f"be going: looked for by its exit file until {until:%H:%M:%S} (watch.start_grace_s, 30 s after dfo gave "
+            f"up on the answer), adopted if it shows, then marked failed; `dfo runs slow --recheck` looks now") in said, said
+    as_json = json.loads(dfo("runs", "slow", "--no-refresh", "--json", env=env["a"]).stdout)
+    assert as_json["state"] == "unconfirmed" and as_json["lost_why"] is None
+    assert datetime.fromisoformat(as_json["looked_for_until"]) == gave_up + timedelta(seconds=30)
+    assert as_json["unconfirmed_why"].startswith("unconfirmed: it got no answer (local: the launch script"), as_json
+
+    with Store(Path(env["a"]["DFO_HOME"]) / "dfo.db") as store:  # its grace made over: the next look settles it
+        store.update_run("slow", ended_at=(gave_up - timedelta(seconds=31)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z")
+    over = json.loads(dfo("runs", "slow", "--no-refresh", "--json", env=env["a"]).stdout)
+    assert "its grace to show ended at" in over["unconfirmed_why"] and "the next look marks it failed" in over["unconfirmed_why"]
+    settled = json.loads(dfo("runs", "slow", "--recheck", "--json", "-i", inventory, env=env["a"]).stdout)
+    assert (settled["state"], settled["launch_failed"], settled["unconfirmed_why"]) == (
+        "failed", "its start got no answer; no process found", None)
 
 
 def test_stop_all_names_a_multinode_run_once_and_says_each_run_it_could_not_stop(tmp_path):

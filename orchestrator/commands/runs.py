@@ -360,13 +360,13 @@ def looked_for_until(run: Run, grace_s: float) -> str | None:
 
 
 def why_unconfirmed(store: Store, run: Run, grace_s: float, now: datetime | None = None) -> str | None:
-    """What an `unconfirmed` run is: its start got no answer (the launch's error), until when it is looked for
-    (looked_for_until) and what then; None for any other run."""
+    """What an `unconfirmed` run's start is (`dfo runs NAME`'s `start:` line): it got no answer (the launch's
+    error), until when it is looked for (looked_for_until) and what then; None for any other run."""
     if not runs_lib.start_unseen(run):
         return None
     failed = store.events(run.name, kind="launch_failed")
     error = (failed[-1]["data"] or {}).get("error") if failed else None
-    said = f"its start got no answer{f' ({error})' if error else ''}, so it may be running"
+    said = f"unconfirmed: it got no answer{f' ({error})' if error else ''}, so the run may be going"
     until = looked_for_until(run, grace_s)
     if until is None:
         return f"{said}: `dfo runs {run.name} --recheck` looks for it by its exit file"
@@ -419,7 +419,7 @@ def show_run(name: str, as_json: bool, inventory: Optional[Path] = None) -> None
                         if runs_lib.start_unsettled(run) and run.checked_at else ""),
             ("log", run.log_path or ""), ("batch", run.batch or ""), ("after", run.parent or ""),
             ("decision", verdict), ("why", (decision.reason if decision else "") or not_started or ""),
-            ("lost", lost or ""), ("unconfirmed", unconfirmed or ""),
+            ("lost", lost or ""), ("start", unconfirmed or ""),
             ("registry", f"unreadable: {'; '.join(filter(None, (run.unreadable, unreadable)))} (shown as empty)"
                          if run.unreadable or unreadable else ""),
             *(("shift", LevelShift.describe(shift)) for shift in (decision.level_shifts if decision else ())),
