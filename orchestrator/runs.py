@@ -994,12 +994,14 @@ def look_script(runs: Sequence[Run]) -> str:
         if run.pid is not None:
             lines.append(f'echo "@{index} stat=$(cat /proc/{int(run.pid)}/stat 2>/dev/null)"')
             continue
-        # the wrapper itself (`sh -c 'trap "true" TERM; ...'`), not the launch script that started it; for a
-        # launch marked failed, only while its log exists (an empty one is removed; a late start makes it again)
+        # the wrapper itself (its command line begins `sh -c trap "true" TERM; ...`), not the launch script that
+        # started it, nor another dfo's look at once, whose script names the wrapper and its exit file too (found
+        # as the run, its PID was recorded: gone a moment later, the run read as lost); for a launch marked
+        # failed, only while its log exists (an empty one is removed; a late start makes it again)
         needle = shlex.quote(WRAPPER_HEAD) + "*" + shlex.quote(run.exit_path)
         late = f" [ -e {shlex.quote(run.log_path)} ] ||" if run.state == RunState.FAILED else ""
         lines.append(f"w{index}=1;{late} w{index}=" if late else f"w{index}=1")
-        cases.append(f'  case "$c" in *{needle}*) [ -n "$w{index}" ] && found {index} "$d";; esac')
+        cases.append(f'  case "$c" in {needle}*) [ -n "$w{index}" ] && found {index} "$d";; esac')
     if cases:  # a session leader (its session is its PID) that is not this look's own shell
         lines += ['found() { read -r st < "$2/stat" 2>/dev/null || return 0; p=${2#/proc/}; set -- "$1" ${st##*) }; '
                   '[ "$5" = "$p" ] && [ "$p" != "$$" ] && echo "@$1 found=$p $st"; return 0; }',

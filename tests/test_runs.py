@@ -654,9 +654,9 @@ def test_the_grace_period_is_time_not_a_count_of_polls(store, workspace, monkeyp
     assert time.monotonic() - started < 9  # 2 s of grace, not 2 s worth of polls (10 polls of 1.2 s = 12 s)
 
 
-@pytest.mark.parametrize("state", ["lost", "launching"])
+@pytest.mark.parametrize("state", ["unconfirmed", "launching"])
 def test_a_start_never_seen_answered_whose_run_ended_before_a_look_is_resolved_then_ended(store, workspace, state):
-    # the start's answer never came back (lost), or the launching dfo died before recording it (launching, its
+    # the start's answer never came back (unconfirmed), or the launching dfo died before recording it (launching, its
     # launcher gone), and the run came and went before anyone looked: a `launch_resolved` event, as for a start
     # found running, then its end; it used to be one `ended` event, "its launch was not recorded to the end"
     from orchestrator.runs import look
@@ -672,6 +672,40 @@ def test_a_start_never_seen_answered_whose_run_ended_before_a_look_is_resolved_t
     resolved, ended = store.events("brief")[-2:]
     assert (resolved["kind"], resolved["data"]) == ("launch_resolved", {"pid": None, "how": "found ended by its exit file"})
     assert (ended["kind"], ended["data"]["why"]) == ("ended", "ended before dfo looked")
+
+
+def test_an_unconfirmed_start_found_by_two_looks_at_once_is_recorded_running_once(store, workspace, tmp_path):
+    # two dfo (a watch and a `dfo runs`, say) look at once for a start that got no answer, and both find its
+    # process: the guarded transition (UPDATE ... WHERE state IN (unsettled)) lets one record it running, with one
+    # `launch_resolved` event; before, each look recorded its own event (two "found" for one run)
+    import threading
+
+    from orchestrator.runs import look, start_unseen
+
+    run = launch(LocalTarget("here"), spec(workspace, "sleep 30"), store, name="twice").run
+    wait_for(lambda: alive(run.pid), what="run start")
+    store.update_run("twice", state="unconfirmed", pid=None, proc_starttime=None, started_at=None, ended_at=run.started_at)
+    unseen = store.get_run("twice")
+    assert start_unseen(unseen) and not unseen.active
+    stores = [Store(store.path) for _ in range(2)]  # each dfo with its own connection to the one registry file
+    ready, looked = threading.Barrier(2), []
+
+    def settler(own: Store) -> None:
+        ready.wait(timeout=10)
+        looked.extend(look(LocalTarget("here"), own, [unseen]))
+
+    threads = [threading.Thread(target=settler, args=(own,)) for own in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    for own in stores:
+        own.close()
+    now = store.get_run("twice")  # the wrapper found (the session leader its exit file names), as both see it
+    assert now.state == "running" and now.pid is not None and alive(now.pid)
+    assert [(r.state, r.pid) for r in looked] == [("running", now.pid)] * 2
+    resolved = store.events("twice", kind="launch_resolved")
+    assert [(event["data"]["pid"], event["data"]["how"]) for event in resolved] == [(now.pid, "found by its exit file path")]
 
 
 @pytest.mark.parametrize("kernel", ["pidfd group signal", "pidfd without group signal (Linux < 6.9)", "no pidfd"])
