@@ -158,3 +158,37 @@ def test_a_registry_from_a_newer_dfo_is_refused_not_mangled(tmp_path):
     db.close()
     with pytest.raises(DfoError, match=f"schema version {len(MIGRATIONS) + 1}, this dfo knows up to {len(MIGRATIONS)}"):
         Store(path)
+
+
+def test_the_unconfirmed_migration_turns_an_old_pid_less_lost_row_into_unconfirmed_and_keeps_a_real_lost_one(tmp_path):
+    # a registry of the dfo before migration 10, where a start that got no answer was `lost` without a PID (and a
+    # process gone without an exit file was `lost` with its PID): one state for two things
+    from orchestrator.runs import start_unseen
+    from orchestrator.states import RunState
+
+    path = tmp_path / "dfo.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT, applied_at TEXT)")
+    for version, (name, apply) in enumerate(MIGRATIONS[:9], start=1):
+        apply(db)
+        db.execute("INSERT INTO schema_version VALUES (?, ?, 'then')", (version, name))
+    rows = [("unseen", None, None, "2026-11-29T11:40:03.123Z"), ("gone", 4242, None, "2026-11-29T12:40:03.123Z"),
+            ("crashed", 4243, 1, "2026-11-29T12:41:03.123Z")]
+    for name, pid, code, ended in rows:
+        db.execute("INSERT INTO runs (name, target, state, pid, exit_code, ended_at) VALUES (?, 'ct200', ?, ?, ?, ?)",
+                   (name, "crashed" if code else "lost", pid, code, ended))
+    db.commit()
+    db.close()
+    with Store(path) as store:
+        assert store.schema_version() == len(MIGRATIONS) >= 10
+        unseen = store.get_run("unseen")
+        assert (unseen.state, unseen.pid, unseen.ended_at) == ("unconfirmed", None, "2026-11-29T11:40:03.123Z")
+        assert start_unseen(unseen) and not unseen.active  # looked for as before, by its exit file
+        assert [store.get_run(name).state for name in ("gone", "crashed")] == ["lost", "crashed"]
+        assert [run.name for run in store.list_runs(states=["lost"])] == ["gone"]
+        # settled once: of two dfo that found it running, one records it (UPDATE ... WHERE state IN (...))
+        found = [store.transition("unseen", RunState.RUNNING, RunState.unsettled(), pid=pid) for pid in (77, 78)]
+        assert found[0] is not None and found[1] is None and store.get_run("unseen").pid == 77
+        assert store.transition("gone", RunState.EXITED, RunState.endable(), exit_code=0) is None  # lost is an end
+    with Store(path) as store:  # applied once
+        assert store.get_run("gone").state == "lost" and store.schema_version() == len(MIGRATIONS)
