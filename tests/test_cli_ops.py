@@ -312,3 +312,16 @@ def test_stop_all_names_a_multinode_run_once_and_says_each_run_it_could_not_stop
     assert "stopping 2 active runs of" in stopped.stderr and stopped.stderr.rstrip().endswith(": mn, solo")
     assert [(r["run"], "unknown target 'gone" in r["error"]) for r in json.loads(stopped.stdout)] == [
         ("mn", True), ("solo", True)]
+
+
+def test_resume_refuses_an_unconfirmed_start_which_may_be_running(lab):
+    # its start got no answer: the run may be going, so a resume would start a second trainer on its checkpoint
+    inventory, env = lab
+    with Store(Path(env["a"]["DFO_HOME"]) / "dfo.db") as store:
+        store.add_run(Run(name="maybe", target="here", variant="long", state="unconfirmed",
+                          ended_at="2026-11-29T11:40:03.123Z", inventory_path=str(inventory)))
+    refused = dfo("resume", "maybe", "-i", inventory, env=env["a"])
+    assert refused.returncode == 1 and refused.stdout == "", refused.output
+    assert ("run maybe's start is unconfirmed (it got no answer): it may be running, and a resume would start a "
+            "second trainer on its checkpoint") in " ".join(refused.stderr.split()), refused.stderr
+    assert "`dfo runs maybe --recheck` looks for it" in " ".join(refused.stderr.split())
