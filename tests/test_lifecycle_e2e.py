@@ -443,7 +443,7 @@ def test_a_run_that_ends_between_stops_identity_check_and_its_signal_is_recorded
 def test_a_successor_whose_start_got_no_answer_is_adopted_if_it_runs_and_launched_again_only_if_not(lab: Lab,
                                                                                                    point: str) -> None:
     # the successor's start times out: after_start, the run started and its PID never came back; before_start,
-    # the word to start never went out. Its row is `lost` without a PID; the fallback stays open.
+    # the word to start never went out. Its row is `unconfirmed` (no PID); the fallback stays open.
     first = lab.dfo("launch", "--host", "ct_a", "--variant", "failing", "--name", "hu", "--no-preflight",
                     "--chain", "failing,nographs", "--watch", "--until-decided", "--json", timeout=120,
                     DFO_TEST_START_TIMEOUT_AT=point)
@@ -451,7 +451,7 @@ def test_a_successor_whose_start_got_no_answer_is_adopted_if_it_runs_and_launche
     assert "the fallback stays open: `dfo watch hu` adopts hu.2-nographs if it runs" in first.stdout  # the command
     with lab.store() as store:
         unseen = store.get_run("hu.2-nographs")
-        assert (unseen.state, unseen.pid) == ("lost", None)
+        assert (unseen.state, unseen.pid) == ("unconfirmed", None)
     [intent] = open_intents(lab)
     assert intent.data["run"] == "hu"
 
@@ -555,10 +555,10 @@ def dead_launcher() -> str:
 
 def test_dfo_runs_looks_for_an_unsettled_start_on_a_stopped_container_once_then_says_when_until_recheck(
         lab: Lab, sshd) -> None:
-    # a start that got no answer: `lost` without a PID, as runs._abandon leaves it; a launch whose dfo died before
+    # a start that got no answer: `unconfirmed`, no PID, as runs._abandon leaves it; a launch whose dfo died before
     # recording it: `launching`, its launcher gone (before, looked at on every dfo runs); then the container stops
     with lab.store() as store:
-        for name, state, owner in (("ls", "lost", None), ("ll", "launching", dead_launcher())):
+        for name, state, owner in (("ls", "unconfirmed", None), ("ll", "launching", dead_launcher())):
             store.add_run(Run(name=name, target="ct_a", host="pve1", variant="gated", state=state, owner=owner,
                               workspace="/workspace", log_path=f"/workspace/logs/{name}.log",
                               exit_path=f"/workspace/logs/{name}.log.exit", inventory_path=str(lab.inventory)))
@@ -566,25 +566,25 @@ def test_dfo_runs_looks_for_an_unsettled_start_on_a_stopped_container_once_then_
     first = lab.dfo("runs", "--json", inventory=False)
     assert first.returncode == 0 and "could not look at ct_a" in first.stderr, first.stderr
     rows = {row["name"]: row for row in json.loads(first.stdout)}
-    assert [(rows[n]["state"], rows[n]["pid"]) for n in ("ls", "ll")] == [("lost", None), ("launching", None)]
+    assert [(rows[n]["state"], rows[n]["pid"]) for n in ("ls", "ll")] == [("unconfirmed", None), ("launching", None)]
     assert rows["ls"]["checked_at"] and rows["ll"]["checked_at"]
     connections = sshd.accepted_connections()
     started = time.monotonic()
     second = lab.dfo("runs", inventory=False, COLUMNS="200")
     assert second.returncode == 0, second.stderr
     assert sshd.accepted_connections() == connections and time.monotonic() - started < 10  # no look this time
-    for name, state in (("ls", "lost"), ("ll", "launching")):
+    for name, state in (("ls", "unconfirmed"), ("ll", "launching")):
         checked = datetime.fromisoformat(rows[name]["checked_at"]).astimezone().strftime("%H:%M:%S")
         [line] = [line for line in second.stdout.splitlines() if line.startswith(f"{name} ")]
         assert f"{state}, checked {checked}" in line, second.stdout
     said = " ".join(second.stderr.split())
-    assert "2 runs whose start was never settled not looked for again (ls (lost), ll (launching))" in said, said
+    assert "2 runs whose start was never settled not looked for again (ls (unconfirmed), ll (launching))" in said, said
     assert f"their target did not answer at {checked}" in said and "dfo runs --recheck" in said, said
     again = lab.dfo("runs", "--recheck", "--json", inventory=False)  # looks now: still out of reach, tried again
     assert sshd.accepted_connections() > connections and "could not look at ct_a" in again.stderr, again.stderr
     assert json.loads(again.stdout)[0]["checked_at"] > rows["ls"]["checked_at"]
     lab.container.start()
-    assert [lab.runs()[name]["state"] for name in ("ls", "ll")] == ["lost", "launching"]  # not due yet: as they were
+    assert [lab.runs()[name]["state"] for name in ("ls", "ll")] == ["unconfirmed", "launching"]  # not due yet: as they were
     for name in ("ls", "ll"):
         assert lab.dfo("runs", name, "--recheck", inventory=False).stdout.count("state:    failed") == 1  # none started
 
@@ -592,7 +592,7 @@ def test_dfo_runs_looks_for_an_unsettled_start_on_a_stopped_container_once_then_
 @pytest.mark.start_grace(40)
 def test_dfo_stop_right_after_a_start_that_got_no_answer_waits_for_the_run_and_stops_it_or_says_it_never_started(
         lab: Lab) -> None:
-    # the start script waits 10 s before it starts the run; dfo gives up on its answer after 1 s: `lost`, no PID
+    # the start script waits 10 s before it starts the run; dfo gives up on its answer after 1 s: `unconfirmed`, no PID
     launched = lab.dfo("launch", "--host", "ct_a", "--variant", "gated", "--name", "slow", "--no-preflight",
                        DFO_TEST_SLOW_START="slow:10")
     assert launched.returncode == 1, launched.stderr
@@ -600,12 +600,12 @@ def test_dfo_stop_right_after_a_start_that_got_no_answer_waits_for_the_run_and_s
     # "slow: the start of slow on ct_a got no answer (ct_a: ...); left `lost`: slow on ct_a, which may ...")
     said = " ".join(launched.stderr.split())
     assert ("slow: the start on ct_a got no answer (the launch script gave no start within 1s); "
-            "left `lost`: it may still come up") in said, said
+            "left `unconfirmed`: it may still come up") in said, said
     assert said.count("ct_a") == 1, said
     assert (f"`dfo runs slow` or `dfo watch slow` looks for it by its exit file: adopted if it runs, marked failed if "
             f"nothing of it shows within watch.start_grace_s ({lab.start_grace_s:g} s); `dfo stop slow` stops it") in said, said
     with lab.store() as store:
-        assert (store.get_run("slow").state, store.get_run("slow").pid) == ("lost", None)
+        assert (store.get_run("slow").state, store.get_run("slow").pid) == ("unconfirmed", None)
     stopped = lab.dfo("stop", "slow", "--grace", "5", "--json", inventory=False)  # before: "not running (state lost)"
     assert stopped.returncode == 0, stopped.stderr
     assert "slow: its start got no answer; looking for it for up to" in stopped.stderr
@@ -614,7 +614,7 @@ def test_dfo_stop_right_after_a_start_that_got_no_answer_waits_for_the_run_and_s
 
     # a start that got no answer with 2 s of its grace left and never shows: looked for until the grace is over
     with lab.store() as store:
-        store.add_run(Run(name="never", target="ct_a", host="pve1", variant="gated", state="lost", workspace="/workspace",
+        store.add_run(Run(name="never", target="ct_a", host="pve1", variant="gated", state="unconfirmed", workspace="/workspace",
                           log_path="/workspace/logs/never.log", exit_path="/workspace/logs/never.log.exit",
                           ended_at=format_ts(time.time() - lab.start_grace_s + 2), inventory_path=str(lab.inventory)))
     started = time.monotonic()
@@ -706,13 +706,13 @@ def test_dfo_watch_leaves_a_batch_cells_open_fallback_to_dfo_batch_naming_the_co
 
 def test_a_watch_of_a_slow_start_within_its_grace_waits_for_the_run_instead_of_judging_a_crash(lab: Lab) -> None:
     # the start script brings the run up 7 s after it began, dfo gave up on its answer after 1 s (2 s more for the
-    # channel to close; the lab's grace is 8 s from then): watched at once, its row is `lost` without a PID and
+    # channel to close; the lab's grace is 8 s from then): watched at once, its row is `unconfirmed` (no PID) and
     # nothing is found yet; within watch.start_grace_s the watch looks again until it shows (as a fallback
     # finishing does) instead of following it without a PID, which reads as a crash
     launched = lab.dfo("launch", "--host", "ct_a", "--variant", "short", "--name", "sw", "--no-preflight",
                        DFO_TEST_SLOW_START="sw:7")
     with lab.store() as store:
-        assert launched.returncode != 0 and store.get_run("sw").state == "lost", launched.stderr
+        assert launched.returncode != 0 and store.get_run("sw").state == "unconfirmed", launched.stderr
     watched = lab.dfo("watch", "sw", "--until-decided", "--json", timeout=60)
     [decision] = [event for event in map(json.loads, watched.stdout.splitlines()) if event["kind"] == "decision"][-1:]
     assert decision["decision"]["decision"] == "exited", watched.stdout[-2000:]
@@ -720,11 +720,11 @@ def test_a_watch_of_a_slow_start_within_its_grace_waits_for_the_run_instead_of_j
 
 
 
-def test_dfo_runs_says_a_lost_start_was_not_looked_for_only_when_its_target_was_not_looked_at(lab: Lab) -> None:
+def test_dfo_runs_says_an_unconfirmed_start_was_not_looked_for_only_when_its_target_was_not_looked_at(lab: Lab) -> None:
     # its target did not answer a minute ago (checked_at), so it is not due; an active run on the same target
     # has the target looked at anyway, which settles it (nothing of it runs: failed): no note that it was not
     with lab.store() as store:
-        store.add_run(Run(name="lq", target="ct_a", host="pve1", variant="gated", state="lost", workspace="/workspace",
+        store.add_run(Run(name="lq", target="ct_a", host="pve1", variant="gated", state="unconfirmed", workspace="/workspace",
                           log_path="/workspace/logs/lq.log", exit_path="/workspace/logs/lq.log.exit",
                           inventory_path=str(lab.inventory), ended_at="2026-01-01T00:00:00+00:00",
                           checked_at=datetime.now().astimezone().isoformat()))

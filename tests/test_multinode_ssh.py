@@ -391,7 +391,7 @@ def test_a_multinode_successor_whose_starts_got_no_answer_is_adopted_if_it_runs_
         played_hosts, point):
     hosts = played_hosts
     # the successor's starts time out on both nodes: after_start, the nodes started and their PIDs never came
-    # back; before_start, the word to start never went out. Their rows are `lost` without a PID and the fallback
+    # back; before_start, the word to start never went out. Their rows are `unconfirmed` (no PID) and the fallback
     # stays open, as a single run's (before: closed as failed, with the nodes that ran stopped)
     first = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail", "--watch", "--until-decided",
                          timeout=300, env={"DFO_TEST_START_TIMEOUT_AT": point})
@@ -400,7 +400,7 @@ def test_a_multinode_successor_whose_starts_got_no_answer_is_adopted_if_it_runs_
     assert (intent.kind, intent.data["run"]) == ("multinode_fallback", "mn")
     from orchestrator.store import Store
     with Store(hosts.state / "dfo.db") as store:
-        assert [(store.get_run(n).state, store.get_run(n).pid) for n in store.nodes_of("mn.2-ps2ok")] == [("lost", None)] * 2
+        assert [(store.get_run(n).state, store.get_run(n).pid) for n in store.nodes_of("mn.2-ps2ok")] == [("unconfirmed", None)] * 2
 
     watched = hosts.dfo("watch", "mn", "--until-decided", "--json", timeout=180)  # looks for the nodes first
     assert watched.returncode == 0, events_but_steps(watched.stdout) + watched.stderr
@@ -471,7 +471,7 @@ def test_a_launch_whose_start_got_no_answer_on_one_node_names_that_node_and_what
         assert launched.returncode == 1, launched.stdout + launched.stderr
         said = " ".join(launched.stderr.split())
         assert "mn: the start of mn.node1 on n1 got no answer (pve1: the launch script gave no start within 1s)" in said, said
-        assert re.search(r"started: mn\.node0 on n0 \(PID \d+\); left `lost`: mn\.node1 on n1, which may still come up",
+        assert re.search(r"started: mn\.node0 on n0 \(PID \d+\); left `unconfirmed`: mn\.node1 on n1, which may still come up",
                          said), said
         assert "`dfo runs mn` or `dfo watch mn` looks for it by its exit file" in said and "`dfo stop mn`" in said
         # stopped at once, node 1 is waited for until it shows (before: node 0 alone, node 1 left to come up)

@@ -270,7 +270,7 @@ def test_a_fallback_whose_launch_is_refused_closes_with_the_refusal_and_is_not_t
 
 def start_unanswered(lab: Session, monkeypatch, parent: str, name: str) -> None:
     """Launch `parent` (a steady run), then its successor `name` whose start gets no answer although it started
-    (DFO_TEST_START_TIMEOUT_AT=after_start): its row `lost` without a PID, its process running."""
+    (DFO_TEST_START_TIMEOUT_AT=after_start): its row `unconfirmed` (no PID), its process running."""
     lab.launch("mine", parent)
     monkeypatch.setenv("DFO_TEST_START_TIMEOUT_AT", "after_start")
     with pytest.raises(CommandTimeout):
@@ -280,14 +280,14 @@ def start_unanswered(lab: Session, monkeypatch, parent: str, name: str) -> None:
 
 
 def test_dfo_stop_stops_a_successor_whose_start_got_no_answer_but_runs(tmp_path, monkeypatch, pct_env, capsys) -> None:
-    # a fallback's successor started, its PID never came back: its row is `lost` without a PID, yet it runs
+    # a fallback's successor started, its PID never came back: its row is `unconfirmed` (no PID), yet it runs
     # (docs/runs.md); `dfo stop` finds it by its exit file path, as it does a `launching` row, and stops it
     inventory, _ = make_lab(tmp_path, monkeypatch)
     lab = session(tmp_path, inventory)
     try:
         start_unanswered(lab, monkeypatch, "s1", "s1.2-mine")
         unseen = lab.store.get_run("s1.2-mine")
-        assert (unseen.state, unseen.pid) == ("lost", None)
+        assert (unseen.state, unseen.pid) == ("unconfirmed", None)
         capsys.readouterr()
         with pytest.raises(typer.Exit) as done:  # the command's exit status (c8bf307: several runs, one status)
             stop_command(["s1.2-mine"], all_runs=False, grace=2, inventory=None, as_json=True)
@@ -339,7 +339,7 @@ def test_a_second_dfo_stop_that_finds_the_run_ended_by_the_first_keeps_the_first
 
 
 def test_a_watch_of_a_run_whose_start_got_no_answer_follows_it_when_it_runs(tmp_path, monkeypatch, pct_env) -> None:
-    # its row is `lost` without a PID, yet it runs: the watch finds it by its exit file path first (as for a
+    # its row is `unconfirmed` (no PID), yet it runs: the watch finds it by its exit file path first (as for a
     # `launching` row) and judges its steps, instead of reading "no exit file" as a crash (exit -1)
     inventory, _ = make_lab(tmp_path, monkeypatch)
     lab = session(tmp_path, inventory)
