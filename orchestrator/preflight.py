@@ -2,7 +2,7 @@
 
 Checks, in order: ssh (host reachable and authenticated), container (running), nvidia_smi (answers, with
 each GPU), gpus_idle (under the inventory's gpu_idle thresholds), compute_apps (none running), workspace
-(exists, writable, free disk) and python (runs; its torch version). One remote invocation per target: the
+(exists and writable, or not there yet and creatable by the launch; free disk) and python (runs; its torch version). One remote invocation per target: the
 script inside the container (inside_script) answers everything; it also proves SSH, and a stopped or missing
 container answers `pct exec` with pct's own message, which PctTarget maps (so no `pct status` first: on a
 Proxmox node every pct call costs a Perl start-up). A launch runs the same script in its own call
@@ -10,7 +10,8 @@ Proxmox node every pct call costs a Perl start-up). A launch runs the same scrip
 
 A failure of one target never hides another: every target gets its rows, and a check that cannot run
 because an earlier one failed is reported as skipped. This module must not start, stop or change anything
-on a target beyond a temporary file in the workspace that proves it is writable.
+on a target beyond a temporary file in the workspace that proves it is writable (or, where the workspace is
+not there yet, a temporary directory in its nearest existing parent, removed at once).
 """
 
 from __future__ import annotations
@@ -186,14 +187,13 @@ TOLERABLE_WHEN_BUSY = ("gpus_idle", "compute_apps")
 
 def blocking(report: TargetReport, spec: TargetSpec, *, tolerate: tuple[str, ...] = ()) -> list[Check]:
     """The failed checks that refuse a run on this target. Never blocking: a check skipped because an earlier
-    one failed (that one blocks), no GPU answer on a target that lists no `gpus:` (a CPU run), a missing
-    workspace (the launch creates it), and the checks named in `tolerate` (e.g. TOLERABLE_WHEN_BUSY)."""
+    one failed (that one blocks), no GPU answer on a target that lists no `gpus:` (a CPU run), and the checks
+    named in `tolerate` (e.g. TOLERABLE_WHEN_BUSY). (A workspace not there yet that the launch can create passes.)"""
     return [
         check
         for check in report.checks
         if not (check.ok or check.skipped)
         and not (check.name == "nvidia_smi" and not spec.gpus)
-        and not (check.name == "workspace" and check.detail == workspace_missing(spec))
         and check.name not in tolerate
     ]
 
@@ -252,7 +252,11 @@ def inside_script(spec: TargetSpec, nvidia_smi_timeout: float, *, torch_found: b
         [
             f"{gpus} 2>&1; rc=$?; echo; echo '{SECTION}gpus' $rc",
             f"if [ $rc = 0 ]; then {apps} 2>&1; echo; echo '{SECTION}apps' $?; fi",
-            f"if [ ! -d {ws} ]; then echo missing; elif t=$(mktemp {ws}/.dfo-preflight.XXXXXX 2>/dev/null);"
+            # a missing workspace: its nearest existing parent must take a directory (the launch's mkdir -p)
+            f"if [ ! -d {ws} ]; then p={ws}; while [ ! -d \"$p\" ]; do p=$(dirname -- \"$p\"); done;"
+            f" if t=$(mktemp -d \"$p/.dfo-preflight.XXXXXX\" 2>/dev/null); then rmdir \"$t\"; echo \"creatable $p\";"
+            f" df -Pk \"$p\" | tail -n 1; else echo \"missing $p\"; fi;"
+            f" elif t=$(mktemp {ws}/.dfo-preflight.XXXXXX 2>/dev/null);"
             f" then rm -f \"$t\"; echo writable; df -Pk {ws} | tail -n 1; else echo unwritable; fi",
             f"echo '{SECTION}workspace' 0",
             f"{python} 2>&1; echo; echo '{SECTION}python' $?",
@@ -327,24 +331,28 @@ def compute_apps_check(apps: list[gpu.ComputeApp]) -> Check:
 
 
 def _workspace_check(section: tuple[int, str], spec: TargetSpec) -> Check:
+    """The workspace exists and is writable, or does not exist yet and its nearest existing parent takes a
+    directory (the first launch creates it: `mkdir -p`); and its disk has min_free_disk_gb free."""
     lines = section[1].splitlines()
-    state = lines[0] if lines else "no answer"
+    state, _, parent = (lines[0] if lines else "no answer").partition(" ")
     if state == "missing":
-        return Check("workspace", False, workspace_missing(spec))
-    if state != "writable":
-        return Check("workspace", False, f"{spec.workspace} is not writable ({state})")
+        return Check("workspace", False, workspace_missing(spec, parent))
+    if state not in ("writable", "creatable"):
+        return Check("workspace", False, f"{spec.workspace} is not writable ({lines[0] if lines else 'no answer'})")
     available = DF_AVAILABLE_RE.search(lines[1]) if len(lines) > 1 else None
     if available is None:
         return Check("workspace", False, f"{spec.workspace} writable, but `df -Pk` gave no free space ({' '.join(lines[1:]) or 'no output'})")
     free_gb = int(available.group(1)) / 1024**2
-    detail = f"{spec.workspace} writable, {free_gb:.1f} GB free"
+    detail = (f"{spec.workspace} writable, {free_gb:.1f} GB free" if state == "writable" else
+              f"{spec.workspace} not there yet: the first launch creates it ({parent} writable, {free_gb:.1f} GB free)")
     if free_gb < spec.min_free_disk_gb:
         return Check("workspace", False, f"{detail} (needs {spec.min_free_disk_gb:g} GB: free some space)")
     return Check("workspace", True, detail)
 
 
-def workspace_missing(spec: TargetSpec) -> str:
-    return f"{spec.workspace} does not exist (create it: mkdir -p {spec.workspace})"
+def workspace_missing(spec: TargetSpec, parent: str) -> str:
+    return (f"{spec.workspace} does not exist and {parent or 'its parent'} is not writable, so a launch cannot create it "
+            f"(create it: mkdir -p {spec.workspace}, or set the target's workspace: to a writable path)")
 
 
 def _python_check(section: tuple[int, str], spec: TargetSpec) -> Check:

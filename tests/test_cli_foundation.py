@@ -49,6 +49,17 @@ def test_preflight_here_on_a_gpu_less_machine_says_it_has_no_gpu_and_what_still_
     assert "Traceback" not in result.stdout + result.stderr
 
 
+def test_preflight_here_on_a_fresh_machine_passes_the_workspace_the_first_launch_creates(tmp_path: Path) -> None:
+    # a new user's first `dfo preflight --host here`: no ~/dfo-workspace yet, which `dfo launch` makes (mkdir -p)
+    result = dfo("preflight", "--host", "here", "--json", env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    [report] = json.loads(result.stdout)
+    workspace = next(check for check in report["checks"] if check["name"] == "workspace")
+    assert report["ok"] and workspace["ok"]
+    assert workspace["detail"].startswith(f"{tmp_path}/dfo-workspace not there yet: the first launch creates it ({tmp_path} writable")
+    assert not (tmp_path / "dfo-workspace").exists()  # a preflight creates nothing
+
+
 def test_preflight_json_passes_with_idle_gpus(tmp_path: Path) -> None:
     state = NvidiaSmiState(tmp_path / "smi.json", gpus=[Gpu(0)])
     (tmp_path / "ws").mkdir()

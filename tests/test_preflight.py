@@ -94,8 +94,25 @@ def test_hung_nvidia_smi_fails_within_its_timeout(tmp_path: Path, smi: NvidiaSmi
 
 
 def test_missing_and_unwritable_workspace(tmp_path: Path, smi: NvidiaSmiState) -> None:
-    missing = checks_of(local_inventory(tmp_path, workspace=str(tmp_path / "nope")), "box1")["workspace"]
-    assert missing == (False, f"{tmp_path}/nope does not exist (create it: mkdir -p {tmp_path}/nope)")
+    # not there yet, under a writable directory: the first launch creates it (mkdir -p), so it passes
+    ok, detail = checks_of(local_inventory(tmp_path, workspace=str(tmp_path / "nope" / "ws")), "box1")["workspace"]
+    assert ok and detail.startswith(f"{tmp_path}/nope/ws not there yet: the first launch creates it ({tmp_path} writable, ")
+    assert not (tmp_path / "nope").exists() and not list(tmp_path.glob(".dfo-preflight*"))  # nothing left behind
+    # not there, under a directory no launch can write to: refused, with the fix
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        ok, detail = checks_of(local_inventory(tmp_path, workspace=str(locked / "ws")), "box1")["workspace"]
+        if os.geteuid() != 0:  # root writes through a mode of 555
+            assert not ok and detail == (f"{locked}/ws does not exist and {locked} is not writable, so a launch cannot "
+                                         f"create it (create it: mkdir -p {locked}/ws, or set the target's workspace: "
+                                         "to a writable path)")
+    finally:
+        locked.chmod(0o755)
+    missing = checks_of(local_inventory(tmp_path, workspace="/proc/dfo-nope"), "box1")["workspace"]
+    assert missing == (False, "/proc/dfo-nope does not exist and /proc is not writable, so a launch cannot create it "
+                              "(create it: mkdir -p /proc/dfo-nope, or set the target's workspace: to a writable path)")
     unwritable = "/proc" if os.geteuid() == 0 else "/"  # root writes anywhere but into procfs
     assert checks_of(local_inventory(tmp_path, workspace=unwritable), "box1")["workspace"] == (
         False,

@@ -237,8 +237,8 @@ def _launch_nodes(inv, hosts: list[str], variant: str, *, name: Optional[str], s
 
 def _warn_tolerated(report: TargetReport | None, spec: TargetSpec) -> None:
     """Say which failed preflight checks the launch went past (preflight.blocking lets them pass): busy GPUs
-    with --force, no GPU answer on a target that lists no GPUs (a CPU run); a missing workspace goes unsaid
-    (launch creates it)."""
+    with --force, no GPU answer on a target that lists no GPUs (a CPU run). (A workspace not there yet that the
+    launch can create passes its check.)"""
     for check in report.checks if report else ():
         if check.ok or check.skipped:
             continue
