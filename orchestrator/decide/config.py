@@ -17,7 +17,8 @@ class DecideConfig:
     first_step_grace_s: float = 900.0
     """Seconds from the run's start to its first step before it counts as stalled (compilation is slow)."""
     min_steady_steps: int = 60
-    """Steady needs at least this many steps since the first step (an autotuning plateau is shorter)."""
+    """Steady needs at least this many steps since the first step (an autotuning plateau is shorter); at the
+    default, not on a quiet run logging 2+ steps a line (its lines are the evidence: steady._quiet_cut)."""
     min_steady_seconds: float = 15.0
     """... and at least this many seconds since the first step; a quiet run (its intervals vary within the
     precision) 0.8 x this (steady.QUIET_SECONDS_SHARE: 12 s), any other run shift_hold_s (its slow swings last

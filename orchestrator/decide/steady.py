@@ -8,7 +8,8 @@ the evidence). With p = `precision` (default 5%):
    step is an unmarked pause (an eval the trainer did not mark) and is dropped too (`_paused`): the figure is
    the training rate, and `pauses` counts them.
 2. On every new block, MSER-5 over the block medians picks the truncation point d*; it is accepted only in
-   the first half of the series and with at least `min_blocks_after_warmup` blocks after it.
+   the first 3/4 of the series (MSER_LATEST) and with at least `min_blocks_after_warmup` blocks after it, or
+   QUIET_MIN_BLOCKS on a run that logs 2+ steps a line and is quiet after the cut (`_quiet_cut`).
 3. After d*, both of:
    - no trend larger than p over the window is plausible: the Theil-Sen slope's 95% confidence interval
      (Sen 1968, its variance widened for the autocorrelation), projected over the window, lies within +/- p
@@ -17,7 +18,8 @@ the evidence). With p = `precision` (default 5%):
      series' autocorrelation time, the interval from their spread with the effective sample size.
    The trend's horizon is trend_horizon_steps, or HORIZON_LINES lines where a line stands for 2+ steps
    (`_horizon_steps`: a line is one rate measurement), whichever is fewer steps.
-   Steady once both hold, and the minimum steps AND seconds since the first step are met (the seconds:
+   Steady once both hold, and the minimum steps AND seconds since the first step are met (no minimum steps
+   on a quiet window of lines of 2+ steps each: its lines are the evidence, `_quiet_cut`; the seconds:
    QUIET_SECONDS_SHARE x min_steady_seconds on a quiet run, whose intervals vary within the precision and
    QUIET_REL, shift_hold_s on any other), for `confirm_blocks` consecutive new blocks. The dispersion of the interval throughputs (IQR / median,
    `noise_rel`) is reported, with `noisy` when it exceeds `noisy_rel`; it never blocks the verdict.
@@ -90,6 +92,7 @@ TREND_P = 0.05  # Mann-Kendall: a trend is plausible at p < 0.05
 MIN_BATCHES = 10  # batches are as long as the autocorrelation time, but there are at least 10 of them
 MAX_LAG1 = 0.9  # autocorrelation estimates are clipped to [0, 0.9]: tau <= 19
 REACH_MIN_SECONDS = 40.0  # the precision is judged out of reach only on a window this long after the warm-up
+QUIET_MIN_BLOCKS = 4  # a quiet run logging 2+ steps a line: MSER's cut with 4 blocks after it will do (_quiet_cut)
 PAUSE_GAP_FACTOR = 4.0  # a line taking 4x the usual seconds per step is an unmarked pause (_paused) ...
 PAUSE_LINES, PAUSE_MIN_LINES = 50, 10  # ... the usual: the median of the last 50 lines, once there are 10
 DECLINE_MIN_SECONDS = 60.0  # once steady, a decline is judged on a figure window this long (2+ slow swings)
@@ -337,6 +340,7 @@ class SteadyDetector:
         self._declared_truncation = 0  # the warm-up cut (block) when steady was declared; _truncation moves later
         self._declared_tok_s = 0.0  # the figure when steady was declared
         self._declining_since: float | None = None  # since when every refine found the level fallen beyond p
+        self._measured_lines = False  # the window after the cut logs 2+ steps a line (_analyse, _minimums_met)
         self.shifts: list[dict] = []
         self._gaps: list[float] = []  # seconds per step of the last PAUSE_LINES lines (_paused)
         self.pauses = {"lines": 0, "seconds": 0.0}  # unmarked pauses left out of the level, and their seconds
@@ -574,12 +578,20 @@ class SteadyDetector:
         5 s before a 23% drop), while a quiet run is known to its precision in a few lines. On a run that is not
         quiet, the window after the warm-up cut (`window_s`) must itself span min_steady_seconds: the seconds since
         the first step count a warm-up MSER cuts off, and a noisy level seen for 10 s is one swing (small-thr-eager
-        was declared at +39.7% on a 10-s window, 2 s before its shift at 37 s)."""
+        was declared at +39.7% on a 10-s window, 2 s before its shift at 37 s). A quiet window whose lines stand
+        for 2+ steps each needs no min_steady_steps (`_quiet_cut`): at 5 steps a line every ~3 s, 60 steps were
+        36 s of a level known to 0.2% from its 3rd line (the held-out quiet qwen3 logs: first steady 34-59 s). A
+        min_steady_steps above its default (60) is a user's and holds on every run."""
         steps = self.last_step - self.first_step
         seconds = self.last_ts - self.first_ts
         noisy = not self._quiet(noise_rel)
         need_s = self.config.shift_hold_s if noisy else QUIET_SECONDS_SHARE * self.config.min_steady_seconds
-        if steps < self.config.min_steady_steps or seconds < need_s:
+        # a quiet window of lines of 2+ steps each: its lines, not its steps, are the evidence (_quiet_cut); a
+        # min_steady_steps set above its default (a user's long autotuning) holds whatever the lines
+        lines_suffice = (not noisy and self._measured_lines
+                         and self.config.min_steady_steps <= DecideConfig.min_steady_steps)
+        few_steps = steps < self.config.min_steady_steps and not lines_suffice
+        if few_steps or seconds < need_s:
             have, need = seconds_against(seconds, need_s)
             return False, (f"{steps} steps / {have} s since the first step (need {self.config.min_steady_steps} / "
                            f"{need}{', noisy' if noisy else ''})")
@@ -689,6 +701,9 @@ class SteadyDetector:
         d = mser_truncation(self._prefix1, self._prefix2, start, n, need_after) if n - start >= need_after else None
         if d is not None and d - start > (n - start) * MSER_LATEST:
             d = None
+        if d is None:
+            d = self._quiet_cut(start, n)
+        self._measured_lines = d is not None and self._steps_per_line(d) >= 2
         timed_out = self.last_ts - self._open_since >= self.config.max_undecided_s
         if d is None:
             self._good_blocks_in_a_row = self._out_of_reach_in_a_row = 0
@@ -722,6 +737,25 @@ class SteadyDetector:
                       f"{self.config.confirm_blocks} needed")
         why = (minimums_why or confirming) if checks["ok"] else self._why_not(checks)
         self._undecided(f"warming up: {why} (warm-up end at block {d - self._origin} of {n - self._origin})", d, checks)
+
+    def _steps_per_line(self, first: int) -> float:
+        """Steps per log line over the blocks from `first` on (by step number: a line stands for the steps since
+        the previous one)."""
+        lines = sum(len(block) for block in self._raw[first:])
+        return (self.last_step - self._block_first_step[first] + 1) / max(1, lines)
+
+    def _quiet_cut(self, start: int, n: int) -> int | None:
+        """MSER's cut with QUIET_MIN_BLOCKS blocks after it (not min_blocks_after_warmup) on a run that logs 2+
+        steps a line and is quiet after the cut (`_quiet`): each of its lines is already a rate measured over
+        several steps, and a quiet one is known to the precision in a few of them (qwen3-8b-shape logs 5 steps a
+        line every ~3 s: 8 blocks after the cut were 8 lines, ~24 s). None otherwise."""
+        if n - start < QUIET_MIN_BLOCKS:
+            return None
+        d = mser_truncation(self._prefix1, self._prefix2, start, n, QUIET_MIN_BLOCKS)
+        if d is None or d - start > (n - start) * MSER_LATEST or self._steps_per_line(d) < 2:
+            return None
+        raw = [v for block in self._raw[d:n] for v in block]
+        return d if len(raw) >= QUIET_MIN_BLOCKS and self._quiet(noise_of(raw)) else None
 
     def _window_shift(self, d: int, n: int) -> int | None:
         """Before a declaration: has the level moved inside the window after the cut, blocks [d, n)? The change

@@ -141,7 +141,7 @@ def staircase(start_s: float, mib_per_s: float, every_s: float = 4.0):
 
 
 def test_gpu_memory_climbing_after_the_declaration_is_said_beside_the_steady_figure():
-    """qwen-ps-eager (6,915 tok/s, a line every ~1.5 s, declared at ~19 s) with GPU 0's memory.used sampled every
+    """qwen-ps-eager (6,915 tok/s, a line every ~1.5 s, declared at ~15 s) with GPU 0's memory.used sampled every
     second: flat at 30.5 GiB, then from 60 s on +40 MiB a second in 160-MiB steps (a tensor kept per step).
     Before, the verdict said `steady` with nothing about it until the out-of-memory crash; now, ~1.5 GiB up
     and still climbing on every look for 30 s, the decision says `degrading` (which GPU, how fast, full when)
@@ -151,10 +151,12 @@ def test_gpu_memory_climbing_after_the_declaration_is_said_beside_the_steady_fig
     flagged = [(s, d) for s, d in shown if d.degrading is not None]
     assert flagged, shown[-1][1].reason
     seconds, first = flagged[0]
-    assert 60 + 30 < seconds < 150 and first.decision == "steady", (seconds, first.reason)
+    # (the rate is taken from the declaration on: declared at ~15 s, not ~19 s, it starts with 4 s more of flat
+    # samples and is flagged at ~152 s, not ~139 s)
+    assert 60 + 30 < seconds < 160 and first.decision == "steady", (seconds, first.reason)
     degrading = first.degrading
     assert degrading["what"] == "gpu_memory" and degrading["gpu"] == 0 and degrading["total_gib"] == round(H200_MIB / 1024, 2)
-    # the rate is taken over the samples since the declaration (~19 s), the first ~40 s of them flat: below the
+    # the rate is taken over the samples since the declaration (~15 s), the first ~45 s of them flat: below the
     # climb's own 2.34 GiB/min (it read 1.8-2.8 while the declaration came at ~49 s)
     assert 1.4 < degrading["gib_per_min"] < 2.8 and degrading["now_gib"] - degrading["from_gib"] >= 1.4
     assert 40 * 60 < degrading["full_in_s"] < 80 * 60  # (140 - 32) GiB at ~2.3 GiB/min
