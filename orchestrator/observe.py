@@ -25,6 +25,7 @@ from orchestrator.agent.protocol import MAX_OFFSET, FrameDecoder, ProtocolError,
 from orchestrator.logfmt import MAX_TS
 from orchestrator.errors import CommandTimeout, DfoError
 from orchestrator.remote.base import Stream, Target
+from orchestrator.words import counted, plural
 
 MAX_PARTIAL_LINE = 1024 * 1024  # a "line" with no newline after this many bytes is reported as it is
 READ_SLICE_S = 0.5  # how long one read waits, so close() and heartbeat checks are prompt
@@ -99,7 +100,7 @@ class RunTracker:
         if off < expected:  # already seen (a resend after a reconnect): keep only what is new
             payload = payload[expected - off :]
         elif off > expected:
-            complaint = f"{self.spec.run}: {off - expected} log bytes at offset {expected} were never received"
+            complaint = f"{self.spec.run}: {counted(off - expected, 'log byte')} at offset {expected} were never received"
             self.consumed, self.partial = off, b""
         if self.after_hole and payload:  # the zeros that pad a hole's last block are no text
             zeros = len(payload) - len(payload.lstrip(b"\0"))
@@ -246,7 +247,7 @@ class ObserverBase:
         if skipped:  # a hole (sparse region) the agent skipped: it ends the line before it
             lines = tracker.skip(off - skipped, off)
             self._emit("error", tracker.spec.run, data={"text": (
-                f"{tracker.spec.run}: a hole of {skipped:,} bytes (a sparse region of zeros) at offset "
+                f"{tracker.spec.run}: a hole of {skipped:,} {plural(skipped, 'byte')} (a sparse region of zeros) at offset "
                 f"{off - skipped:,} of the log was skipped, not read")})
             if lines:
                 self._emit("lines", tracker.spec.run, lines=tuple(lines), offset=tracker.consumed,
@@ -406,7 +407,7 @@ class PollObserver(ObserverBase):
                 for record in decoder.feed(data):
                     self._handle(record)
         if decoder.pending:
-            raise ProtocolError(f"agent --once ended inside a record ({decoder.pending} bytes left over)")
+            raise ProtocolError(f"agent --once ended inside a record ({counted(decoder.pending, 'byte')} left over)")
 
 
 def _ts(header: dict) -> float | None:

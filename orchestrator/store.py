@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from .errors import DfoError, RefusedError, UnknownRun
 from .states import RunState
+from .words import plural
 
 BUSY_TIMEOUT_MS = 15000
 MAX_CHAIN = 100  # runs followed along parent links before giving up (a loop in hand-edited rows)
@@ -313,7 +314,7 @@ JSON_COLUMNS = ("chain", "decision", "log_ident")
 def _encode_run_fields(values: Mapping[str, Any]) -> dict[str, Any]:
     unknown = set(values) - set(RUN_COLUMNS)
     if unknown:
-        raise ValueError(f"unknown run field(s): {', '.join(sorted(unknown))}")
+        raise ValueError(f"unknown run {plural(len(unknown), 'field')}: {', '.join(sorted(unknown))}")
     if "state" in values and values["state"] not in tuple(RunState):
         raise ValueError(f"run state must be one of {', '.join(RunState)}, got {values['state']!r}")
     encoded = {k: (json.dumps(v) if k in JSON_COLUMNS and v is not None else v) for k, v in values.items()}
@@ -658,7 +659,7 @@ class Store:
         """Set columns of a cell (values already encoded; the names are batch.py's, never user input)."""
         unknown = set(values) - BATCH_CELL_COLUMNS
         if unknown:
-            raise ValueError(f"unknown batch cell field(s): {', '.join(sorted(unknown))}")
+            raise ValueError(f"unknown batch cell {plural(len(unknown), 'field')}: {', '.join(sorted(unknown))}")
         assignments = ", ".join(f"{key} = ?" for key in values)
         with self._write() as db:
             db.execute(f"UPDATE batch_cells SET {assignments} WHERE batch = ? AND cell = ?", (*values.values(), batch, cell))

@@ -52,6 +52,7 @@ from .package import AGENT_NAME, Package, build_package, push
 from .runs import StopWait, resolve_launch, worth_a_look
 from .states import RunState, Verdict
 from .store import Run, Store, utc_now
+from .words import counted
 
 DRAIN_MAX = 5000  # observations handled per step(); the rest wait for the next one
 VANISHED_GRACE_S = 3.0  # a dead PID with no exit file yet: wait this long for the wrapper to write it
@@ -488,7 +489,7 @@ class Watcher:
         new = [sample for sample in writes.samples.get(run.name, []) if floor is None or sample["step"] > floor]
         changed = log_changed_since(run.log_ident, run.log_offset, log)
         if changed is not None:  # said as a follow that met it says it (the agent's `truncated` record)
-            watched.lines.append(f"[dfo: log {changed} ({log.offset or 0} bytes, read to {run.log_offset}); "
+            watched.lines.append(f"[dfo: log {changed} ({counted(log.offset or 0, 'byte')}, read to {run.log_offset}); "
                                  "read again from 0]")
             self.emit(watched, ev.Truncated, size=log.offset or 0, why=changed, was=run.log_offset)
         if log.offset is None:  # an empty log: followed from where it was

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ..errors import UsageError
+from ..words import plural
 
 NOT_DECIDE_KEYS = frozenset({"baseline_tok_s", "unreachable_s"})  # inventory `watch:` keys used elsewhere
 
@@ -79,5 +80,6 @@ class DecideConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise UsageError(f"unknown watch key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise UsageError(f"unknown watch {plural(len(unknown), 'key')} {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(known))}")
         return cls(**values)

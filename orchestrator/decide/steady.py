@@ -69,6 +69,7 @@ from statistics import fmean, median, quantiles
 
 import numpy as np
 
+from ..words import counted
 from .config import DecideConfig
 from .observations import StepObs
 
@@ -733,7 +734,7 @@ class SteadyDetector:
         if self._out_of_reach_in_a_row >= self.config.confirm_blocks:
             self._final_answer(d, stats, checks, needed_s=needed)
             return
-        confirming = (f"the checks hold on {self._good_blocks_in_a_row} block(s) in a row, "
+        confirming = (f"the checks hold on {counted(self._good_blocks_in_a_row, 'block')} in a row, "
                       f"{self.config.confirm_blocks} needed")
         why = (minimums_why or confirming) if checks["ok"] else self._why_not(checks)
         self._undecided(f"warming up: {why} (warm-up end at block {d - self._origin} of {n - self._origin})", d, checks)
@@ -1004,7 +1005,7 @@ class SteadyDetector:
             elapsed = self.last_ts - self.first_ts
             wall = level.mean * max(0.0, 1 - self.pauses["seconds"] / elapsed) if elapsed > 0 else level.mean
             self.estimate.evidence["pauses"] = {**self.pauses, "wall_tok_s": round(wall, 1)}
-            self.estimate.reason += (f"; the training rate: {self.pauses['lines']} unmarked pause(s), "
+            self.estimate.reason += (f"; the training rate: {counted(self.pauses['lines'], 'unmarked pause')}, "
                                      f"{self.pauses['seconds']:.0f} s, left out (wall clock ~{wall:,.0f} tok/s)")
 
     def _base_evidence(self, d: int) -> dict:

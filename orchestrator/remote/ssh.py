@@ -35,6 +35,7 @@ from fabric import Config, Connection
 
 from ..errors import (AuthError, CommandFailed, CommandTimeout, ConnectError, DfoError, HostKeyChanged, HostKeyUnknown,
                       TransferError, UsageError)
+from ..words import counted
 from .base import DEFAULT_TIMEOUT, Command, Result, Stream, Target, env_argv, render
 
 DEFAULT_USER = "root"
@@ -201,7 +202,7 @@ class SshTarget(Target):
             finally:
                 sftp.close()
         if remote_size != size:
-            raise TransferError(f"{remote} has {remote_size} bytes after the copy, {local} has {size}", where=self.name)
+            raise TransferError(f"{remote} has {counted(remote_size, 'byte')} after the copy, {local} has {size}", where=self.name)
 
     def stream(self, cmd: Command) -> "SshStream":
         command = render(cmd)

@@ -210,7 +210,7 @@ def test_no_steady_line_names_a_warm_up_end_after_the_step_it_was_declared_at(lo
 def test_every_warming_up_line_says_what_holds_the_verdict_back():
     """The watch's line 3 while undecided names what is missing. On the block where every check first held,
     one block before the declaration (confirm_blocks is 2), it read "warming up:  (warm-up end at block 25 of
-    44)" (e2p-ps2-trees at step 900; 43 step lines of 21 real logs); now "the checks hold on 1 block(s) in a
+    44)" (e2p-ps2-trees at step 900; 43 step lines of 21 real logs); now "the checks hold on 1 block in a
     row, 2 needed"."""
     empty = []
     for log in LOGS:

@@ -256,3 +256,22 @@ def test_a_quiet_run_that_steps_slowly_is_declared_before_its_window_spans_the_t
     assert quiet.estimate.steady and abs(quiet.estimate.tok_s / 11_300 - 1) < 0.01
     _, declared_noisy = run_detector(noisy(np.random.default_rng(11), 11_300, 400, sigma=0.08), step_s=0.36)
     assert declared_noisy is None or declared_noisy >= 150
+
+
+def test_counts_in_the_reasons_and_the_key_check_take_their_number():
+    """`1 block(s)`, `unknown watch key(s) stepz`: a count says its noun in the number it takes (words.counted)."""
+    with pytest.raises(UsageError) as refused:
+        DecideConfig.from_mapping({"stepz": 100})
+    assert str(refused.value).startswith("unknown watch key stepz; known: ")
+    with pytest.raises(UsageError) as refused:
+        DecideConfig.from_mapping({"stepz": 100, "precison": 0.1})
+    assert str(refused.value).startswith("unknown watch keys precison, stepz; known: ")
+    rng = np.random.default_rng(7)
+    values = 50_000 * (1 + rng.normal(0, 0.01, 400))
+    reasons = []
+    detector = SteadyDetector(DecideConfig())
+    for step, value in enumerate(values, start=1):
+        detector.feed(StepObs(1_795_000_000.0 + step * 0.25, step, float(value)))
+        reasons.append(detector.estimate.reason)
+    assert any("the checks hold on 1 block in a row, 2 needed" in reason for reason in reasons)
+    assert not any("(s)" in reason for reason in reasons)
