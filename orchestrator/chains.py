@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 from . import faults
 from .decide import Catalogue, next_variant, rest_of_chain
 from .errors import DfoError, RefusedError, UsageError
+from . import events as ev
 from .events import Resumed, record
 from .inventory import Inventory, TargetSpec, chain_problems, load_inventory
 from .launchplan import Gate
@@ -159,7 +160,7 @@ def name_tries(base: str) -> list[str]:
 
 def first_launch(store: Store, root: str) -> dict[str, Any]:
     """What run `root` (for a chain: its first run) was launched with: `sets` (the user's --set), `env`, `wandb`."""
-    launched = store.events(root, kind="launched")
+    launched = store.events(root, kind=ev.Launched.kind)
     return dict((launched[0]["data"] or {}) if launched else {})
 
 

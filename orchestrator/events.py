@@ -361,9 +361,11 @@ class RunRecord(Event):
 
 @dataclass(frozen=True)
 class Launched(RunRecord):
-    """A run started: its PID and what it was launched with (a fallback's successor takes these: chains.first_launch)."""
+    """A run's process started: its PID and what it was launched with (a fallback's successor takes these:
+    chains.first_launch). Kind `started` (it was `launched`, the kind of `dfo launch --json`'s line, LaunchAnswer,
+    whose shape is another: store migration 11 renamed the old rows)."""
 
-    kind: ClassVar[str] = "launched"
+    kind: ClassVar[str] = "started"
     pid: int
     target: str
     variant: Optional[str]
@@ -464,7 +466,7 @@ class GpuError(TargetEvent):
 
 @dataclass(frozen=True)
 class TargetError(TargetEvent):
-    kind: ClassVar[str] = "error"
+    kind: ClassVar[str] = "target_error"
     text: Optional[str]
 
 

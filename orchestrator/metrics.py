@@ -15,6 +15,7 @@ from pathlib import Path
 from statistics import fmean, median
 from typing import Any, Optional
 
+from . import events as ev
 from .logfmt import parse_ts
 from .decide import Decision, read_stored
 from .report import LEGEND_FONT, PLOT_DPI, STEADY, UNREADABLE, config_colours, run_figure, run_gpu_samples
@@ -151,7 +152,7 @@ def run_metrics(store: Store, name: str) -> RunMetrics:
         if made is not None:  # one that cannot be read is left out of the timeline
             decisions.append({"t": since(parse_ts(event["at"])), "decision": str(made.decision),
                               "action": str(made.action), "at_step": made.at_step})
-    launched = store.events(name, kind="launched")
+    launched = store.events(name, kind=ev.Launched.kind)
     settings = dict((launched[0]["data"] or {}).get("sets") or {}) if launched else {}
     decision, unreadable = read_stored(run.decision)
     unreadable = unreadable or (run.unreadable if run.unreadable and "runs.decision" in run.unreadable else None)

@@ -219,6 +219,13 @@ def _m010_unconfirmed(db: sqlite3.Connection) -> None:
     db.execute("UPDATE runs SET state = 'unconfirmed' WHERE state = 'lost' AND pid IS NULL AND exit_code IS NULL")
 
 
+def _m011_event_kinds(db: sqlite3.Connection) -> None:
+    """One shape per event kind (events.py): a process's start record is `started` (`launched` is `dfo launch
+    --json`'s line, another shape), a target's channel error `target_error` (`error` is a run's)."""
+    db.execute("UPDATE events SET kind = 'started' WHERE kind = 'launched'")
+    db.execute("UPDATE events SET kind = 'target_error' WHERE kind = 'error' AND run IS NULL")
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
@@ -230,6 +237,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("claims.since: when the claim's owner took it", _m008_claim_since),
     ("runs.ended_from, runs.history_complete: where ended_at came from; history read to the log's end", _m009_history),
     ("runs.state unconfirmed: a start that got no answer, once `lost` without a PID", _m010_unconfirmed),
+    ("events: kind started (was launched), target_error (was error without a run)", _m011_event_kinds),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 

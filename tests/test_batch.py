@@ -530,7 +530,7 @@ def test_a_cells_runs_carry_its_settings_and_gpus_into_every_fallback():
     with Store.in_memory() as store:  # a fallback's spec is `dfo watch`'s: from what the cell's first run was launched with
         root = store.add_run(Run(name="g.trees.ct200.data.batch-8.g2.r1", target="ct200", variant="trees", batch="g",
                                  state="crashed"))
-        store.add_event(root.name, "launched", {"sets": dict(first.sets), "env": dict(first.env), "wandb": first.wandb})
+        store.add_event(root.name, "started", {"sets": dict(first.sets), "env": dict(first.env), "wandb": first.wandb})
         fallback = next_spec(INVENTORY, store, store.get_run(root.name), "nographs", plan.chain)
     for spec in (first, fallback):
         assert spec.env["CUDA_VISIBLE_DEVICES"] == "2,3" and spec.args["data.batch"] == 8 and spec.batch == "g"

@@ -111,7 +111,7 @@ def test_matrix_over_two_hosts_falls_back_resumes_and_reports(tmp_path: Path, ne
 
     with Store(state / "dfo.db") as store:
         runs_after = {run.name: run for run in store.list_runs(batch="sweep1")}
-        launches = [event["run"] for event in store.events(kind="launched")]
+        launches = [event["run"] for event in store.events(kind="started")]
     assert len(runs_after) == 8 and len(launches) == len(set(launches)) == 8  # nothing launched twice
     assert all(runs_after[name].pid == pid for name, pid in runs_before.items())  # nor replaced
     for cell in finished_before:

@@ -26,7 +26,7 @@ def add_run(store: Store, name: str, variant: str, level: float, decision: dict 
     """100 s of a run: 20 s of warm-up at a tenth of `level`, then `level`; GPU samples every 5 s; its decisions."""
     store.add_run(Run(name=name, target="ct200", variant=variant, state="stopped", exit_code=143,
                       started_at=format_ts(T0), ended_at=format_ts(T0 + 100), decision=decision))
-    store.add_event(name, "launched", {"pid": 1, "target": "ct200", "variant": variant, "sets": {"batch_size": 8}},
+    store.add_event(name, "started", {"pid": 1, "target": "ct200", "variant": variant, "sets": {"batch_size": 8}},
                     at=format_ts(T0))
     store.add_samples(name, [{"step": 10 * k, "ts": T0 + 5 + k, "tok_s": level / 10 if k < 20 else level,
                               "loss": 3.0 - k / 50} for k in range(90)])

@@ -133,7 +133,7 @@ def test_command_run_is_detached_logged_recorded_and_writes_its_exit_status(stor
     assert wait_for(lambda: exit_file.read_text().strip()) == "3"
     assert Path(run.log_path).read_text() == "hello\nfrom-run\n"
     assert Path(workspace, "logs", "r1.log").stat().st_size > 0
-    assert [e["kind"] for e in store.events("r1")] == ["launched"]
+    assert [e["kind"] for e in store.events("r1")] == ["started"]
 
 
 class DirectoryEvents:

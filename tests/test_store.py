@@ -160,6 +160,16 @@ def test_a_registry_from_a_newer_dfo_is_refused_not_mangled(tmp_path):
         Store(path)
 
 
+def registry_before(path, version: int) -> sqlite3.Connection:
+    """A registry file of the dfo before migration `version` (those before it applied), open for rows to be added."""
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT, applied_at TEXT)")
+    for number, (name, apply) in enumerate(MIGRATIONS[: version - 1], start=1):
+        apply(db)
+        db.execute("INSERT INTO schema_version VALUES (?, ?, 'then')", (number, name))
+    return db
+
+
 def test_the_unconfirmed_migration_turns_an_old_pid_less_lost_row_into_unconfirmed_and_keeps_a_real_lost_one(tmp_path):
     # a registry of the dfo before migration 10, where a start that got no answer was `lost` without a PID (and a
     # process gone without an exit file was `lost` with its PID): one state for two things
@@ -167,11 +177,7 @@ def test_the_unconfirmed_migration_turns_an_old_pid_less_lost_row_into_unconfirm
     from orchestrator.states import RunState
 
     path = tmp_path / "dfo.db"
-    db = sqlite3.connect(path)
-    db.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, name TEXT, applied_at TEXT)")
-    for version, (name, apply) in enumerate(MIGRATIONS[:9], start=1):
-        apply(db)
-        db.execute("INSERT INTO schema_version VALUES (?, ?, 'then')", (version, name))
+    db = registry_before(path, 10)
     rows = [("unseen", None, None, "2026-11-29T11:40:03.123Z"), ("gone", 4242, None, "2026-11-29T12:40:03.123Z"),
             ("crashed", 4243, 1, "2026-11-29T12:41:03.123Z")]
     for name, pid, code, ended in rows:
@@ -192,3 +198,21 @@ def test_the_unconfirmed_migration_turns_an_old_pid_less_lost_row_into_unconfirm
         assert store.transition("gone", RunState.EXITED, RunState.endable(), exit_code=0) is None  # lost is an end
     with Store(path) as store:  # applied once
         assert store.get_run("gone").state == "lost" and store.schema_version() == len(MIGRATIONS)
+
+
+def test_migration_11_gives_each_stored_event_kind_one_shape(tmp_path):
+    # before it: `launched` was both `dfo launch --json`'s line and the registry's start record (another shape),
+    # and `error` both a run's and a target channel's (no run); old rows are renamed, what reads them finds them
+    path = tmp_path / "dfo.db"
+    db = registry_before(path, 11)
+    for run, kind, data in [("r", "launched", '{"pid": 7, "sets": {"steps": "9"}, "env": {}, "wandb": "off"}'),
+                            ("r", "error", '{"chain": "r", "text": "its log was not read"}'),
+                            (None, "error", '{"target": "ct200", "text": "agent died"}')]:
+        db.execute("INSERT INTO events (run, at, kind, data) VALUES (?, 'then', ?, ?)", (run, kind, data))
+    db.commit()
+    db.close()
+    with Store(path) as store:
+        assert [(e["run"], e["kind"]) for e in store.events()] == [("r", "started"), ("r", "error"), (None, "target_error")]
+        from orchestrator.chains import first_launch
+
+        assert first_launch(store, "r")["sets"] == {"steps": "9"}  # a fallback's successor still takes its sets

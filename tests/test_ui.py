@@ -100,7 +100,7 @@ def add_run(store: Store, name: str, variant: str, level: float, decision: dict 
     store.add_run(Run(name=name, target="ct200", variant=variant, state=state, exit_code=exit_code, parent=parent,
                       batch=batch, started_at=format_ts(T0), ended_at=format_ts(T0 + 100) if exit_code is not None else None,
                       decision=decision))
-    store.add_event(name, "launched", {"pid": 1, "target": "ct200", "variant": variant, "sets": sets or {}},
+    store.add_event(name, "started", {"pid": 1, "target": "ct200", "variant": variant, "sets": sets or {}},
                     at=format_ts(T0))
     store.add_samples(name, [{"step": 10 * k, "ts": T0 + 5 + k, "tok_s": level / 10 if k < 20 else level + (k % 3),
                               "loss": 3.0 - k / 50} for k in range(90)])

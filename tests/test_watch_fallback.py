@@ -137,7 +137,7 @@ def test_set_overrides_of_the_first_launch_go_to_the_fallback_run(tmp_path, monk
         child = lab.store.get_run("o1.2-nographs")
         assert "--steps 77" in child.command and "--set optim.lr=0.01" in child.command
         assert "--variant nographs" in child.command
-        [launched] = lab.store.events("o1.2-nographs", kind="launched")
+        [launched] = lab.store.events("o1.2-nographs", kind="started")
         assert launched["data"]["sets"] == {"steps": "77", "optim.lr": "0.01"}
         run_until(watcher, lambda w: lab.store.samples("o1.2-nographs"))
         log = (tmp_path / "ws" / "logs" / "o1.2-nographs.log").read_text()
