@@ -83,10 +83,7 @@ def replay_timeline(lines: Iterable[str], **options) -> list[Decision]:
     seen: list[tuple] = [()]  # the judge's state when last looked at: a Decision is built only when it moved
 
     def look(judge: RunJudge) -> None:
-        estimate = judge.steady.estimate
-        held = estimate.steady or estimate.drifting
-        state = (judge.settled, estimate.steady, estimate.drifting, estimate.declared_step if held else None,
-                 judge.last_step is None)
+        state = held_state(judge)
         if state == seen[0]:
             return
         seen[0] = state
@@ -96,6 +93,17 @@ def replay_timeline(lines: Iterable[str], **options) -> list[Decision]:
 
     final = replay(lines, **options, after_each=look)
     return [*changes, final]
+
+
+def held_state(judge: RunJudge) -> tuple:
+    """What of the judge's state can change its verdict_key, read without building a Decision (cheap enough to
+    look at after every observation): settled, steady or drifting and the step that level was declared at, and
+    whether a step was seen. A caller builds `judge.decision()` only when this moved: the Decision as it stood
+    when its verdict was reached (replay_timeline; the watch's Watcher._feed)."""
+    estimate = judge.steady.estimate
+    held = estimate.steady or estimate.drifting
+    return (judge.settled, estimate.steady, estimate.drifting, estimate.declared_step if held else None,
+            judge.last_step is None)
 
 
 def verdict_key(decision: Decision) -> tuple:
