@@ -39,7 +39,10 @@ from . import events as ev
 from .agent.protocol import ProtocolError
 from .chains import GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Policy, catalogue_for, chain_key, chain_variants
 from .connections import Connections
-from .decide import DecideConfig, Decision, ExitObs, GpuObs, RunJudge, StepObs, TickObs, observation_from_record, read_stored
+from .decide import (
+    DecideConfig, Decision, ExitObs, GpuObs, Observation as JudgeObs, RunJudge, StepObs, TickObs, held_state,
+    observation_from_record, read_stored, verdict_key,
+)
 from .errors import DfoError, UnknownRun
 from .gpu import failure_kind
 from .history import SAMPLE_FIELDS, WholeLog, catch_up, read_whole_log, sample_of
@@ -100,6 +103,10 @@ class WatchedRun:
     exit_wait: "ExitWait | None" = None  # dfo's stop of it sent SIGTERM and waits for it to checkpoint and exit
     lost: bool = False  # its container was unreachable for longer than unreachable_s: the watch gave up on it
     dirty: bool = False  # fed since the decision was last read
+    held: tuple = ()  # the judge's decide.held_state when last fed (Watcher._feed)
+    reached: Decision | None = None  # the decision as it stood when its verdict was reached, if that was in the
+    # observations fed since the last _judge: its figure is that moment's (the one a shift's declared_tok_s records,
+    # dfo replay --timeline's), not one refined over whatever else the same read of the log brought
     ended: bool = False  # no longer followed: dfo stopped it and read its log to the end (Watcher.read_to_end),
     # or it had ended before the watch (Watcher._ended_before)
     replaying: bool = False  # its log read again from the start to judge it (Watcher._replay): an event kind stored
@@ -452,8 +459,8 @@ class Watcher:
         """Judge the run from its stored samples (its log is not read again: a run never read before, one whose
         verdict was acted on, or one whose log cannot be read now); a final verdict restored by _resume stands."""
         for sample in samples:
-            watched.judge.observe(StepObs(sample["ts"], int(sample["step"]), float(sample["tok_s"]), sample.get("loss"),
-                                          sample.get("phase") or "train", sample.get("active")))
+            self._feed(watched, StepObs(sample["ts"], int(sample["step"]), float(sample["tok_s"]), sample.get("loss"),
+                                        sample.get("phase") or "train", sample.get("active")))
         if not self.lifecycle.acts_on(watched.decision.decision):
             watched.decision = watched.judge.decision()
 
@@ -692,8 +699,17 @@ class Watcher:
                 watched.compiles = record.fields.get("variant", "eager") != "eager"
             if isinstance(record, EventRecord) and record.event == "wandb":  # where its W&B record is: kept
                 self.emit(watched, ev.Wandb, **{k: record.fields[k] for k in ("mode", "url", "dir") if k in record.fields})
-        watched.judge.observe(observation_from_record(record, received))
+        self._feed(watched, observation_from_record(record, received))
+
+    def _feed(self, watched: WatchedRun, obs: JudgeObs) -> None:
+        """The run's judge takes `obs`; when its verdict moved on it (decide.held_state), the decision as it
+        stands now is kept (`reached`): a read of the log brings many lines at once, and _judge, after them all,
+        says the verdict with the figure of the line that reached it, as dfo replay --timeline does."""
+        watched.judge.observe(obs)
         watched.dirty = True
+        held = held_state(watched.judge)
+        if held != watched.held:
+            watched.held, watched.reached = held, watched.judge.decision()
 
     def _proc(self, watched: WatchedRun, obs: Observation) -> None:
         watched.alive, watched.exit_code = obs.data.get("alive"), obs.data.get("exit_code")
@@ -714,8 +730,7 @@ class Watcher:
         run = self.store.find_run(watched.name)
         stop_requested = bool(run and run.stop_requested_at)
         watched.exit_wait = None
-        watched.judge.observe(ExitObs(ts, code, stop_requested=stop_requested))
-        watched.dirty = True
+        self._feed(watched, ExitObs(ts, code, stop_requested=stop_requested))
         if stop_requested:
             watched.stopped_reason = watched.stopped_reason or "stopped on request (dfo stop)"
         state = str(RunState.STOPPED if stop_requested else RunState.after_exit(code))  # -1 (no exit file): crashed
@@ -737,7 +752,7 @@ class Watcher:
         for watched in followed:
             mine = tuple(g for g in gpus if not watched.gpus or g.get("index") in watched.gpus)
             watched.gpu_now = list(mine)
-            watched.judge.observe(GpuObs(ts, mine))
+            self._feed(watched, GpuObs(ts, mine))
             self.emit(watched, ev.Gpu, gpus=list(mine))
             self._report_idle_gpus(watched)
         active = [w for w in followed if w.alive is not False]
@@ -786,8 +801,7 @@ class Watcher:
                     self._ended(watched, recorded.exit_code, self._clock(watched.source, now))
                 else:
                     self._ended(watched, -1, self._clock(watched.source, now), why="the process is gone and left no exit status")
-            watched.judge.observe(TickObs(self._clock(watched.source, now)))
-            watched.dirty = True
+            self._feed(watched, TickObs(self._clock(watched.source, now)))
 
     def _give_up_on_unreachable(self, now: float) -> None:
         """A container out of reach for longer than unreachable_s: its undecided runs end the watch, undecided,
@@ -821,6 +835,7 @@ class Watcher:
 
     def _judge(self) -> None:
         for watched in list(self.watched.values()):
+            reached, watched.reached = watched.reached, None
             if not watched.dirty or watched.stopping or watched.handled or watched.lost:
                 continue
             watched.dirty = False
@@ -829,8 +844,13 @@ class Watcher:
                 continue
             shifted = self._report_shifts(watched)
             decision = watched.judge.decision()
+            if reached is not None and verdict_key(reached) == verdict_key(decision) and (
+                    shifted or decision_key(reached) != decision_key(watched.decision)):
+                watched.decision = reached  # the verdict held now, said with the figure it was reached with
+                self.record_decision(watched)
+                shifted = False
             if shifted or decision_key(decision) != decision_key(watched.decision):  # a shift: the new figure
-                watched.decision = decision
+                watched.decision = decision  # (or news since it was reached: a shift suspected, memory climbing)
                 self.record_decision(watched)
             self.lifecycle.decided(watched)  # it acts (or not): the policy is its
 

@@ -348,3 +348,55 @@ def test_a_decision_json_of_a_shape_this_dfo_does_not_write_is_not_sent_nor_clai
         assert store.notifications("r1") == [] and hook.posts == []
         send(Notifier(inventory, store), "r1", STEADY)  # the readable one still goes out
         assert [(n["channel"], n["ok"]) for n in store.notifications("r1")] == [("webhook", True)]
+
+
+def test_a_steady_verdict_at_a_new_level_carries_the_level_declared_however_the_watch_read_the_log(receiver, tmp_path):
+    """tests/data/probe/late_drop-0.log (steady at ~97.7k from step 255; -14% at step ~615, its new level
+    declared at step 715) reaches a watch in the chunks its reads happen to return: a loaded machine reads
+    the lines after the declaration in the same chunk. Each notification carries the figure as it stood when its
+    verdict was reached, the one the registry records (the level_shift event's declared_tok_s, the decision
+    stored) and `dfo replay --timeline` says, whatever the chunks: before, it was the figure refined over
+    whatever lines shared the declaration's chunk (83,595 when the whole rest of the log came at once)."""
+    from orchestrator.connections import Connections
+    from orchestrator.decide import replay_timeline
+    from orchestrator.logfmt import format_ts, parse_ts
+    from orchestrator.observe import Observation
+    from orchestrator.watch import Watcher
+
+    log = (Path(__file__).parent / "data" / "probe" / "late_drop-0.log").read_text().splitlines()
+    moved = 1.8e9 - parse_ts(log[0].split()[0][3:])  # its clock in the future: the watch's real ticks say nothing
+    lines = [f"ts={format_ts(parse_ts(line.split()[0][3:]) + moved)} {line.split(' ', 1)[1]}" for line in log]
+    [*_, first_steady, _undecided, new_level, _final] = replay_timeline(lines)
+    split = next(i for i, line in enumerate(lines) if " step=400 " in line) + 1  # after the first steady verdict
+
+    def watched(chunks: list[list[str]], name: str) -> tuple[list[dict], dict, list[dict]]:
+        hook = receiver()
+        (tmp_path / name).mkdir()
+        inventory = load_inventory(write_inventory(tmp_path / name, {
+            "defaults": {"workspace": str(tmp_path / name / "ws")},
+            "hosts": {"local": {"transport": "local", "containers": {"here": {"ctid": None}}}},
+            "variants": {"v": {"command": "true"}}, "fallback": [], "notify": {"webhook": hook.url}}))
+        with Connections(inventory) as connections, Store(tmp_path / name / "dfo.db") as store:
+            store.add_run(Run(name=name, target="here", variant="v", state="running",
+                              log_path=str(tmp_path / name / "never.log")))
+            watcher = Watcher(inventory, connections, store, fallback=False)
+            try:
+                watcher.attach(name)
+                for index, chunk in enumerate(chunks):
+                    watcher.queue.put(Observation("here", "lines", name, lines=tuple(chunk), offset=index + 1,
+                                                  data={"ident": {"dev": 1, "ino": 1}}, at=1.8e9))
+                    watcher.step(0.01)
+                watcher.notifier.wait(10)
+            finally:
+                watcher.close()
+            shifts = [e["data"] for e in store.events(name, kind="level_shift")]
+            return [p["json"] for p in hook.posts], store.get_run(name).decision, shifts
+
+    at_once, decision, shifts = watched([lines[:split], lines[split:]], "r1")  # the rest of the log in one read
+    assert [p["steady_tok_s"] for p in at_once] == [first_steady.steady_tok_s, new_level.steady_tok_s]
+    declared = [s for s in shifts if s["declared"]][-1]["declared_tok_s"]
+    assert at_once[1]["steady_tok_s"] == pytest.approx(declared, abs=0.05) == decision["steady_tok_s"]
+    assert decision["level_shifts"][-1]["declared_tok_s"] == declared and at_once[1]["at_step"] == 715
+    assert f"-> {declared:,.0f} tok/s (level shift at step " in at_once[1]["text"]
+    line_by_line, _, _ = watched([[line] for line in lines], "r2")
+    assert [p["text"].replace("r2", "r1") for p in line_by_line] == [p["text"] for p in at_once]
