@@ -624,7 +624,7 @@ class SteadyDetector:
         start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
         seconds = self._block_ts[-1] - start_ts
         raw = [v for block in self._raw[first:] for v in block]
-        steps_per_line = (self.last_step - self._block_first_step[first] + 1) / max(1, len(raw))
+        steps_per_line = self._steps_per_line(first)
         horizon_steps = self._horizon_steps(steps_per_line)
         span = max(half_window, horizon_steps / steps_per_batch)
         noise = noise_of(raw)
