@@ -117,9 +117,10 @@ def test_stop_all_stops_this_registrys_active_runs_only_and_says_how_many(lab):
     assert dfo("stop", env=env["b"]).returncode == 2
 
 
-def registry_of_runs(home: Path) -> None:
-    """Five runs started 10 min, 1 h, 3 h, 2 days and 10 days ago, in several states."""
-    now = datetime.now(timezone.utc)
+def registry_of_runs(home: Path, now: datetime | None = None) -> None:
+    """Five runs started 10 min, 1 h, 3 h, 2 days and 10 days before `now` (default: the clock's), in several
+    states."""
+    now = (now or datetime.now()).astimezone(timezone.utc)
 
     def ago(**delta) -> str:
         return (now - timedelta(**delta)).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
@@ -165,11 +166,12 @@ def test_runs_filters_by_state_age_and_count(tmp_path):
 
 
 def test_runs_shows_start_duration_and_steady_tok_s_and_keeps_target_and_pid_at_80_columns(tmp_path):
-    registry_of_runs(tmp_path)
-    env = {"DFO_HOME": str(tmp_path)}
+    # a fixed noon: the run of 3 h ago started today (its time alone), whatever the hour the test runs at
+    noon = datetime.now().astimezone().replace(hour=12, minute=0, second=0, microsecond=0)
+    registry_of_runs(tmp_path, noon)
     console = Console(width=120, file=io.StringIO())  # the table as a 120-column terminal shows it
     with Store(tmp_path / "dfo.db") as store:
-        console.print(runs_table(store.list_runs(), 120))
+        console.print(runs_table(store.list_runs(), 120, now=noon))
     header, _, *rows = console.file.getvalue().splitlines()
     assert header.split() == ["name", "target", "PID", "state", "start", "took", "tok/s", "decision", "variant"]
     row = {line.split()[0]: line for line in rows}
