@@ -345,6 +345,19 @@ class MultinodeFellBack(RunEvent):
     nodes: list[str]
 
 
+@dataclass(frozen=True)
+class MultinodeSummary(RunEvent):
+    """`dfo watch --json`'s line after the watch, one per multi-node run it followed: its nodes' runs (`nodes`),
+    the node whose failure came first (`first_failed`, null when none failed) and the one-line `summary` the
+    text view prints. `chain` is the run itself (a multi-node run's chain is followed as one)."""
+
+    kind: ClassVar[str] = "multinode"
+    stored: ClassVar[bool] = False
+    nodes: list[str]
+    first_failed: Optional[str]
+    summary: str
+
+
 # ---------------------------------------------------------------------------------------------- a run's record
 
 @dataclass(frozen=True)
@@ -417,11 +430,35 @@ class LaunchResolved(RunRecord):
 
 @dataclass(frozen=True)
 class Resumed(RunRecord):
-    """`run` continues `from_run` from its checkpoint (`dfo resume`; a multi-node one names no single file)."""
+    """`run` continues `from_run` from its checkpoint (`dfo resume`; a multi-node one names no single file). Kind
+    `resumed_from` (it was `resumed`, the kind of `dfo resume --json`'s line, ResumeAnswer, whose shape is another:
+    store migration 12 renamed the old rows)."""
 
-    kind: ClassVar[str] = "resumed"
+    kind: ClassVar[str] = "resumed_from"
     from_run: str
     checkpoint: Optional[str] = optional()
+
+
+@dataclass(frozen=True)
+class ResumeAnswer(Event):
+    """`dfo resume --json`'s line: the new run (`run`) that continues `resumed_from`, one shape whether it has one
+    node or several, as LaunchAnswer: `nodes`, each process started (`run`, `target`, `pid`, `log`); `target`,
+    `pid` and `log` are the one node's, null for a multi-node run. Never stored: the registry keeps a
+    `resumed_from` record (Resumed) instead."""
+
+    kind: ClassVar[str] = "resumed"
+    stored: ClassVar[bool] = False
+    run: str
+    resumed_from: str
+    target: Optional[str]
+    pid: Optional[int]
+    log: Optional[str]
+    nodes: list[dict]
+    next: str
+
+    @property
+    def subject(self) -> str:
+        return self.run
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,12 @@ def _m011_event_kinds(db: sqlite3.Connection) -> None:
     db.execute("UPDATE events SET kind = 'target_error' WHERE kind = 'error' AND run IS NULL")
 
 
+def _m012_resumed_from(db: sqlite3.Connection) -> None:
+    """One shape per event kind (events.py): the registry's record of a resume is `resumed_from` (`resumed` is `dfo
+    resume --json`'s line, events.ResumeAnswer, another shape)."""
+    db.execute("UPDATE events SET kind = 'resumed_from' WHERE kind = 'resumed'")
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
@@ -238,6 +244,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("runs.ended_from, runs.history_complete: where ended_at came from; history read to the log's end", _m009_history),
     ("runs.state unconfirmed: a start that got no answer, once `lost` without a PID", _m010_unconfirmed),
     ("events: kind started (was launched), target_error (was error without a run)", _m011_event_kinds),
+    ("events: kind resumed_from (was resumed)", _m012_resumed_from),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 

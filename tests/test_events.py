@@ -39,7 +39,8 @@ CONTRACT = {
     "started": ["at", "run", "pid", "target", "variant", "sets", "env", "wandb"],
     "launch_failed": ["at", "run", "error"],
     "launch_resolved": ["at", "run", "pid", "how"],
-    "resumed": ["at", "run", "from_run", "checkpoint"],
+    "resumed_from": ["at", "run", "from_run", "checkpoint"],
+    "multinode": ["at", "run", "chain", "nodes", "first_failed", "summary"],
     "notify_failed": ["at", "run", "channel", "key", "error"],
     "disconnected": ["at", "target", "reason"],
     "gap": ["at", "target", "duration_s"],
@@ -50,6 +51,8 @@ OPTIONAL_KEYS = {"claimed_by", "mode", "url", "dir", "nodes", "first_failed", "r
                  "declared_tok_s", "declared_interval", "declared_step", "declared_at", "shape", "rel_per_min"}
 # `dfo launch --json`'s line (events.LaunchAnswer, never stored): a kind of its own name beside the registry's record
 LAUNCH_ANSWER = ["at", "run", "target", "pid", "log", "exit", "trainer_hash", "pushed", "rendezvous", "nodes", "next"]
+# `dfo resume --json`'s line (events.ResumeAnswer, never stored): `resumed`, beside the registry's `resumed_from`
+RESUME_ANSWER = ["at", "run", "resumed_from", "target", "pid", "log", "nodes", "next"]
 RUN_ERROR = ["at", "run", "chain", "text"]
 
 
@@ -61,12 +64,14 @@ def filled(cls: type[ev.Event]) -> ev.Event:
 def test_every_kind_the_watcher_emits_has_one_class_and_serialises_kind_first():
     classes = ev.event_classes()
     kinds = sorted(c.kind for c in classes)
-    assert kinds == sorted([*CONTRACT, "error", "launched"])  # `error`: a run's; `launched`: LAUNCH_ANSWER below
-    assert len(set(kinds)) == len(kinds)  # one shape per kind (`launched` and `error` had two each)
+    # `error`: a run's; `launched` and `resumed`: LAUNCH_ANSWER and RESUME_ANSWER below
+    assert kinds == sorted([*CONTRACT, "error", "launched", "resumed"])
+    assert len(set(kinds)) == len(kinds)  # one shape per kind (`launched`, `error` and `resumed` had two each)
     for cls in classes:
         out = filled(cls).to_json()
         assert list(out)[0] == "kind" and out["kind"] == cls.kind
-        expected = LAUNCH_ANSWER if cls is ev.LaunchAnswer else CONTRACT.get(cls.kind) or RUN_ERROR
+        answers = {ev.LaunchAnswer: LAUNCH_ANSWER, ev.ResumeAnswer: RESUME_ANSWER}
+        expected = answers.get(cls) or CONTRACT.get(cls.kind) or RUN_ERROR
         assert list(out)[1:] == expected, cls.__name__
         assert json.loads(json.dumps(out)) == out
 

@@ -265,12 +265,18 @@ def test_resume_continues_a_stopped_trainer_from_its_checkpoint_step(lab: Lab) -
 
     resumed = lab.dfo("resume", "r1", "--json")
     assert resumed.returncode == 0, resumed.stderr
-    name = json.loads(resumed.stdout)["run"]
-    assert name == "r1.2-eager"
+    answer = json.loads(resumed.stdout)  # events.ResumeAnswer: the shape of a multi-node run's too
+    assert list(answer) == ["kind", "at", "run", "resumed_from", "target", "pid", "log", "nodes", "next"]
+    name = answer["run"]
+    assert name == "r1.2-eager" and answer["kind"] == "resumed" and answer["resumed_from"] == "r1"
+    assert [node["run"] for node in answer["nodes"]] == [name] and answer["nodes"][0]["pid"] == answer["pid"]
     wait_for(lambda: lab.log_steps(name), timeout=300, what="the resumed run's first step")
     assert lab.log_steps(name)[0] == checkpoint + 1  # it goes on from the checkpoint, not from step 1
     with lab.store() as store:
         assert store.get_run(name).parent == "r1"
+        # the registry's record of it is another kind, its own shape (the same kind had two shapes)
+        [record] = [e["data"] for e in store.events(name, kind="resumed_from")]
+        assert record["from_run"] == "r1" and record["checkpoint"].endswith("checkpoint.pt") and "resumed_from" not in record
     again = lab.dfo("resume", name)
     assert again.returncode == 1 and "still running" in again.stderr
     lab.launch("short", "r2")

@@ -140,6 +140,7 @@ def test_two_nodes_start_stop_and_resume_as_one_run(hosts):
     assert resumed.returncode == 0, resumed.stderr
     answer = json.loads(resumed.stdout)
     assert answer["run"] == "mn.2-ps2" and [n["run"] for n in answer["nodes"]] == ["mn.2-ps2.node0", "mn.2-ps2.node1"]
+    assert answer["kind"] == "resumed" and answer["target"] is None and answer["pid"] is None  # its nodes have them
     logs = [hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2.node{node}.log" for node in (0, 1)]
     try:
         wait_for(lambda: all(has_steps(log) for log in logs), 120, "the resumed nodes' step lines")
@@ -193,6 +194,10 @@ def test_a_crashed_multinode_run_falls_back_on_every_node(hosts):
     fell = [k for k in kinds if k.get("kind") == "multinode_fell_back"]
     assert fell and fell[0]["next_run"] == "mn.2-ps2ok", watched.stdout[-3000:] + watched.stderr  # threaded skipped
     assert fell[0]["nodes"] == ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1"]
+    # the run's verdict line after its watch (events.MultinodeSummary): the node whose crash came first
+    [summary] = [k for k in kinds if k.get("kind") == "multinode" and k["run"] == "mn"]
+    assert list(summary) == ["kind", "at", "run", "chain", "nodes", "first_failed", "summary"]
+    assert summary["first_failed"] == "mn.node1" and summary["summary"].startswith("mn: crash on node 1 (n1) first")
     assert watched.returncode == 0, watched.stdout[-3000:] + watched.stderr  # the successor finished on both
     for node in (0, 1):
         log = hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok.node{node}.log"

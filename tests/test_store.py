@@ -200,6 +200,21 @@ def test_the_unconfirmed_migration_turns_an_old_pid_less_lost_row_into_unconfirm
         assert store.get_run("gone").state == "lost" and store.schema_version() == len(MIGRATIONS)
 
 
+def test_migration_12_renames_the_registrys_resume_record_apart_from_dfo_resume_jsons_line(tmp_path):
+    # before it: `resumed` was both `dfo resume --json`'s line (run, resumed_from, target, ...) and the registry's
+    # record of a resume (from_run, checkpoint): the old rows become `resumed_from`, the line keeps its kind
+    path = tmp_path / "dfo.db"
+    db = registry_before(path, 12)
+    db.execute("INSERT INTO events (run, at, kind, data) VALUES ('r.2-eager', 'then', 'resumed', "
+               "'{\"from_run\": \"r\", \"checkpoint\": \"/ws/runs/r/checkpoint.pt\"}')")
+    db.commit()
+    db.close()
+    with Store(path) as store:
+        [row] = store.events()
+        assert (row["run"], row["kind"]) == ("r.2-eager", "resumed_from")
+        assert store.schema_version() == len(MIGRATIONS)
+
+
 def test_migration_11_gives_each_stored_event_kind_one_shape(tmp_path):
     # before it: `launched` was both `dfo launch --json`'s line and the registry's start record (another shape),
     # and `error` both a run's and a target channel's (no run); old rows are renamed, what reads them finds them

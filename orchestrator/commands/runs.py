@@ -23,7 +23,7 @@ from .. import runs as runs_lib
 from ..connections import Connections
 from ..errors import DfoError, RefusedError, RemoteError, UsageError
 from ..decide import read_stored
-from ..events import LaunchAnswer, LevelShift
+from ..events import LaunchAnswer, LevelShift, ResumeAnswer
 from ..inventory import TargetSpec, load_inventory
 from ..launchplan import Gate
 from ..logfmt import format_ts
@@ -912,14 +912,15 @@ def resume_command(
         with Connections(inv) as connections:
             if nodes:
                 group = multinode.resume(inv, connections, store, name, force=force)
-                new, where = group.name, f"{len(group.nodes)} nodes"
-                extra = {"nodes": [{"run": n.run.name, "target": n.run.target, "pid": n.run.pid} for n in group.nodes]}
+                new, where, started, one = group.name, f"{len(group.nodes)} nodes", [n.run for n in group.nodes], None
             else:
-                run = resume(inv, connections, store, name, force=force).run
-                new, where = run.name, f"{markup(run.target)} (PID {run.pid})"
-                extra = {"target": run.target, "pid": run.pid, "log": run.log_path}
+                one = resume(inv, connections, store, name, force=force).run
+                new, where, started = one.name, f"{markup(one.target)} (PID {one.pid})", [one]
     if as_json:
-        print_json({"kind": "resumed", "run": new, "resumed_from": name, **extra, "next": f"dfo watch {new}"})
+        print_json(ResumeAnswer(at=utc_now(), run=new, resumed_from=name, target=one and one.target, pid=one and one.pid,
+                                log=one and one.log_path, nodes=[{"run": r.name, "target": r.target, "pid": r.pid,
+                                                                  "log": r.log_path} for r in started],
+                                next=f"dfo watch {new}").to_json())
     else:
         console.print(f"resumed {markup(name)} as [bold]{markup(new)}[/] on {where}", highlight=False)
         console.print(f"  next: dfo watch {markup(new)}", highlight=False)

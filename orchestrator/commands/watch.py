@@ -19,7 +19,7 @@ from ..connections import Connections
 from ..decide import Decision, read_stored
 from ..errors import DfoError
 from ..events import (ActionError, DecisionMade, Event, FellBack, Final, GpuError, LeaseHeld, LeftToBatch,
-                      LevelShift, MultinodeFellBack)
+                      LevelShift, MultinodeFellBack, MultinodeSummary)
 from ..history import sync_before_attach
 from ..inventory import Inventory
 from ..states import Verdict
@@ -87,9 +87,10 @@ def report_multinode(store: Store, runs: Sequence[str], as_json: bool) -> None:
     for group in groups_of(store, runs):
         if as_json:
             culprit = first_failure(outcomes(store, group))
-            print_json({"kind": "multinode", "run": group, "nodes": store.nodes_of(group),
-                        "first_failed": store.nodes_of(group)[culprit.rank] if culprit else None,
-                        "summary": summary(store, group)})
+            nodes = store.nodes_of(group)
+            print_json(MultinodeSummary(at=utc_now(), run=group, chain=group, nodes=nodes,
+                                        first_failed=nodes[culprit.rank] if culprit else None,
+                                        summary=summary(store, group)).to_json())
         else:
             console.print(summary(store, group), highlight=False, markup=False, soft_wrap=True)
 
