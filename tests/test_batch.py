@@ -562,6 +562,66 @@ def test_a_stop_interrupted_by_ctrl_c_is_finished_on_resume_not_taken_for_a_cras
     assert launched == []  # trees is first in the chain, yet nothing fell back: the exit was dfo's own stop
 
 
+def test_a_stop_when_stop_and_a_fallback_of_one_cell_never_both_run():
+    # a) stop_when steady holds and the cell's stop is under way (the run not ended yet) when the watcher judges it
+    # stalled, a verdict the batch falls back on, and then its SIGTERM's exit (143) a crash: the cell ends done
+    # with its steady figure, one stop, nothing falls back
+    text = "batch: x\ntargets: [ct300]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n"
+    with Store.in_memory() as store:
+        _, watcher, launched, scheduler = scheduled(text, STEADY, store)
+        original = watcher.step
+
+        def judged(name, decision, **state):
+            decision = {**decision, "run": name}
+            store.update_run(name, decision=decision, **state)
+            scheduler.decisions[name] = decision
+
+        def stop_in_flight(name, reason):
+            watcher.stopped.append((name, reason))
+            judged(name, {"decision": "stall", "action": "stop", "reason": "no new step"})  # still running
+
+        looks_since_stop = []
+
+        def step_then_end(timeout):  # the stop's SIGTERM ends the run three looks later, judged a crash
+            events = original(timeout)
+            if watcher.stopped:
+                looks_since_stop.append(timeout)
+                if len(looks_since_stop) == 3:
+                    judged(watcher.stopped[0][0], {"decision": "crash", "action": "stop", "signature": "exit_nonzero"},
+                           state="crashed", exit_code=143)
+            return events
+
+        watcher.stop_run, watcher.step = stop_in_flight, step_then_end
+        record = scheduler.run()[0]
+        assert (record.state, record.outcome["decision"]["decision"], record.outcome["why"]) == ("done", "steady", "stop_when steady")
+        assert launched == ["x.trees.ct300.r1"] and len(watcher.stopped) == 1
+        assert store.open_intents("x.trees.ct300.r1") == [] and store.find_run("x.trees.ct300.r1.2-nographs") is None
+    # b) the run crashes at the step stop_when steps is reached: the crash falls back (one stop, the fallback's),
+    # no stop_when stop of the crashed run beside it; the successor then meets stop_when and is stopped once
+    text = "batch: y\ntargets: [ct300]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\nstop_when: {steps: 100}\n"
+    scripts = {"trees": Script(crash_after=25), "nographs": Script()}
+    with Store.in_memory() as store:
+        _, watcher, launched, scheduler = scheduled(text, scripts, store)
+        original = watcher.step
+
+        def step_with_samples(timeout):
+            events = original(timeout)
+            for run in store.list_runs():
+                if run.name in watcher.started_at and (run.active or run.state == "crashed"):
+                    step = int(watcher.clock[0] - watcher.started_at[run.name]) * 4  # step 100 at 25 s
+                    store.add_samples(run.name, [{"step": min(step, 100), "tok_s": 1.0}])
+            return events
+
+        watcher.step = step_with_samples
+        record = scheduler.run()[0]
+        assert launched == ["y.trees.ct300.r1", "y.trees.ct300.r1.2-nographs"]
+        assert (record.state, record.outcome["why"], record.outcome["final_run"]) == (
+            "done", "stop_when reached step 100", "y.trees.ct300.r1.2-nographs")
+        assert watcher.stopped == [("y.trees.ct300.r1.2-nographs", "batch y: stop_when reached step 100")]
+        assert store.get_run("y.trees.ct300.r1.2-nographs").parent == "y.trees.ct300.r1"
+        assert store.open_intents("y.trees.ct300.r1") == []  # the fallback's intent carried out, once
+
+
 def test_a_cells_fallback_is_recorded_once_and_one_a_dead_batch_left_open_is_finished_on_resume():
     from orchestrator.chains import FALLBACK, record_fallback
 
