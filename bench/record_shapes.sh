@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Record real trainer logs whose throughput moves the way the verdict rule must follow (issue 27's shapes),
 # on a single-GPU H200 machine (device kind nvidia-h200), from the repository root:
-#     bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu5|gpu6
+#     bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu5|gpu6|gpu7
 # Each run is `python -m trainer ... > LOG 2>&1` under `timeout -s TERM -k 90` (the trainer checkpoints and
 # exits 75; a run still there 90 s after its SIGTERM is killed), with bench/gpu_cotenant.py on the same GPU
 # following a schedule (seconds since the run's launch), or for the CPU runs busy loops pinned to the run's
@@ -106,5 +106,14 @@ case "${1:-}" in
         gpu small-thr-notrees-plain 60 none -- --preset h200-small --variant notrees --steps $BIG
         gpu small-ps-nographs-plain 80 none -- --preset h200-small --variant nographs --topology procsplit --drafters cuda:0 --steps $BIG
         wait ;;
-    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu5|gpu6" >&2; exit 2 ;;
+    gpu7)  # a fourth held-out set (2026-12-06): plain launch-bound runs, nothing beside them, the class whose first
+           # verdict is slowest (noisy, slow swings), and two plain CPU runs beside them on their own cores
+        cpu tiny-thr-eager-cpuplain 420 8-11 - 0 none -- --preset tiny-cpu --variant eager --steps $BIG
+        cpu tiny-thr-notrees-cpuplain 420 12-15 - 0 none -- --preset tiny-cpu --variant notrees --steps $BIG
+        gpu small-thr-nographs-plain 100 none -- --preset h200-small --variant nographs --steps $BIG
+        gpu small-ps-eager-plain 100 none -- --preset h200-small --variant eager --topology procsplit --drafters cuda:0 --steps $BIG
+        gpu small-thr-eager-plain 100 none -- --preset h200-small --variant eager --steps $BIG
+        gpu small-ps-trees-plain 100 none -- --preset h200-small --variant trees --topology procsplit --drafters cuda:0 --steps $BIG
+        wait ;;
+    *) echo "usage: bash bench/record_shapes.sh gpu1|gpu2|gpu3|gpu4|gpu5|gpu6|gpu7" >&2; exit 2 ;;
 esac
