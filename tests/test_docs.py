@@ -6,6 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # Notes that lived beside the repository while dfo was built; their contents are in docs/design.md now.
 OUTSIDE_NOTES = ("DESIGN", "crash-signatures", "perf-notes", "steady-state", "STYLE")
@@ -44,17 +46,30 @@ def test_every_relative_link_of_the_readme_and_docs_resolves():
     assert not broken, "links to nothing:\n" + "\n".join(broken)
 
 
-def test_architecture_lists_every_module_of_orchestrator():
+def layout_entries() -> dict[str, set[str]]:
+    """docs/architecture.md's Layout: the names listed under each top folder (`orchestrator/`, `trainer/`)."""
     text = (ROOT / "docs" / "architecture.md").read_text()
     layout = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
-    listed = {match.group(1) for match in re.finditer(r"^\s{6}(\S+)", layout, re.M)}
-    package = ROOT / "orchestrator"
+    listed: dict[str, set[str]] = {}
+    top = None
+    for line in layout.splitlines():
+        if match := re.match(r"^ {4}(\S+/)", line):
+            top = match.group(1)
+        elif (match := re.match(r"^ {6}(\S+)", line)) and top is not None:
+            listed.setdefault(top, set()).add(match.group(1))
+    return listed
+
+
+@pytest.mark.parametrize("top", ["orchestrator/", "trainer/"])
+def test_architecture_lists_every_module_of_orchestrator_and_trainer(top):
+    listed = layout_entries().get(top, set())
+    package = ROOT / top
     modules = {str(path.relative_to(package)) for path in package.rglob("*.py")
                if "__pycache__" not in path.parts and path.name != "__init__.py"}
     packages = {f"{path.parent.relative_to(package)}/" for path in package.rglob("__init__.py")
                 if path.parent != package}
     missing = sorted((modules | packages) - listed)
-    assert not missing, f"docs/architecture.md's Layout does not list: {', '.join(missing)}"
+    assert not missing, f"docs/architecture.md's Layout does not list under {top}: {', '.join(missing)}"
     gone = sorted(name for name in listed if (name.endswith(".py") or name.endswith("/"))
                   and not (package / name).exists())
-    assert not gone, f"docs/architecture.md's Layout lists modules that do not exist: {', '.join(gone)}"
+    assert not gone, f"docs/architecture.md's Layout lists modules under {top} that do not exist: {', '.join(gone)}"
