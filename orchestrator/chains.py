@@ -589,8 +589,8 @@ def wait_until(done: Callable[[], bool], deadline: float | None = None) -> bool:
 
 def finish_on_own_thread(work: Callable[[], T], rough: Sequence[str], describe: Callable[[], list[str]],
                          on_interrupt: Callable[[list[str]], None]) -> T:
-    """Carry out `work` (fallbacks a command runs itself: a multi-node run's after its watch, those a dead dfo
-    left open) on a thread of its own, so that Ctrl-C cannot cut it off half way as it would on the main thread.
+    """Carry out `work` (fallbacks a command runs itself: those a dead dfo left open, finished before the watch) on
+    a thread of its own, so that Ctrl-C cannot cut it off half way as it would on the main thread.
     On Ctrl-C it is finished first, as a watch's or a batch's fallbacks are (finish_under_way: `on_interrupt`
     is told which, describe(), or `rough` until that answers), then KeyboardInterrupt is raised; a second
     Ctrl-C raises FallbacksLeft at once. Returns what `work` returned (or raises what it raised)."""

@@ -336,13 +336,18 @@ class FellBack(RunEvent):
 
 @dataclass(frozen=True)
 class MultinodeFellBack(RunEvent):
-    """`dfo watch --json`'s line once a multi-node run's fallback (after its watch) is done: the successor and its
-    nodes. Kept in the registry as its fell_back event (FellBack)."""
+    """`dfo watch`'s line once a multi-node run's fallback is done (by the watch's lifecycle while it goes on, or one
+    a dfo that died left open, before the watch): the successor and its nodes. Kept in the registry as its
+    fell_back event (FellBack)."""
 
     kind: ClassVar[str] = "multinode_fell_back"
     stored: ClassVar[bool] = False
     next_run: str
     nodes: list[str]
+
+    @property
+    def text(self) -> str:
+        return f"fell back on all {len(self.nodes)} nodes to {self.next_run}"
 
 
 @dataclass(frozen=True)

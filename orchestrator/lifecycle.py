@@ -2,8 +2,8 @@
 
     follower (watch.Watcher: observe, parse, judge, store, emit)  --each decision of a run it follows-->  Lifecycle
                                                                                                         policy: act?
-        <--ActionDone on the follower's queue: read the stopped run to its end, follow the successor--  executor
-                                                                                                        (worker threads)
+        <--ActionDone / GroupDone on the follower's queue: read the stopped runs to their end, follow    executor
+           the successors--                                                                             (worker threads)
 
 The Watcher hands every decision it reaches (Lifecycle.decided, with the run it follows) to its Lifecycle and acts on
 none: the Lifecycle owns the policy (which verdicts are answered with the chain's next variant: chains.WATCH_POLICY
@@ -12,6 +12,13 @@ the fallback intents a dead dfo left open, and the executor: chains.Supervisor (
 GPU release, launch) on worker threads, each bounded (UnderWay), their outcomes handed back to the follower's
 loop through its queue (ActionDone), and the Ctrl-C path (finish_actions: what is under way is finished, a second
 Ctrl-C leaves it half done with its intent open; nothing remote is signalled by either).
+
+A multi-node run (a group: multinode.py) is acted on here too, while the watch goes on: its nodes never fall back on
+their own (their chains are empty), so after each judgement (judged) the group whose nodes all have a verdict gets
+its combined decision (multinode.group_fallback) and, when that calls for a fallback, it is carried out once, on the
+same executor with the same bound, claims, intent and Ctrl-C path as a single run's (multinode.fall_back: its intent
+recorded once, carried out by chains.carry_out_fallback); its outcome (GroupDone) has the watch follow the successor's
+nodes, each in its predecessor node's chain.
 
 Here, not in chains.py: chains.py is the library of chain steps (naming, specs, intents carried out once, the
 Supervisor) that a multi-node fallback and `dfo batch` call too; this is the one object that decides to call them for a
@@ -30,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import events as ev
 from .chains import (GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy, Supervisor, batch_command,
                      chain_key, fallback_text, finish_under_way, wait_until)
+from .decide import verdict_key
 from .errors import DfoError
 from .states import Action
 from .store import Store, utc_now
@@ -40,6 +48,21 @@ if TYPE_CHECKING:  # the follower; imported only for its types (watch.py imports
 ACTION_JOIN_S = 5.0  # on close: how long the actions under way get to end before the claims are given up
 
 ActionDone = Outcome  # what an action thread did, handed back to the follower's loop through its queue
+
+
+@dataclass(frozen=True)
+class GroupDone:
+    """What a multi-node group's fallback did, handed back to the follower's loop through its queue: the closed
+    intent's data (`next_run` and `nodes`, or `error` when its launch failed: closed, not tried again), or `error`
+    alone when the fallback stays open (a stop that failed, a start that got no answer: the next `dfo watch`
+    finishes it)."""
+
+    group: str
+    data: dict | None = None
+    error: str | None = None
+
+
+OUTCOMES = (ActionDone, GroupDone)  # what the executor hands back to the follower's loop (Lifecycle.done takes it)
 
 
 @dataclass
@@ -73,6 +96,10 @@ class Lifecycle:
         self.owned: set[str] = set()  # chain roots whose claim is held here (the follower stores, this acts for them)
         self.actions: list[UnderWay] = []
         self._left_to_batch: set[int] = set()  # the open batch fallbacks (intent ids) said to be left to dfo batch
+        self._groups: dict[str, str | None] = {}  # followed run -> its multi-node group (None: a single run)
+        self._nodes: dict[str, list[str]] = {}  # group -> its node runs, node 0 first
+        self._asked: dict[str, tuple] = {}  # group -> its nodes' verdicts when group_fallback was last asked
+        self._groups_acted: set[str] = set()  # groups whose fallback this lifecycle has carried out (or tried)
 
     @classmethod
     def for_watch(cls, follower: "Watcher", inventory, connections, store: Store, *, stop_grace_s: float | None,
@@ -156,46 +183,45 @@ class Lifecycle:
         """Hand the run to the supervisor on a worker thread: a fallback (intent, stop, GPUs, launch), or a stop."""
         bound_s = self.supervisor.bound_s(watched.run, launches=bool(launch_next))
         if launch_next:
-            self._start_worker(watched, lambda: self.supervisor.fall_back(watched.run, launch_next, watched.chain, reason),
+            self._start_worker(watched.name, lambda: self.supervisor.fall_back(watched.run, launch_next, watched.chain, reason),
                                UnderWay(fallback_text({"run": watched.name, "variant": launch_next}), bound_s))
         elif watched.alive is not False and watched.run.active:
-            self._start_worker(watched, lambda: self.supervisor.stop(watched.name, reason),
+            self._start_worker(watched.name, lambda: self.supervisor.stop(watched.name, reason),
                                UnderWay(f"{watched.name} (a stop only: {reason})", bound_s))
         else:
             self.follower.queue.put(ActionDone(watched.name, reason=reason))
 
-    def _start_worker(self, watched: "WatchedRun", work: Callable[[], Any], action: UnderWay) -> None:
-        """Run `work` (`action`) on its own thread; what it did comes back to the follower's loop as ActionDone(s)
-        on its queue."""
+    def _start_worker(self, name: str, work: Callable[[], Any], action: UnderWay) -> None:
+        """Run `work` (`action`, about run or group `name`) on its own thread; what it did comes back to the
+        follower's loop on its queue (ActionDone(s), GroupDone)."""
         def body() -> None:
             try:
                 try:
                     done = work()
                 except DfoError as exc:
-                    done = ActionDone(watched.name, error=str(exc))
+                    done = ActionDone(name, error=str(exc))
                 for item in done if isinstance(done, list) else [done]:
                     self.follower.queue.put(item)
             finally:
                 action.ended.set()
 
         self.actions.append(action)
-        threading.Thread(target=body, name=f"act-{watched.name}", daemon=True).start()
+        threading.Thread(target=body, name=f"act-{name}", daemon=True).start()
 
-    def done(self, done: ActionDone) -> None:
+    def done(self, done: ActionDone | GroupDone) -> None:
         """What an action did, on the follower's loop: the stopped run read to its end and no longer followed, the
-        stop and the fallback said (and the decision's next_run recorded), the successor followed."""
+        stop and the fallback said (and the decision's next_run recorded), the successor followed (a group's:
+        _group_done)."""
+        if isinstance(done, GroupDone):
+            self._group_done(done)
+            return
         follower = self.follower
         watched = follower.watched.get(done.run)
         if watched is None:  # an intent finished for a run of the chain this watch did not follow
             if done.launched is not None and done.launched.name not in follower.watched:
                 follower.attach(done.launched.name)
             return
-        watched.acting, watched.exit_wait = False, None
-        follower.read_to_end(watched)
-        refreshed = self.store.find_run(watched.name)
-        watched.run = refreshed or watched.run
-        if not watched.run.active:
-            watched.alive = False  # no longer followed: its end is what the stop recorded
+        self._action_ended(watched)
         if done.stopped:
             follower.emit(watched, ev.Stopped, signal=done.signal, reason=done.reason)
         if done.note:
@@ -207,10 +233,106 @@ class Lifecycle:
             watched.decision = replace(watched.decision, next_run=done.launched.name)
             follower.record_decision(watched, said=False)  # the crash was said; fell_back names its successor
             follower.emit(watched, ev.FellBack, next_run=done.launched.name, variant=done.launched.variant)
+            self._follow(watched, done.launched.name)
+
+    def _action_ended(self, watched: "WatchedRun") -> None:
+        """An action on `watched` ended: what it logged is read to its end (Watcher.read_to_end) and, ended, it is no
+        longer followed (its end is what the stop recorded)."""
+        watched.acting, watched.exit_wait = False, None
+        self.follower.read_to_end(watched)
+        watched.run = self.store.find_run(watched.name) or watched.run
+        if not watched.run.active:
+            watched.alive = False
+
+    def _follow(self, watched: "WatchedRun", successor: str) -> None:
+        """Follow `successor`, the run launched after `watched` (already in its chain's runs); one whose target does
+        not answer runs on, said (`dfo watch` picks it up once the target answers)."""
+        try:
+            self.follower.attach(successor)
+        except DfoError as exc:
+            self.follower.emit(watched, ev.ActionError, error=f"cannot follow {successor}: {exc}")
+
+    # ------------------------------------------------------------------ multi-node groups
+
+    def judged(self) -> None:
+        """After a judgement of the follower's runs: each multi-node group whose nodes it all follows, and whose node
+        0's chain this lifecycle holds (a second watch of the group only shows it), is decided as one once every node
+        has a verdict (or was given up on) and no node's own stop is under way: multinode.group_fallback under this
+        lifecycle's policy, asked again only when a node's verdict moved; a fallback it calls for is carried out
+        once (_fall_back_group)."""
+        if not self.fallback:
+            return
+        for group in dict.fromkeys(filter(None, map(self._group_of, list(self.follower.watched)))):
+            nodes = self._followed_nodes(group)
+            if group in self._groups_acted or nodes is None or not self.stores_for(nodes[0].root):
+                continue
+            verdicts = tuple((verdict_key(node.decision), node.lost) for node in nodes)
+            if (any(node.acting or not (node.lost or node.decision.final) for node in nodes)
+                    or self._asked.get(group) == verdicts):
+                continue
+            self._asked[group] = verdicts
+            from .multinode import group_fallback  # here: multinode -> report -> batch -> this module
+            data = group_fallback(self.supervisor.inventory, self.store, group, policy=self.policy)
+            if data is not None:
+                self._fall_back_group(group, data, nodes)
+
+    def _group_of(self, name: str) -> str | None:
+        """The multi-node group followed run `name` is a node of (None: a single run), looked up once."""
+        if name not in self._groups:
+            group = self.store.node_group(name)
+            self._groups[name] = group[0] if group else None
+        return self._groups[name]
+
+    def _followed_nodes(self, group: str) -> list["WatchedRun"] | None:
+        """`group`'s nodes as the follower follows them, node 0 first; None when it does not follow every one."""
+        if group not in self._nodes:
+            self._nodes[group] = self.store.nodes_of(group)
+        nodes = [self.follower.watched.get(name) for name in self._nodes[group]]
+        return None if None in nodes else nodes
+
+    def _fall_back_group(self, group: str, data: dict, nodes: list["WatchedRun"]) -> None:
+        """Carry out `group`'s fallback (group_fallback's `data`) on a worker (multinode.fall_back: its intent recorded
+        once, then stop and launch through chains.carry_out_fallback), bounded as its nodes' fallbacks one after the
+        other plus the rendezvous check; every node is acted on meanwhile (its own verdict starts nothing more, and its
+        exit is no verdict: the fallback stops it). The outcome comes back as GroupDone."""
+        from .multinode import RENDEZVOUS_TIMEOUT, fall_back
+
+        self._groups_acted.add(group)
+        for node in nodes:
+            node.handled = node.acting = node.stopping = True
+        supervisor = self.supervisor
+        bound_s = sum(supervisor.bound_s(node.run, launches=True) for node in nodes) + RENDEZVOUS_TIMEOUT
+
+        def work() -> GroupDone:
             try:
-                follower.attach(done.launched.name)
-            except DfoError as exc:  # it runs; `dfo watch` can pick it up once the target answers
-                follower.emit(watched, ev.ActionError, error=f"cannot follow {done.launched.name}: {exc}")
+                return GroupDone(group, data=fall_back(supervisor.inventory, supervisor.connections, self.store, data,
+                                                       gpu_release_s=supervisor.gpu_release_s, on_wait=supervisor.on_wait))
+            except DfoError as exc:  # its intent stays open: the next `dfo watch` finishes it
+                return GroupDone(group, error=str(exc))
+
+        self._start_worker(group, work, UnderWay(fallback_text(data), bound_s))
+
+    def _group_done(self, done: GroupDone) -> None:
+        """What a group's fallback did, on the follower's loop: its nodes read to their end and no longer followed, the
+        fallback said once for the group (MultinodeFellBack; the registry's fell_back is multinode.fall_back's), and
+        each node of the successor followed in its predecessor node's chain; or why it failed, said of the group."""
+        from .multinode import root_of
+
+        follower, names = self.follower, self._nodes[done.group]
+        nodes = [follower.watched[name] for name in names]
+        for node in nodes:
+            self._action_ended(node)
+        chain, data = root_of(self.store, done.group), done.data or {}
+        error = done.error or data.get("error")
+        if error:
+            event = ev.ActionError(at=utc_now(), run=done.group, chain=chain, error=f"falling back failed: {error}")
+            follower.publish(event, done.group, event.stored and self.stores_for(nodes[0].root))
+            return
+        follower.publish(ev.MultinodeFellBack(at=utc_now(), run=done.group, chain=chain, next_run=data["next_run"],
+                                              nodes=data["nodes"]), done.group, False)
+        for node, successor in zip(nodes, data["nodes"]):  # node K's successor is node K of the successor
+            follower.chain_runs(node.root).append(successor)
+            self._follow(node, successor)
 
     # ------------------------------------------------------------------ intents a dead dfo left open
 
@@ -232,7 +354,7 @@ class Lifecycle:
         if intents and current is not None:
             bound_s = sum(self.supervisor.bound_s(self.store.find_run(intent.data["run"]) or current.run, launches=True)
                           for intent in intents)
-            self._start_worker(current, lambda: self.supervisor.finish_open(root),
+            self._start_worker(current.name, lambda: self.supervisor.finish_open(root),
                                UnderWay("; ".join(fallback_text(intent.data) for intent in intents), bound_s))
 
     def _leave_to_batch(self, root: str, intent, batch: str) -> None:

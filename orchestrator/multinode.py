@@ -13,10 +13,11 @@ refusal leave nothing behind anywhere:
      answer is left `unconfirmed` for the next look, as a single run's is, and the later nodes are started.
 The trainers meet on torch.distributed's TCPStore at the first target (trainer/procsplit.py). A node run
 never falls back on its own (its chain is empty): a crash anywhere is the run's, and decide/nodes.py names
-the node that failed first. fall_back() relaunches all nodes with the next variant of the inventory's
-fallback chain that the first failure's signature allows (`NAME.<n>-<variant>`, each node the child of
-its predecessor on the same target), once the watch of the run has ended. This module does not judge
-runs and holds no SQL.
+the node that failed first. group_fallback() is the group's combined decision, which the watch's lifecycle
+(lifecycle.Lifecycle.judged) asks while the watch goes on, once every node has a verdict; fall_back(), which
+its executor runs, relaunches all nodes with the next variant of the inventory's fallback chain that the
+first failure's signature allows (`NAME.<n>-<variant>`, each node the child of its predecessor on the same
+target). This module does not judge runs, decides nothing by itself and holds no SQL.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 from . import faults
 from . import runs as runs_lib
 from .chains import (
-    MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, Left, NoFreeName, Refusals, StartUnseen,
+    MULTINODE_FALLBACK, RELEASE_CHECKS, WATCH_POLICY, Left, NoFreeName, Policy, Refusals, StartUnseen,
     carry_checkpoint, carry_out_fallback, catalogue_for, chain_name, check_resumable, first_launch, gpus_used,
     next_variant_after, record_fallback, successor_name, until_released,
 )
@@ -321,13 +322,13 @@ def root_of(store: Store, run: str) -> str:
     return group[0] if group else run
 
 
-def group_fallback(inventory, store: Store, run: str) -> dict | None:
+def group_fallback(inventory, store: Store, run: str, *, policy: Policy = WATCH_POLICY) -> dict | None:
     """The group's combined decision: the fallback multi-node `run` calls for, as its intent's data (`run`,
     `variant`, `first_failed`, `rest`, `reason`), or None. Its first failure (decide/nodes.first_failure over the
-    nodes' stored decisions) must fall back (watch's policy) and the chain must have a next variant that can span
-    nodes and that the failure's signature allows. No I/O but the registry's reads."""
+    nodes' stored decisions) must fall back (`policy`: the watch's lifecycle's) and the chain must have a next
+    variant that can span nodes and that the failure's signature allows. No I/O but the registry's reads."""
     culprit = first_failure(outcomes(store, run))
-    if culprit is None or not WATCH_POLICY.falls_back(culprit.decision):
+    if culprit is None or not policy.falls_back(culprit.decision):
         return None
     nodes = [store.get_run(name) for name in store.nodes_of(run)]
     chain = [name for name in inventory.fallback
@@ -341,15 +342,12 @@ def group_fallback(inventory, store: Store, run: str) -> dict | None:
             "rest": list(rest_of_chain(chain, variant)), "reason": culprit.decision}
 
 
-def fall_back(inventory, connections, store: Store, run: str, *, gpu_release_s: float = 30.0,
-              gpu_poll_s: float = 1.0, on_wait: Callable[[runs_lib.StopWait], None] | None = None) -> dict | None:
-    """After the watch of multi-node `run`: if the group's combined decision calls for a fallback (group_fallback),
-    record the intent (once: two dfo deciding it share it), then finish it (finish_fallback). None when there is
-    nothing to do, else the closed intent's data."""
-    data = group_fallback(inventory, store, run)
-    if data is None:
-        return None
-    intent = record_fallback(store, root_of(store, run), MULTINODE_FALLBACK, data)
+def fall_back(inventory, connections, store: Store, data: dict, *, gpu_release_s: float = 30.0,
+              gpu_poll_s: float = 1.0, on_wait: Callable[[runs_lib.StopWait], None] | None = None) -> dict:
+    """Carry out the fallback group_fallback decided for multi-node run `data["run"]` (on the watch's executor,
+    lifecycle.Lifecycle): record the intent (once: two dfo deciding it share it), then finish it (finish_fallback).
+    Returns the closed intent's data; raises DfoError, the intent left open, as finish_fallback does."""
+    intent = record_fallback(store, root_of(store, data["run"]), MULTINODE_FALLBACK, data)
     return finish_fallback(inventory, connections, store, intent, gpu_release_s=gpu_release_s, gpu_poll_s=gpu_poll_s,
                            on_wait=on_wait)
 

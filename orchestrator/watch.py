@@ -5,7 +5,9 @@ the kept-open host connection), parses their log lines (logfmt, or the variant's
 each run's RunJudge, persists samples, GPU samples, offsets, events and decisions, and hands each decision to
 its lifecycle controller (lifecycle.Lifecycle), which owns the policy, the claims and the one executor of actions:
 on crash / stall / too_slow with action `fallback` it has chains.Supervisor stop the run and launch the next
-variant as `<root>.<n>-<variant>` (linked); the Watcher then follows the new run on the same observer.
+variant as `<root>.<n>-<variant>` (linked); the Watcher then follows the new run on the same observer. A
+multi-node run's nodes are followed as runs of their own; the lifecycle decides their group as one (Lifecycle.judged,
+after each judgement) and the Watcher follows the successor's nodes the same way.
 
 Claims: a watcher stores for a chain (and its lifecycle acts) only while its lifecycle holds the chain's lease in
 the registry (chains.Claims). A
@@ -19,7 +21,8 @@ Re-attaching (`attach` of a run with a stored history: watched before, or looked
 log, read again from its start (the stored steps miss its text lines), stores what it logged since, and follows
 the log from there; a step already stored is never stored again; a run that had ended is judged at once and
 not followed (_ended_before). The lifecycle's actions run on worker threads so a slow stop never freezes the loop;
-their outcome comes back through the observation queue (lifecycle.ActionDone) and the lifecycle takes it there.
+their outcome comes back through the observation queue (lifecycle.ActionDone, a group's GroupDone) and the lifecycle
+takes it there.
 
 What it must not do: render (view.py does), parse options (commands/watch.py does), decide anything itself
 (decide/ does), act on a decision or know which verdicts are acted on (lifecycle.py does), or signal a run on
@@ -47,7 +50,7 @@ from .errors import DfoError, UnknownRun
 from .gpu import failure_kind
 from .history import SAMPLE_FIELDS, WholeLog, catch_up, read_whole_log, sample_of
 from .inventory import Inventory
-from .lifecycle import ActionDone, Lifecycle
+from .lifecycle import OUTCOMES, Lifecycle
 from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_parser, parse_ts, step_problem
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
@@ -210,6 +213,7 @@ class Watcher:
         gpu_release_s: float = GPU_RELEASE_S,
         claims: Claims | None = None,
         policy: Policy = WATCH_POLICY,
+        on_wait: Callable[[StopWait], None] | None = None,
     ) -> None:
         self.inventory = inventory
         self.connections = connections
@@ -222,6 +226,7 @@ class Watcher:
         for variant in self.chain_override or ():
             inventory.variant(variant)
         self.on_event = on_event
+        self.on_wait = on_wait  # a stop's wait for its run to exit, said where no view shows it (dfo watch --json)
         self.notifier = Notifier(inventory, store)
         self.heartbeat_timeout = heartbeat_timeout
         self.stop_grace_s = stop_grace_s
@@ -313,11 +318,11 @@ class Watcher:
             for item in items:
                 if isinstance(item, StopWait):
                     self._exit_awaited(item)
-                elif not isinstance(item, ActionDone):
+                elif not isinstance(item, OUTCOMES):
                     self._observed(item, writes)
             self._persist(writes)  # first: a stopped run's log is read to its end from what is stored
             for item in items:
-                if isinstance(item, ActionDone):
+                if isinstance(item, OUTCOMES):
                     self.lifecycle.done(item)
             self._tick()
             self._judge()
@@ -354,8 +359,10 @@ class Watcher:
     def stop_waiting(self, wait: StopWait) -> None:
         """A stop of a followed run waits for it to exit after its SIGTERM (runs.StopWait, about every second): this
         watcher's own stops, and `dfo batch`'s fallbacks (its Supervisor's on_wait). Thread-safe: handed to the
-        loop's queue; the view shows it until the run has exited."""
+        loop's queue; the view shows it until the run has exited, and `on_wait` hears it (from the stop's thread)."""
         self.queue.put(wait)
+        if self.on_wait is not None:
+            self.on_wait(wait)
 
     def close(self) -> None:
         """Stop watching: close every channel (the agents exit; the runs keep running), give up the claims."""
@@ -853,6 +860,7 @@ class Watcher:
                 watched.decision = decision  # (or news since it was reached: a shift suspected, memory climbing)
                 self.record_decision(watched)
             self.lifecycle.decided(watched)  # it acts (or not): the policy is its
+        self.lifecycle.judged()  # a multi-node group whose nodes all have a verdict: decided as one there
 
     def _report_shifts(self, watched: WatchedRun) -> bool:
         """A `level_shift` event for each level shift the judge newly recorded, and one more when a shift seen

@@ -91,4 +91,4 @@ def test_a_multinode_runs_node_with_a_damaged_decision_is_said_unreadable_and_st
                                "has no `decision`"), said
         assert "undecided" not in said
         assert "crash" not in multinode.summary(store, "bad") and "node 0 (here): unreadable" in multinode.summary(store, "bad")
-        assert multinode.fall_back(None, None, store, "bad") is None and store.open_intents() == []
+        assert multinode.group_fallback(None, store, "bad") is None and store.open_intents() == []

@@ -1,7 +1,9 @@
 """`dfo watch [NAME ...]`: follow runs live, decide, fall back; also the body of `dfo launch --watch`.
 
 Parses options, builds a Watcher and drives it, rendering with view.py (or one JSON object per event with
---json). Ctrl-C ends the watch and leaves every run running. All mechanics live in orchestrator/watch.py.
+--json). Every fallback, a single run's or a multi-node run's, is the Watcher's lifecycle's, carried out while the
+watch goes on (orchestrator/lifecycle.py); this module carries out only those a dfo that died left half done, before
+the watch. Ctrl-C ends the watch and leaves every run running. All mechanics live in orchestrator/watch.py.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..events import (ActionError, DecisionMade, Event, FellBack, Final, GpuErro
                       LevelShift, MultinodeFellBack, MultinodeSummary)
 from ..history import sync_before_attach
 from ..inventory import Inventory
+from ..runs import StopWait
 from ..states import Verdict
 from ..store import Store, utc_now
 from ..view import render
@@ -32,9 +35,10 @@ from .common import (InventoryOpt, complete_runs, console, err_console, leave_ha
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
 T = TypeVar("T")
 AGAIN = "`dfo watch`"  # what finishes a fallback that a second Ctrl-C leaves half done
-ON_CTRL_C = "Ctrl-C finishes this fallback first"  # what the stop of a fallback dfo watch carries out itself says
-SHOWN_EVENTS = ("decision", "level_shift", "left_to_batch", "stopped", "fell_back", "not_signalled", "action_error", "ended", "truncated", "gap",
-                "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed", "took_over", "lease_held")
+ON_CTRL_C = "Ctrl-C finishes this fallback first"  # what a stop's wait said on stderr adds (say_each_wait, finishing)
+SHOWN_EVENTS = ("decision", "level_shift", "left_to_batch", "stopped", "fell_back", "multinode_fell_back", "not_signalled",
+                "action_error", "ended", "truncated", "gap", "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed",
+                "took_over", "lease_held")
 
 
 def register(app: typer.Typer) -> None:
@@ -80,7 +84,8 @@ def resolve_nodes(store: Store, names: Sequence[str]) -> list[str]:
 
 
 def report_multinode(store: Store, runs: Sequence[str], as_json: bool) -> None:
-    """After a watch, one line per multi-node run among `runs`: its verdict, the node that failed first."""
+    """After a watch, one line per multi-node run whose nodes are among `runs` (the watch's, its fallbacks'
+    successors too): its verdict, the node that failed first."""
     from ..multinode import outcomes, summary
     from ..decide.nodes import first_failure
 
@@ -137,7 +142,8 @@ def watch_runs(
         names = resolve_nodes(store, names)
         catch_up_first(store, names, connections)
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
-                          on_event=(lambda event: print_json(event.to_json())) if as_json else None, unreachable_s=unreachable_s)
+                          on_event=(lambda event: print_json(event.to_json())) if as_json else None, unreachable_s=unreachable_s,
+                          on_wait=say_each_wait() if as_json else None)  # the live view shows them
         try:
             for name in names:
                 watcher.attach(name)
@@ -154,20 +160,14 @@ def watch_runs(
             watcher.close()
         decisions = finals(watcher, store)
         lost = any(w.lost for w in watcher.runs())
+        followed = [w.name for w in watcher.runs()]
     if as_json:
         for final in decisions:
             print_json(final.to_json())  # every JSON line has a kind
     else:
         summarise(decisions)
     with Store() as store:
-        report_multinode(store, names, as_json)
-    try:
-        followers = fall_back_groups(inventory, names, as_json) if fallback else []
-    except KeyboardInterrupt as interrupted:
-        return stopped_watching(interrupted)
-    if followers:  # a multi-node run fell back: watch its successor on every node
-        return watch_runs(inventory, followers, interval=interval, poll=poll, until_decided=until_decided,
-                          fallback=fallback, as_json=as_json, unreachable_s=unreachable_s)
+        report_multinode(store, followed, as_json)
     return 1 if lost else verdicts_exit_status(final.decision.decision for final in decisions)
 
 
@@ -181,6 +181,13 @@ def catch_up_first(store: Store, names: Sequence[str], connections: Connections)
                           highlight=False, markup=False, soft_wrap=True)
 
 
+def say_each_wait() -> Callable[[StopWait], None]:
+    """The Watcher's `on_wait` under --json (no live view to show it): each stop's wait for its run to exit said on
+    stderr as `dfo stop` says it, each run's on its own (say_waiting: after 1 s, then every 10 s)."""
+    sayers: dict[str, Callable[[StopWait], None]] = {}
+    return lambda wait: sayers.setdefault(wait.name, say_waiting(ON_CTRL_C))(wait)
+
+
 def stopped_watching(interrupted: KeyboardInterrupt | None) -> int:
     """Ctrl-C ends the watch (exit 130) once the fallbacks under way are finished; a second one (FallbacksLeft)
     left them half done: said, and the process leaves at once."""
@@ -191,9 +198,9 @@ def stopped_watching(interrupted: KeyboardInterrupt | None) -> int:
 
 
 def finishing(work: Callable[[], T], rough: Sequence[str], describe: Callable[[], list[str]]) -> T:
-    """`work` (fallbacks carried out by the command itself) on a thread of its own, finished first on Ctrl-C and
-    said as the Watcher's own are (chains.finish_on_own_thread, say_finishing); a second Ctrl-C leaves at once,
-    before the connections `work` uses are closed under it."""
+    """`work` (fallbacks a dfo that died left half done, finished before the watch) on a thread of its own, finished
+    first on Ctrl-C and said as the Watcher's own are (chains.finish_on_own_thread, say_finishing); a second Ctrl-C
+    leaves at once, before the connections `work` uses are closed under it."""
     try:
         return finish_on_own_thread(work, rough, describe, lambda fallbacks: say_finishing(fallbacks, AGAIN))
     except FallbacksLeft as left:
@@ -269,43 +276,14 @@ def groups_of(store: Store, names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(group[0] for group in (store.node_group(run) for run in names) if group))
 
 
-def fall_back_groups(inventory: Inventory, names: Sequence[str], as_json: bool) -> list[str]:
-    """Relaunch, with the next variant, each multi-node run among `names` whose first failure falls back
-    (multinode.fall_back); the names of the runs launched."""
-    from ..multinode import fall_back, root_of
-
-    launched_names: list[str] = []
-    with Connections(inventory) as connections, Store() as store:
-        groups = groups_of(store, names)
-
-        def fall_back_each() -> None:  # on a thread of its own: Ctrl-C finishes it first (finishing)
-            for group in groups:
-                try:
-                    data = fall_back(inventory, connections, store, group, on_wait=say_waiting(ON_CTRL_C))
-                except DfoError as exc:
-                    err_console.print(f"{group}: falling back failed: {exc}", highlight=False, markup=False)
-                    continue
-                if data is not None and tell_fell_back(data, root_of(store, group), as_json):
-                    launched_names.append(data["next_run"])
-
-        if groups:
-            finishing(fall_back_each, groups, lambda: open_fallbacks(store, [root_of(store, g) for g in groups]) or groups)
-    return launched_names
-
-
-def tell_fell_back(data: dict, chain: str, as_json: bool) -> bool:
-    """One line on a multi-node fallback (a closed intent's data; `chain`: the multi-node run it started from);
-    False when its launch failed."""
+def tell_fell_back(data: dict, chain: str, as_json: bool) -> None:
+    """One line on a multi-node fallback finished before the watch (a closed intent's data; `chain`: the multi-node
+    run it started from), as the watch says one it carries out (events.MultinodeFellBack)."""
     if data.get("error"):
         err_console.print(f"{data['run']}: falling back failed: {data['error']}", highlight=False, markup=False)
-        return False
-    if as_json:
-        print_json(MultinodeFellBack(at=utc_now(), run=data["run"], chain=chain, next_run=data["next_run"],
-                                     nodes=data["nodes"]).to_json())
-    else:
-        console.print(f"{data['run']}: fell back on all {len(data['nodes'])} nodes to {data['next_run']}",
-                      highlight=False, markup=False, soft_wrap=True)
-    return True
+        return
+    tell(MultinodeFellBack(at=utc_now(), run=data["run"], chain=chain, next_run=data["next_run"], nodes=data["nodes"]),
+         as_json)
 
 
 def drive(watcher: Watcher, until_decided: bool, interval: float, refresh) -> None:
@@ -345,6 +323,8 @@ def event_line(event: Event) -> str:
         return f"{event.at[11:19]} {event.subject}: {d.decision} (action {d.action}{nxt}): {d.reason}"
     if isinstance(event, (LevelShift, LeftToBatch, LeaseHeld)):
         return f"{event.at[11:19]} {event.subject}: {event.text}"
+    if isinstance(event, MultinodeFellBack):  # `mn: fell back on all 2 nodes to mn.2-ps2ok`, as it always was
+        return f"{event.subject}: {event.text}"
     if isinstance(event, GpuError) and event.no_nvidia_smi:
         return f"{event.at[11:19]} {event.subject}: no nvidia-smi there (a CPU-only target): no GPU samples"
     detail = ", ".join(f"{k}={v}" for k, v in event.to_json().items() if k not in ("kind", "at", "run", "chain", "target"))
