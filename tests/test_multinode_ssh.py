@@ -464,6 +464,82 @@ def test_ctrl_c_during_a_multinode_fallback_says_what_it_finishes_and_finishes_i
     assert all(runs[f"mn.2-ps2ok.node{node}"]["pid"] is not None for node in (0, 1)), runs
 
 
+def json_lines(path: Path) -> list[dict]:
+    """The JSON lines a `dfo watch --json` wrote to `path` so far (a line still being written left out)."""
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.startswith("{") and line.endswith("}")]
+
+
+@pytest.mark.slow
+def test_a_multinode_fallback_is_carried_out_while_the_watch_goes_on_following_another_run_and_its_successor(
+        played_hosts):
+    """One `dfo watch` follows a single-node run (`solo`, steady for minutes) and a multi-node run whose node 1
+    crashes: the group's fallback is decided and carried out by the watch's lifecycle while the watch goes on, which
+    then follows the successor's nodes to their verdict, `solo` still followed all along. Before, the group fell
+    back only after the watch had ended, so a watch that also followed a run still going never fell back at all."""
+    from test_watch import FAST_WATCH, STEADY_TRAINER
+
+    hosts = played_hosts
+    inventory = yaml.safe_load(hosts.inventory.read_text())
+    (hosts.tmp / "steady.py").write_text(STEADY_TRAINER)
+    inventory["variants"]["solo"] = {"command": f"{sys.executable} {hosts.tmp}/steady.py 100000 0.05"}
+    inventory["watch"].update(FAST_WATCH)
+    hosts.inventory.write_text(yaml.safe_dump(inventory))
+    solo = hosts.dfo("launch", "--host", "n0b", "--variant", "solo", "--name", "solo")
+    assert solo.returncode == 0, solo.stderr
+    launched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail")
+    assert launched.returncode == 0, launched.stderr
+    out, err = hosts.tmp / "watch.out", hosts.tmp / "watch.err"
+    env = {**os.environ, "DFO_HOME": str(hosts.state)}
+    env.pop("DFO_INVENTORY", None)
+    with out.open("w") as stdout, err.open("w") as stderr:
+        watch = subprocess.Popen([DFO, "watch", "solo", "mn", "--json", "-i", str(hosts.inventory)], stdout=stdout,
+                                 stderr=stderr, env=env)
+
+    def said() -> str:  # what the watch said, for a failure's message: its stderr first (a watch that died says why)
+        return (f"exit status {watch.poll()}\n--- stderr:\n{err.read_text()[-4000:]}\n--- stdout, no steps:\n"
+                f"{events_but_steps(out.read_text())[-4000:]}")
+
+    def decided(run: str) -> bool:
+        return any(line["kind"] == "decision" and line["run"] == run and line["decision"]["decision"] in (
+            "steady", "exited") for line in json_lines(out))
+
+    def told() -> list[dict]:
+        return [line for line in json_lines(out) if line["kind"] == "multinode_fell_back"]
+
+    successors = ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1"]
+    try:
+        try:
+            wait_for(lambda: told() or watch.poll() is not None, 150, "the multi-node fallback")
+            assert watch.poll() is None, "the watch ended"
+            [fell] = told()
+            assert (fell["run"], fell["next_run"], fell["nodes"]) == ("mn", "mn.2-ps2ok", successors)
+            wait_for(lambda: all(map(decided, successors)) or watch.poll() is not None, 120, "the successor's verdicts")
+            assert watch.poll() is None, "the watch ended before `solo` did"
+        except AssertionError as failed:
+            raise AssertionError(f"{failed}\n{said()}") from None
+        assert decided("solo"), said()  # followed all along, and still
+        stopped = hosts.dfo("stop", "solo", "--grace", "5")
+        assert stopped.returncode == 0, stopped.stderr
+        assert watch.wait(timeout=60) == 0, said()  # every chain ended: solo stopped, the successor exited 0
+    finally:
+        watch.kill()
+        hosts.dfo("stop", "solo", "--grace", "5")
+        hosts.dfo("stop", "mn", "--grace", "5")
+    lines = json_lines(out)
+    finals = {line["chain"]: line["run"] for line in lines if line["kind"] == "final"}
+    assert finals == {"solo": "solo", "mn.node0": successors[0], "mn.node1": successors[1]}, said()
+    summaries = [line["run"] for line in lines if line["kind"] == "multinode"]
+    assert summaries == ["mn", "mn.2-ps2ok"], said()  # one line on each multi-node run the watch followed
+    assert not any(line["kind"] == "action_error" for line in lines), said()
+    runs = {r["name"]: r for r in hosts.runs()}
+    assert runs["mn.2-ps2ok.node1"]["parent"] == "mn.node1" and runs["mn.node0"]["state"] == "stopped", runs
+    for node in (0, 1):  # each successor node ran once, to its end
+        log = hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok.node{node}.log"
+        assert log.read_text().count("event=start") == 1 and Path(f"{log}.exit").read_text().strip() == "0"
+    assert open_intents(hosts) == []
+
+
 @pytest.mark.slow
 def test_a_launch_whose_start_got_no_answer_on_one_node_names_that_node_and_what_was_left(hosts):
     # node 1's start script waits 4 s before it starts the run; dfo gives up on its answer after 1 s. The error
