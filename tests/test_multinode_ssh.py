@@ -427,13 +427,11 @@ def test_a_multinode_successor_whose_starts_got_no_answer_is_adopted_if_it_runs_
         assert sorted(runs) == ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1", "mn.node0", "mn.node1"]
 
 
-@pytest.mark.slow
-def test_ctrl_c_during_a_multinode_fallback_says_what_it_finishes_and_finishes_it_first(played_hosts):
-    hosts = played_hosts
-    # the fallback runs after the watch, on dfo's main thread: Ctrl-C there cut it off half way (its successor's
-    # nodes recorded, none started) with only "interrupted: remote runs were left running"; now it is finished
-    # first and said as a single run's fallback is (a real SIGINT while its successor's launch is held)
-    paused, said = hosts.tmp / "paused", hosts.tmp / "stderr"
+def hold_a_multinode_fallback(hosts: TwoHosts, said: Path) -> tuple[subprocess.Popen, Path]:
+    """`dfo launch --watch --json` of `mn` (ps2fail on n0 and n1), its stderr to `said`, until its fallback to ps2ok
+    has recorded the successor's nodes and is held there, none started (DFO_TEST_PAUSE_AT=nodes_recorded; the first
+    launch's hold is let go at once). Returns the process and the pause file: removing it lets the launch go on."""
+    paused = hosts.tmp / "paused"
     env = {**os.environ, "DFO_HOME": str(hosts.state), "DFO_TEST_PAUSE_AT": "nodes_recorded",
            "DFO_TEST_PAUSE_FILE": str(paused)}
     env.pop("DFO_INVENTORY", None)
@@ -442,10 +440,22 @@ def test_ctrl_c_during_a_multinode_fallback_says_what_it_finishes_and_finishes_i
                                 str(hosts.port), "--host", "n0", "--host", "n1", "--variant", "ps2fail", "--watch",
                                 "--until-decided", "--json", "-i", str(hosts.inventory)],
                                stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    wait_for(paused.exists, 60, "the first launch to record its nodes")
+    paused.unlink()
+    wait_for(paused.exists, 180, "the fallback's launch to record its successor's nodes")
+    return dfo, paused
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_multinode_fallback_says_what_it_finishes_and_finishes_it_first(played_hosts):
+    hosts = played_hosts
+    # the fallback ran after the watch, on dfo's main thread: Ctrl-C there cut it off half way (its successor's
+    # nodes recorded, none started) with only "interrupted: remote runs were left running"; it is finished
+    # first and said as a single run's fallback is (a real SIGINT while its successor's launch is held), now by
+    # the watch's one Ctrl-C path, the fallback being its lifecycle's
+    said = hosts.tmp / "stderr"
+    dfo, paused = hold_a_multinode_fallback(hosts, said)
     try:
-        wait_for(paused.exists, 60, "the first launch to record its nodes")
-        paused.unlink()
-        wait_for(paused.exists, 180, "the fallback's launch to record its successor's nodes")
         dfo.send_signal(signal.SIGINT)  # Ctrl-C
         wait_for(lambda: "interrupted: finishing" in said.read_text(), 30, "the line about the fallback")
         line = next(line for line in said.read_text().splitlines() if "finishing" in line)
@@ -462,6 +472,32 @@ def test_ctrl_c_during_a_multinode_fallback_says_what_it_finishes_and_finishes_i
     assert open_intents(hosts) == []  # carried to its end: every node of the successor started and recorded
     runs = {run["name"]: run for run in hosts.runs()}
     assert all(runs[f"mn.2-ps2ok.node{node}"]["pid"] is not None for node in (0, 1)), runs
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_during_a_multinode_fallback_leaves_it_half_done_for_the_next_watch(played_hosts):
+    # as a single run's: dfo leaves at once, nothing signalled, the intent open; the next `dfo watch mn` passes by
+    # the successor whose nodes were recorded and never started, and launches it whole as `-2`
+    hosts = played_hosts
+    said = hosts.tmp / "stderr"
+    dfo, paused = hold_a_multinode_fallback(hosts, said)
+    try:
+        dfo.send_signal(signal.SIGINT)
+        wait_for(lambda: "interrupted: finishing" in said.read_text(), 30, "the line about the fallback")
+        dfo.send_signal(signal.SIGINT)  # again
+        assert dfo.wait(timeout=15) == 130, said.read_text()  # at once
+    finally:
+        dfo.kill()
+        paused.unlink(missing_ok=True)
+    assert "the fallback of mn to ps2ok is left half done; the next `dfo watch` finishes it" in said.read_text()
+    [intent] = open_intents(hosts)
+    assert (intent.kind, intent.data["run"], intent.data["variant"]) == ("multinode_fallback", "mn", "ps2ok")
+    assert not any(hosts.tmp.glob("ws*/logs/mn.2-ps2ok.node*.log.exit"))  # none of the successor ran
+    finished = hosts.dfo("watch", "mn", "--until-decided", "--json", timeout=300)
+    assert finished.returncode == 0, events_but_steps(finished.stdout) + finished.stderr
+    [told] = fell_back(finished.stdout)
+    assert (told["next_run"], told["nodes"]) == ("mn.2-ps2ok-2", ["mn.2-ps2ok-2.node0", "mn.2-ps2ok-2.node1"])
+    assert open_intents(hosts) == []
 
 
 def json_lines(path: Path) -> list[dict]:
