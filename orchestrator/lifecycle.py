@@ -191,15 +191,22 @@ class Lifecycle:
         else:
             self.follower.queue.put(ActionDone(watched.name, reason=reason))
 
-    def _start_worker(self, name: str, work: Callable[[], Any], action: UnderWay) -> None:
+    def _start_worker(self, name: str, work: Callable[[], Any], action: UnderWay,
+                      failed: Callable[[str], Any] | None = None) -> None:
         """Run `work` (`action`, about run or group `name`) on its own thread; what it did comes back to the
-        follower's loop on its queue (ActionDone(s), GroupDone)."""
+        follower's loop on its queue (ActionDone(s), GroupDone), and so does what it raised (`failed(why)`, an
+        ActionDone of `name` with that error by default): a bug in an action is said as its error, and the run is
+        not left `acting`, with the watch waiting on it for ever."""
+        failed = failed or (lambda why: ActionDone(name, error=why))
+
         def body() -> None:
             try:
                 try:
                     done = work()
                 except DfoError as exc:
-                    done = ActionDone(name, error=str(exc))
+                    done = failed(str(exc))
+                except Exception as exc:  # noqa: BLE001 - a bug: said as the action's error (a Ctrl-C still ends it)
+                    done = failed(f"internal error: {type(exc).__name__}: {exc}")
                 for item in done if isinstance(done, list) else [done]:
                     self.follower.queue.put(item)
             finally:
@@ -310,7 +317,7 @@ class Lifecycle:
             except DfoError as exc:  # its intent stays open: the next `dfo watch` finishes it
                 return GroupDone(group, error=str(exc))
 
-        self._start_worker(group, work, UnderWay(fallback_text(data), bound_s))
+        self._start_worker(group, work, UnderWay(fallback_text(data), bound_s), lambda why: GroupDone(group, error=why))
 
     def _group_done(self, done: GroupDone) -> None:
         """What a group's fallback did, on the follower's loop: its nodes read to their end and no longer followed, the

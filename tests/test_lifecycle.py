@@ -155,6 +155,24 @@ def test_a_fallback_left_half_done_by_a_dead_dfo_is_finished_by_the_next_watch_a
     assert chain["runs"] == ["h1", "h1.2-nographs"] and chain["decision"]["decision"] == "steady"
 
 
+def test_a_fallback_that_raises_a_bug_is_said_as_its_error_and_the_watch_still_settles(lab) -> None:
+    # an action that raised anything but a DfoError put nothing on the follower's queue: the run stayed `acting`
+    # and `dfo watch --until-decided` waited on it for ever
+    lab.launch("trees", "b1")  # crashes in a worker thread and lives on: the watch falls back from it
+    watcher = lab.watcher()
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug inside the fallback")
+
+    watcher.lifecycle.supervisor.fall_back = broken
+    watcher.attach("b1")
+    events = run_until(watcher, lambda w: w.runs()[0].decision.decision == "crash" and w.settled(), timeout=60)
+    [error] = [e for e in events if e.kind == "action_error"]
+    assert error.run == "b1" and error.error == "internal error: KeyError: 'a bug inside the fallback'"
+    assert [r.name for r in lab.store.list_runs()] == ["b1"]  # nothing launched; the intent it recorded, if any, open
+    assert not watcher.runs()[0].acting
+
+
 def test_an_intent_is_recorded_once_carried_out_once_by_racing_dfo_and_taken_over_when_its_holder_dies(tmp_path) -> None:
     import threading
     import time
