@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import faults
 from .decide import Catalogue, next_variant, rest_of_chain
@@ -61,7 +61,6 @@ MULTINODE_FALLBACK = "multinode_fallback"  # subject: the multi-node run a chain
 INTENT_WAIT_S = 600.0  # how long a dfo waits for another live one to finish an intent it is carrying out
 INTENT_POLL_S = 0.5
 WAIT_SLICE_S = 0.2  # how often a wait for work on other threads looks (Ctrl-C is taken between looks: wait_until)
-T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------------- policy
@@ -382,6 +381,13 @@ class Outcome:
     note: str | None = None  # why no signal was sent (it had ended, or its PID is another process's now)
 
 
+def outcome_of(store: Store, data: Mapping[str, Any]) -> Outcome:
+    """What a single run's fallback did, from its closed intent's data (carried out here, or by another dfo)."""
+    launched = store.find_run(data["next_run"]) if data.get("next_run") else None
+    return Outcome(data["run"], stopped=data.get("signal") is not None, signal=data.get("signal"), launched=launched,
+                   error=data.get("error"), reason=data.get("reason"), note=data.get("note"))
+
+
 @dataclass
 class Supervisor:
     """Stops runs and launches the next ones for watch and batch (the steps in the module docstring)."""
@@ -427,13 +433,13 @@ class Supervisor:
         if name is None:
             return Outcome(run.name, reason=reason, error=f"no free run name for the fallback of {run.name}")
         data = {"run": run.name, "variant": variant, "name": name, "chain": list(chain), "reason": reason}
-        return self._carry_out(record_fallback(self.store, subject or root, FALLBACK, data))
+        return self.carry_out(record_fallback(self.store, subject or root, FALLBACK, data))
 
     def finish_open(self, subject: str) -> list[Outcome]:
         """Finish the fallbacks a dfo that died left open for `subject` (a chain root or a batch cell)."""
-        return [self._carry_out(intent) for intent in self.store.open_intents(subject) if intent.kind == FALLBACK]
+        return [self.carry_out(intent) for intent in self.store.open_intents(subject) if intent.kind == FALLBACK]
 
-    def _carry_out(self, intent: Intent) -> Outcome:
+    def carry_out(self, intent: Intent) -> Outcome:
         """Steps 2-5 of a recorded fallback, once among every dfo (carry_out_fallback); the name it launches
         under is the intent's. An Outcome with `error` and the intent still open when the stop failed."""
         def stop(data: dict) -> dict:
@@ -481,9 +487,7 @@ class Supervisor:
             data = carry_out_fallback(self.store, intent, stop, launch)
         except DfoError as exc:  # the intent stays open: the next watch of the chain tries again
             return Outcome(intent.data["run"], reason=intent.data["reason"], error=str(exc))
-        launched = self.store.find_run(data["next_run"]) if data.get("next_run") else None
-        return Outcome(data["run"], stopped=data.get("signal") is not None, signal=data.get("signal"),
-                       launched=launched, error=data.get("error"), reason=data["reason"], note=data.get("note"))
+        return outcome_of(self.store, data)
 
     def launch_when_released(self, target, spec: RunSpec, name: str, *, after: str) -> Run:
         """Launch the successor of run `after` with the preflight's GPU checks on its GPUs in the same remote
@@ -585,35 +589,6 @@ def wait_until(done: Callable[[], bool], deadline: float | None = None) -> bool:
             return False
         time.sleep(WAIT_SLICE_S if remaining is None else min(WAIT_SLICE_S, remaining))
     return True
-
-
-def finish_on_own_thread(work: Callable[[], T], rough: Sequence[str], describe: Callable[[], list[str]],
-                         on_interrupt: Callable[[list[str]], None]) -> T:
-    """Carry out `work` (fallbacks a command runs itself: those a dead dfo left open, finished before the watch) on
-    a thread of its own, so that Ctrl-C cannot cut it off half way as it would on the main thread.
-    On Ctrl-C it is finished first, as a watch's or a batch's fallbacks are (finish_under_way: `on_interrupt`
-    is told which, describe(), or `rough` until that answers), then KeyboardInterrupt is raised; a second
-    Ctrl-C raises FallbacksLeft at once. Returns what `work` returned (or raises what it raised)."""
-    outcome: dict[str, Any] = {}
-    done = threading.Event()  # not Thread.join: a join that Ctrl-C interrupts can leave the thread taken for ended
-
-    def body() -> None:
-        try:
-            outcome["value"] = work()
-        except BaseException as exc:  # given to the caller on its own thread
-            outcome["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=body, name="fallback", daemon=True).start()
-    try:
-        wait_until(done.is_set)
-    except KeyboardInterrupt:
-        left = finish_under_way(rough, describe, on_interrupt, lambda: wait_until(done.is_set))
-        raise left or KeyboardInterrupt() from None
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 # ---------------------------------------------------------------------------------------------- where runs came from

@@ -20,6 +20,13 @@ same executor with the same bound, claims, intent and Ctrl-C path as a single ru
 recorded once, carried out by chains.carry_out_fallback); its outcome (GroupDone) has the watch follow the successor's
 nodes, each in its predecessor node's chain.
 
+A fallback a dfo that died left half done (an open intent in the registry: a single run's, or a group's) is finished
+here too, by the lifecycle of the watch that holds the chain's claim (node 0's chain, for a group), when it attaches
+the chain or takes it over (finish_open_intents), on the same executor, with the same bound and Ctrl-C path; its
+outcome (IntentDone) is taken as the action's it finishes (ActionDone, GroupDone). A watch that only observes the chain
+holds its runs meanwhile and, once the holder has closed the intent, says and follows what it launched
+(await_open_intents, look_at_awaited). A batch cell's is left to `dfo batch` (left_to_batch).
+
 Here, not in chains.py: chains.py is the library of chain steps (naming, specs, intents carried out once, the
 Supervisor) that a multi-node fallback and `dfo batch` call too; this is the one object that decides to call them for a
 followed run and runs them off the loop's thread.
@@ -35,12 +42,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import events as ev
-from .chains import (GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy, Supervisor, batch_command,
-                     chain_key, fallback_text, finish_under_way, wait_until)
+from .chains import (FALLBACK, GPU_RELEASE_S, MULTINODE_FALLBACK, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy,
+                     Supervisor, batch_command, chain_key, fallback_text, finish_under_way, outcome_of, wait_until)
 from .decide import verdict_key
 from .errors import DfoError
 from .states import Action
-from .store import Store, utc_now
+from .store import Intent, Run, Store, utc_now
 
 if TYPE_CHECKING:  # the follower; imported only for its types (watch.py imports this module)
     from .watch import Watcher, WatchedRun
@@ -62,7 +69,37 @@ class GroupDone:
     error: str | None = None
 
 
-OUTCOMES = (ActionDone, GroupDone)  # what the executor hands back to the follower's loop (Lifecycle.done takes it)
+@dataclass(frozen=True)
+class IntentDone:
+    """What finishing a fallback a dfo that died left open (intent `intent`) did: a single run's ActionDone, or a
+    group's GroupDone; handed back to the follower's loop through its queue (or taken there at once, by a watch that
+    saw the chain's holder close it: Lifecycle.look_at_awaited)."""
+
+    intent: int
+    done: "ActionDone | GroupDone"
+
+
+OUTCOMES = (ActionDone, GroupDone, IntentDone)  # what the executor hands back to the follower's loop (Lifecycle.done)
+AWAIT_LOOK_S = 1.0  # how often a watch looks whether an open intent the chain's holder finishes was closed
+
+
+@dataclass
+class OpenIntent:
+    """A fallback a dfo that died left open, as this lifecycle knows it: finished here (the chain's claim is held
+    here) or `awaited` (the holder, another dfo, finishes it; this watch says and follows what it launched). `runs`:
+    the run it falls back from (a group: every node of it); `passed`: the runs the dead dfo put after them in their
+    chains (a successor half launched: adopted, or passed by for the next name). The followed ones of both are held
+    (acted on: their verdicts start nothing) until it is finished."""
+
+    intent: Intent
+    runs: frozenset[str]
+    passed: frozenset[str]
+    awaited: bool
+
+    @property
+    def group(self) -> str | None:
+        """The multi-node run it falls back from (None: a single run's)."""
+        return self.intent.data["run"] if self.intent.kind == MULTINODE_FALLBACK else None
 
 
 @dataclass
@@ -100,6 +137,9 @@ class Lifecycle:
         self._nodes: dict[str, list[str]] = {}  # group -> its node runs, node 0 first
         self._asked: dict[str, tuple] = {}  # group -> its nodes' verdicts when group_fallback was last asked
         self._groups_acted: set[str] = set()  # groups whose fallback this lifecycle has carried out (or tried)
+        self._open: dict[int, OpenIntent] = {}  # open intents a dead dfo left, finished here or awaited (by id)
+        self._tried: set[int] = set()  # those this lifecycle finished (or tried: one left open is the next watch's)
+        self._looked_at = 0.0  # when the awaited intents were last looked at (look_at_awaited)
 
     @classmethod
     def for_watch(cls, follower: "Watcher", inventory, connections, store: Store, *, stop_grace_s: float | None,
@@ -144,7 +184,7 @@ class Lifecycle:
     def acted_on(self, watched: "WatchedRun") -> bool:
         """Whether the chain's former owner acted on the run's verdict already, so that a take-over does not act
         (nor record the action) again: a fallback it recorded (its intent, open or done: an open one is finished
-        by finish_open_intents) or whose successor it launched; a stop it asked for (stop_requested_at, set
+        here by finish_open_intents) or whose successor it launched; a stop it asked for (stop_requested_at, set
         before the signal) or recorded as under way (its stored `acting` event: the run had ended already)."""
         if self.store.children(watched.name) or self.store.intents_about(watched.root, watched.name):
             return True
@@ -215,18 +255,23 @@ class Lifecycle:
         self.actions.append(action)
         threading.Thread(target=body, name=f"act-{name}", daemon=True).start()
 
-    def done(self, done: ActionDone | GroupDone) -> None:
+    def done(self, done: ActionDone | GroupDone | IntentDone) -> None:
         """What an action did, on the follower's loop: the stopped run read to its end and no longer followed, the
         stop and the fallback said (and the decision's next_run recorded), the successor followed (a group's:
-        _group_done)."""
-        if isinstance(done, GroupDone):
+        _group_done; an open intent's: _intent_done)."""
+        if isinstance(done, IntentDone):
+            self._intent_done(done)
+        elif isinstance(done, GroupDone):
             self._group_done(done)
-            return
+        else:
+            self._run_done(done)
+
+    def _run_done(self, done: ActionDone) -> None:
+        """What a single run's stop or fallback did (done)."""
         follower = self.follower
         watched = follower.watched.get(done.run)
-        if watched is None:  # an intent finished for a run of the chain this watch did not follow
-            if done.launched is not None and done.launched.name not in follower.watched:
-                follower.attach(done.launched.name)
+        if watched is None:  # an open intent's run this watch does not follow: it follows what a dead dfo launched after
+            self._unfollowed_done(done)
             return
         self._action_ended(watched)
         if done.stopped:
@@ -236,11 +281,26 @@ class Lifecycle:
         if done.error:
             follower.emit(watched, ev.ActionError, error=done.error)
         if done.launched is not None:
-            follower.chain_runs(watched.root).append(done.launched.name)
             watched.decision = replace(watched.decision, next_run=done.launched.name)
             follower.record_decision(watched, said=False)  # the crash was said; fell_back names its successor
             follower.emit(watched, ev.FellBack, next_run=done.launched.name, variant=done.launched.variant)
-            self._follow(watched, done.launched.name)
+            self._follow(watched.root, done.launched.name, watched.name)
+
+    def _unfollowed_done(self, done: ActionDone) -> None:
+        """What finishing an open intent did about a run this watch does not follow (it follows the successor a dead dfo
+        left half launched after it, which the intent's finish adopted or passed by): said as of that run, and the
+        successor followed in its chain."""
+        root = self.store.lineage(done.run)[0]
+        if done.error:
+            self._say(ev.ActionError(at=utc_now(), run=done.run, chain=root, error=done.error), root)
+        if done.launched is not None:
+            self._say(ev.FellBack(at=utc_now(), run=done.run, chain=root, next_run=done.launched.name,
+                                  variant=done.launched.variant), root)
+            self._follow(root, done.launched.name, done.run)
+
+    def _say(self, event: ev.RunEvent, root: str) -> None:
+        """An event of this lifecycle's about a run it may not follow: shown, and stored by the chain's owner."""
+        self.follower.publish(event, event.run, event.stored and self.stores_for(root))
 
     def _action_ended(self, watched: "WatchedRun") -> None:
         """An action on `watched` ended: what it logged is read to its end (Watcher.read_to_end) and, ended, it is no
@@ -251,13 +311,17 @@ class Lifecycle:
         if not watched.run.active:
             watched.alive = False
 
-    def _follow(self, watched: "WatchedRun", successor: str) -> None:
-        """Follow `successor`, the run launched after `watched` (already in its chain's runs); one whose target does
-        not answer runs on, said (`dfo watch` picks it up once the target answers)."""
+    def _follow(self, root: str, successor: str, after: str) -> None:
+        """Follow `successor`, the run launched after run `after` in chain `root` (the chain's current run from here on,
+        even if it cannot be followed); one whose target does not answer runs on, said (`dfo watch` picks it up once
+        the target answers)."""
+        runs = self.follower.chain_runs(root) if self.follower.follows_chain(root) else None
+        if runs is not None and successor not in runs:
+            runs.append(successor)
         try:
             self.follower.attach(successor)
         except DfoError as exc:
-            self.follower.emit(watched, ev.ActionError, error=f"cannot follow {successor}: {exc}")
+            self._say(ev.ActionError(at=utc_now(), run=after, chain=root, error=f"cannot follow {successor}: {exc}"), root)
 
     # ------------------------------------------------------------------ multi-node groups
 
@@ -302,67 +366,178 @@ class Lifecycle:
         once, then stop and launch through chains.carry_out_fallback), bounded as its nodes' fallbacks one after the
         other plus the rendezvous check; every node is acted on meanwhile (its own verdict starts nothing more, and its
         exit is no verdict: the fallback stops it). The outcome comes back as GroupDone."""
-        from .multinode import RENDEZVOUS_TIMEOUT, fall_back
+        from .multinode import fall_back
 
         self._groups_acted.add(group)
         for node in nodes:
             node.handled = node.acting = node.stopping = True
+        self._start_group(group, fallback_text(data), [node.run for node in nodes],
+                          lambda *args, **waits: fall_back(*args, data, **waits))
+
+    def _start_group(self, group: str, what: str, nodes: list[Run], carry: Callable[..., dict],
+                     tag: Callable[[GroupDone], Any] = lambda done: done) -> None:
+        """Carry out a fallback of `group` (`what`, in Ctrl-C's words) on a worker: `carry(inventory, connections,
+        store, gpu_release_s=, on_wait=)` (multinode.fall_back, or finish_fallback for an intent a dead dfo left),
+        bounded as its `nodes`' fallbacks one after the other plus the rendezvous check. What it did comes back as
+        GroupDone (`tag`ged: an open intent's IntentDone); a DfoError leaves its intent open (the next `dfo watch`)."""
+        from .multinode import RENDEZVOUS_TIMEOUT
+
         supervisor = self.supervisor
-        bound_s = sum(supervisor.bound_s(node.run, launches=True) for node in nodes) + RENDEZVOUS_TIMEOUT
+        bound_s = sum(supervisor.bound_s(node, launches=True) for node in nodes) + RENDEZVOUS_TIMEOUT
 
-        def work() -> GroupDone:
+        def work() -> Any:
             try:
-                return GroupDone(group, data=fall_back(supervisor.inventory, supervisor.connections, self.store, data,
-                                                       gpu_release_s=supervisor.gpu_release_s, on_wait=supervisor.on_wait))
+                return tag(GroupDone(group, data=carry(supervisor.inventory, supervisor.connections, self.store,
+                                                       gpu_release_s=supervisor.gpu_release_s, on_wait=supervisor.on_wait)))
             except DfoError as exc:  # its intent stays open: the next `dfo watch` finishes it
-                return GroupDone(group, error=str(exc))
+                return tag(GroupDone(group, error=str(exc)))
 
-        self._start_worker(group, work, UnderWay(fallback_text(data), bound_s), lambda why: GroupDone(group, error=why))
+        self._start_worker(group, work, UnderWay(what, bound_s), lambda why: tag(GroupDone(group, error=why)))
 
     def _group_done(self, done: GroupDone) -> None:
-        """What a group's fallback did, on the follower's loop: its nodes read to their end and no longer followed, the
-        fallback said once for the group (MultinodeFellBack; the registry's fell_back is multinode.fall_back's), and
-        each node of the successor followed in its predecessor node's chain; or why it failed, said of the group."""
+        """What a group's fallback did, on the follower's loop: its nodes this watch follows read to their end and no
+        longer followed, the fallback said once for the group (MultinodeFellBack; the registry's fell_back is
+        multinode.finish_fallback's), and each node of the successor followed in its predecessor node's chain; or why
+        it failed, said of the group."""
         from .multinode import root_of
 
-        follower, names = self.follower, self._nodes[done.group]
-        nodes = [follower.watched[name] for name in names]
-        for node in nodes:
-            self._action_ended(node)
+        names = self.store.nodes_of(done.group)
+        roots = []
+        for name in names:
+            node = self.follower.watched.get(name)
+            if node is not None:
+                self._action_ended(node)
+            roots.append(node.root if node is not None else self.store.lineage(name)[0])
         chain, data = root_of(self.store, done.group), done.data or {}
         error = done.error or data.get("error")
         if error:
-            event = ev.ActionError(at=utc_now(), run=done.group, chain=chain, error=f"falling back failed: {error}")
-            follower.publish(event, done.group, event.stored and self.stores_for(nodes[0].root))
+            self._say(ev.ActionError(at=utc_now(), run=done.group, chain=chain, error=f"falling back failed: {error}"),
+                      roots[0])
             return
-        follower.publish(ev.MultinodeFellBack(at=utc_now(), run=done.group, chain=chain, next_run=data["next_run"],
-                                              nodes=data["nodes"]), done.group, False)
-        for node, successor in zip(nodes, data["nodes"]):  # node K's successor is node K of the successor
-            follower.chain_runs(node.root).append(successor)
-            self._follow(node, successor)
+        self.follower.publish(ev.MultinodeFellBack(at=utc_now(), run=done.group, chain=chain, next_run=data["next_run"],
+                                                   nodes=data["nodes"]), done.group, False)
+        for name, root, successor in zip(names, roots, data["nodes"]):  # node K's successor is node K of the successor
+            self._follow(root, successor, name)
 
     # ------------------------------------------------------------------ intents a dead dfo left open
 
     def finish_open_intents(self, root: str) -> None:
-        """A fallback a dfo that died left half done: finish it (stop, launch) on a worker; the runs it is about
-        are acted on already, so their verdicts start nothing more."""
-        intents = self.store.open_intents(root) if self.fallback else []
-        batch = self.store.get_run(root).batch if intents else None
-        watched_runs = self.follower.watched
-        for intent in intents:
-            watched = watched_runs.get(intent.data["run"])
-            if batch:  # a batch cell's: `dfo batch` finishes it (its GPU ledger), never this watch
-                self._leave_to_batch(root, intent, batch)
-            elif watched is not None:
-                watched.handled = watched.acting = watched.stopping = True
-        if batch:
+        """The fallbacks a dfo that died left half done in chain `root`, whose claim this lifecycle holds (on attach and
+        on take-over): a single run's, and, `root` being node 0's chain of a multi-node run, its group's; each finished
+        once (_finish) on the executor, with its bound and Ctrl-C's path, the runs it is about held meanwhile
+        (OpenIntent). A batch cell's is left to `dfo batch` (its GPU ledger)."""
+        self._open_intents(root, awaited=False)
+
+    def await_open_intents(self, root: str) -> None:
+        """The same in chain `root`, whose claim another dfo holds (on attach): that one finishes them; this one holds
+        their runs meanwhile and, once one is closed (look_at_awaited), says what it did and follows its successor, as
+        the dfo that finished it does. Taking the chain over finishes it here (finish_open_intents)."""
+        self._open_intents(root, awaited=True)
+
+    def _open_intents(self, root: str, *, awaited: bool) -> None:
+        if not self.fallback:
             return
-        current = watched_runs.get(self.follower.chain_runs(root)[-1])
-        if intents and current is not None:
-            bound_s = sum(self.supervisor.bound_s(self.store.find_run(intent.data["run"]) or current.run, launches=True)
-                          for intent in intents)
-            self._start_worker(current.name, lambda: self.supervisor.finish_open(root),
-                               UnderWay("; ".join(fallback_text(intent.data) for intent in intents), bound_s))
+        self._hold()  # a run attached since an intent was found that the intent is about: held too
+        batch = None
+        for intent in self._intents_in(root):
+            batch = batch or self.store.get_run(root).batch
+            if batch:  # a batch cell's: `dfo batch` finishes it (its GPU ledger), never a watch
+                if not awaited:
+                    self._leave_to_batch(root, intent, batch)
+                continue
+            known = self._open.get(intent.id)
+            if known is None and intent.id not in self._tried:
+                known = self._open[intent.id] = OpenIntent(intent, *self._runs_of(intent), awaited=awaited)
+                self._hold()
+            elif known is None or awaited or not known.awaited:
+                continue  # tried here already, awaited already, or being finished here
+            known.awaited = awaited
+            if not awaited:
+                self._finish(known)
+
+    def _intents_in(self, root: str) -> list[Intent]:
+        """The open fallback intents of chain `root`: a single run's (subject: the chain's root), or a multi-node run's
+        when `root` is node 0's chain of one (subject: the multi-node run it started from, multinode.root_of)."""
+        group = self.store.node_group(root)
+        subject, kind = (group[0], MULTINODE_FALLBACK) if group and group[1] == 0 else (root, FALLBACK)
+        return [intent for intent in self.store.open_intents(subject) if intent.kind == kind]
+
+    def _runs_of(self, intent: Intent) -> tuple[frozenset[str], frozenset[str]]:
+        """The runs an open intent is about (OpenIntent.runs) and those a dead dfo put after them (OpenIntent.passed)."""
+        run = intent.data["run"]
+        runs = (self.store.nodes_of(run) if intent.kind == MULTINODE_FALLBACK else []) or [run]
+        return frozenset(runs), frozenset(after for name in runs for after in self.store.chain_runs(name)[1:])
+
+    def _hold(self) -> None:
+        """Hold the followed runs of every open intent known here (acted on: their verdicts start nothing, and their
+        chains are not settled, even those that had ended before the watch); the runs it falls back from are stopped by
+        it (their exit is no verdict), and a group of theirs is not decided again."""
+        for known in self._open.values():
+            for name in known.runs | known.passed:
+                watched = self.follower.watched.get(name)
+                if watched is not None:
+                    watched.handled = watched.acting = True
+                    watched.stopping = watched.stopping or name in known.runs
+            if known.group is not None:
+                self._groups_acted.add(known.group)  # decided already: not again when its nodes are let go
+
+    def _finish(self, known: OpenIntent) -> None:
+        """Finish an open intent on a worker, as the fallback was meant to be carried out: a single run's by the
+        Supervisor (chains.Supervisor.carry_out), a group's by multinode.finish_fallback (_start_group); its outcome
+        comes back as IntentDone."""
+        intent, supervisor = known.intent, self.supervisor
+        self._tried.add(intent.id)
+        what = fallback_text(intent.data)
+        if known.group is not None:
+            from .multinode import finish_fallback
+
+            self._start_group(known.group, what, [self.store.get_run(name) for name in self.store.nodes_of(known.group)],
+                              lambda *args, **waits: finish_fallback(*args, intent, **waits),
+                              tag=lambda done: IntentDone(intent.id, done))
+            return
+        run = intent.data["run"]
+        self._start_worker(run, lambda: IntentDone(intent.id, supervisor.carry_out(intent)),
+                           UnderWay(what, supervisor.bound_s(self.store.get_run(run), launches=True)),
+                           lambda why: IntentDone(intent.id, ActionDone(run, error=why)))
+
+    def look_at_awaited(self) -> None:
+        """On the follower's loop, about every AWAIT_LOOK_S: an awaited intent that the chain's holder closed is taken
+        as if it had been finished here (_intent_done: said, its successor followed). One it left open (it failed)
+        stays awaited: the holder's end lets this watch take the chain over and finish it."""
+        now = time.monotonic()
+        if not any(known.awaited for known in self._open.values()) or now - self._looked_at < AWAIT_LOOK_S:
+            return
+        self._looked_at = now
+        for known in [known for known in self._open.values() if known.awaited]:
+            intent = self.store.get_intent(known.intent.id)
+            if intent.done_at is None:
+                continue
+            done = (GroupDone(known.group, data=intent.data) if known.group is not None
+                    else outcome_of(self.store, intent.data))
+            self._intent_done(IntentDone(intent.id, done))
+
+    def _intent_done(self, done: IntentDone) -> None:
+        """What finishing an open intent did (here, or by the chain's holder): the runs a dead dfo left after its runs
+        let go (the successor it adopted followed on as any run; one it passed by no longer followed; all of them
+        followed on when no successor came), then what it did said and its successor followed as an action's
+        (_group_done, _run_done)."""
+        known = self._open.pop(done.intent)
+        outcome = done.done
+        if isinstance(outcome, GroupDone):
+            successors = set((outcome.data or {}).get("nodes") or [])
+        else:
+            successors = {outcome.launched.name} if outcome.launched is not None else set()
+        for name in known.passed:
+            watched = self.follower.watched.get(name)
+            if watched is None:
+                continue
+            if name in successors or not successors:
+                watched.handled = watched.acting = False
+                watched.dirty = True
+            else:  # passed by: stopped or never started, and no group to decide (its successor is)
+                self._groups_acted.update(filter(None, [self._group_of(name)]))
+                self._action_ended(watched)
+        self.done(outcome)
 
     def _leave_to_batch(self, root: str, intent, batch: str) -> None:
         """Say once (however often the chain is attached or taken over) that the open fallback `intent` of batch

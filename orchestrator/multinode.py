@@ -17,7 +17,9 @@ the node that failed first. group_fallback() is the group's combined decision, w
 (lifecycle.Lifecycle.judged) asks while the watch goes on, once every node has a verdict; fall_back(), which
 its executor runs, relaunches all nodes with the next variant of the inventory's fallback chain that the
 first failure's signature allows (`NAME.<n>-<variant>`, each node the child of its predecessor on the same
-target). This module does not judge runs, decides nothing by itself and holds no SQL.
+target); finish_fallback() carries out a recorded one, which the same executor also runs for a fallback a dfo
+that died left open (Lifecycle.finish_open_intents). This module does not judge runs, decides nothing by itself
+and holds no SQL.
 """
 
 from __future__ import annotations
@@ -406,13 +408,6 @@ def finish_fallback(inventory, connections, store: Store, intent, *, gpu_release
                 "error": None}
 
     return carry_out_fallback(store, intent, stop, launch)
-
-
-def finish_open(inventory, connections, store: Store, runs, **waits) -> list[dict]:
-    """Finish the multi-node fallbacks a dfo that died left open in the chains of the multi-node `runs`."""
-    roots = dict.fromkeys(root_of(store, run) for run in runs)
-    return [finish_fallback(inventory, connections, store, intent, **waits)
-            for root in roots for intent in store.open_intents(root) if intent.kind == MULTINODE_FALLBACK]
 
 
 def stop_grace_of(inventory, store: Store, run: str) -> float:

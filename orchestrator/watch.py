@@ -299,7 +299,8 @@ class Watcher:
                 self._ended_before(watched)
             if self.lifecycle.stores_for(root):
                 self.lifecycle.finish_open_intents(root)
-            else:
+            else:  # its holder finishes them; this watch says what it did and follows what it launched
+                self.lifecycle.await_open_intents(root)
                 self._say_held_elsewhere(root)
             return watched
 
@@ -314,6 +315,7 @@ class Watcher:
         items = self._drain(timeout)
         with self._lock:
             self._renew_claims()
+            self.lifecycle.look_at_awaited()
             writes = Writes()
             for item in items:
                 if isinstance(item, StopWait):
@@ -377,6 +379,10 @@ class Watcher:
     def chain_runs(self, root: str) -> list[str]:
         """The runs of chain `root` this watch knows, oldest first (the last one is the chain's current run)."""
         return self._chains[root].runs
+
+    def follows_chain(self, root: str) -> bool:
+        """Whether this watch follows a run of chain `root`."""
+        return root in self._chains
 
     def __enter__(self) -> "Watcher":
         return self

@@ -2,26 +2,25 @@
 
 Parses options, builds a Watcher and drives it, rendering with view.py (or one JSON object per event with
 --json). Every fallback, a single run's or a multi-node run's, is the Watcher's lifecycle's, carried out while the
-watch goes on (orchestrator/lifecycle.py); this module carries out only those a dfo that died left half done, before
-the watch. Ctrl-C ends the watch and leaves every run running. All mechanics live in orchestrator/watch.py.
+watch goes on (orchestrator/lifecycle.py), and so is one a dfo that died left half done: finished by the lifecycle
+that holds its chain once the watch attaches it. Ctrl-C ends the watch and leaves every run running. All mechanics
+live in orchestrator/watch.py.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import Callable, Optional, Sequence
 
 import typer
 from rich.live import Live
 
-from ..chains import (FALLBACK, MULTINODE_FALLBACK, FallbacksLeft, Outcome, Supervisor, fallback_text,
-                      finish_on_own_thread, inventory_for)
+from ..chains import FALLBACK, MULTINODE_FALLBACK, FallbacksLeft, inventory_for
 from ..connections import Connections
 from ..decide import Decision, read_stored
-from ..errors import DfoError
-from ..events import (ActionError, DecisionMade, Event, FellBack, Final, GpuError, LeaseHeld, LeftToBatch,
-                      LevelShift, MultinodeFellBack, MultinodeSummary)
+from ..events import (DecisionMade, Event, Final, GpuError, LeaseHeld, LeftToBatch, LevelShift, MultinodeFellBack,
+                      MultinodeSummary)
 from ..history import sync_before_attach
 from ..inventory import Inventory
 from ..runs import StopWait
@@ -33,9 +32,8 @@ from .common import (InventoryOpt, complete_runs, console, err_console, leave_ha
                      say_waiting, verdicts_exit_status)
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
-T = TypeVar("T")
 AGAIN = "`dfo watch`"  # what finishes a fallback that a second Ctrl-C leaves half done
-ON_CTRL_C = "Ctrl-C finishes this fallback first"  # what a stop's wait said on stderr adds (say_each_wait, finishing)
+ON_CTRL_C = "Ctrl-C finishes this fallback first"  # what a stop's wait said on stderr adds (say_each_wait)
 SHOWN_EVENTS = ("decision", "level_shift", "left_to_batch", "stopped", "fell_back", "multinode_fell_back", "not_signalled",
                 "action_error", "ended", "truncated", "gap", "disconnected", "gpu_error", "unreachable", "gpu_idle", "malformed",
                 "took_over", "lease_held")
@@ -132,12 +130,8 @@ def watch_runs(
 
     Returns the exit status: 1 when a chain's final verdict is a failure (crash, stall, too slow, undecided
     when the watch ended, drifting) or a run was given up on, else 0 (steady, exited cleanly, stopped);
-    130 on Ctrl-C."""
-    try:
-        if fallback:  # a fallback a dfo that died left half done: finished first, then its successor watched
-            names = finish_open_fallbacks(inventory, names, as_json)
-    except KeyboardInterrupt as interrupted:  # finished first (a second Ctrl-C leaves it half done)
-        return stopped_watching(interrupted)
+    130 on Ctrl-C. A fallback a dfo that died left half done in a chain the watch holds is finished by its
+    lifecycle once the chain is attached (Lifecycle.finish_open_intents), and its successor followed."""
     with Connections(inventory) as connections, Store() as store:
         names = resolve_nodes(store, names)
         catch_up_first(store, names, connections)
@@ -197,93 +191,9 @@ def stopped_watching(interrupted: KeyboardInterrupt | None) -> int:
     return 130
 
 
-def finishing(work: Callable[[], T], rough: Sequence[str], describe: Callable[[], list[str]]) -> T:
-    """`work` (fallbacks a dfo that died left half done, finished before the watch) on a thread of its own, finished
-    first on Ctrl-C and said as the Watcher's own are (chains.finish_on_own_thread, say_finishing); a second Ctrl-C
-    leaves at once, before the connections `work` uses are closed under it."""
-    try:
-        return finish_on_own_thread(work, rough, describe, lambda fallbacks: say_finishing(fallbacks, AGAIN))
-    except FallbacksLeft as left:
-        leave_half_done(left.fallbacks, AGAIN)
-
-
-def open_fallbacks(store: Store, roots: Sequence[str]) -> list[str]:
-    """The open fallbacks of the chains of `roots` (a single run's or a multi-node run's), `RUN to VARIANT`."""
-    return [fallback_text(intent.data) for root in roots for intent in store.open_intents(root)
-            if intent.kind in (FALLBACK, MULTINODE_FALLBACK)]
-
-
-def finish_open_fallbacks(inventory: Inventory, names: Sequence[str], as_json: bool) -> list[str]:
-    """`names` with each chain that has a fallback a dfo that died left half done (a single run's:
-    Supervisor.finish_open; a multi-node run's: multinode.finish_open) replaced by the newest run of that chain
-    once the fallback is finished. Another dfo finishing the same one at once launches nothing twice
-    (chains.carry_out_fallback): this one waits for it and follows what it launched."""
-    from ..multinode import finish_open, root_of
-
-    with Store() as store:
-        nodes = resolve_nodes(store, names)
-        groups = [group for group in groups_of(store, nodes)
-                  if any(i.kind == MULTINODE_FALLBACK for i in store.open_intents(root_of(store, group)))]
-        roots = [root for root in dict.fromkeys(store.lineage(node)[0] for node in nodes)
-                 if any(i.kind == FALLBACK for i in store.open_intents(root))]
-        # `dfo batch` finishes a cell's: the Watcher says so once it holds the chain (Watcher._leave_to_batch)
-        roots = [root for root in roots if not store.get_run(root).batch]
-        if not groups and not roots:
-            return list(names)
-    with Connections(inventory) as connections, Store() as store:
-        def finish() -> bool:
-            try:
-                finished = (finish_open(inventory, connections, store, groups, on_wait=say_waiting(ON_CTRL_C))
-                            if groups else [])
-            except DfoError as exc:
-                err_console.print(f"finishing a half-done fallback failed: {exc}", highlight=False, markup=False)
-                finished = []
-            for data in finished:
-                tell_fell_back(data, root_of(store, data["run"]), as_json)
-            supervisor, outcomes = Supervisor(inventory, connections, store, on_wait=say_waiting(ON_CTRL_C)), []
-            for root in roots:
-                for outcome in supervisor.finish_open(root):
-                    tell_outcome(outcome, root, as_json)
-                    outcomes.append(outcome)
-            return bool(finished) or any(outcome.launched for outcome in outcomes)
-
-        subjects = [root_of(store, group) for group in groups] + roots
-        if not finishing(finish, subjects, lambda: open_fallbacks(store, subjects) or subjects):
-            return list(names)
-        return resolve_names(store, [store.lineage(node)[0] for node in resolve_nodes(store, names)])  # newest of each chain
-
-
-def tell(event: Event, as_json: bool) -> None:
-    """An event of the watch's own (not the Watcher's) as the watch shows its events: a JSON line, or a line."""
-    if as_json:
-        print_json(event.to_json())
-    else:
-        console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
-
-
-def tell_outcome(outcome: Outcome, chain: str, as_json: bool) -> None:
-    """One event on a single run's fallback finished before the watch (what the watch would have shown)."""
-    if outcome.launched is not None:
-        event: Event = FellBack(at=utc_now(), run=outcome.run, chain=chain, next_run=outcome.launched.name,
-                                variant=outcome.launched.variant)
-    else:
-        event = ActionError(at=utc_now(), run=outcome.run, chain=chain, error=outcome.error or "no successor launched")
-    tell(event, as_json)
-
-
 def groups_of(store: Store, names: Sequence[str]) -> list[str]:
     """The multi-node runs the node runs among `names` belong to, once each."""
     return list(dict.fromkeys(group[0] for group in (store.node_group(run) for run in names) if group))
-
-
-def tell_fell_back(data: dict, chain: str, as_json: bool) -> None:
-    """One line on a multi-node fallback finished before the watch (a closed intent's data; `chain`: the multi-node
-    run it started from), as the watch says one it carries out (events.MultinodeFellBack)."""
-    if data.get("error"):
-        err_console.print(f"{data['run']}: falling back failed: {data['error']}", highlight=False, markup=False)
-        return
-    tell(MultinodeFellBack(at=utc_now(), run=data["run"], chain=chain, next_run=data["next_run"], nodes=data["nodes"]),
-         as_json)
 
 
 def drive(watcher: Watcher, until_decided: bool, interval: float, refresh) -> None:
