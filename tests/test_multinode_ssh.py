@@ -351,10 +351,12 @@ def test_a_multinode_fallback_left_half_done_by_a_killed_dfo_is_finished_once_by
     racers = [popen_dfo(hosts, "watch", "mn", "--until-decided", "--json"),
               popen_dfo(hosts, "watch", "--until-decided", "--json")]
     outs = [racer.communicate(timeout=300) for racer in racers]
+    said = "\n".join(f"--- racer {n}: exit {racer.returncode}, stderr:\n{err[-2000:]}\n--- stdout, no steps:\n"
+                     f"{events_but_steps(out)[-3000:]}" for n, (racer, (out, err)) in enumerate(zip(racers, outs)))
     for racer, (out, err) in zip(racers, outs):
-        assert racer.returncode == 0, out[-3000:] + err
+        assert racer.returncode == 0, said
         [told] = fell_back(out)
-        assert (told["next_run"], told["nodes"]) == ("mn.2-ps2ok", ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1"]), out
+        assert (told["next_run"], told["nodes"]) == ("mn.2-ps2ok", ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1"]), said
     runs = {r["name"]: r for r in hosts.runs()}
     assert sorted(runs) == ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1", "mn.node0", "mn.node1"]  # each node once
     assert runs["mn.2-ps2ok.node1"]["parent"] == "mn.node1"
@@ -498,6 +500,56 @@ def test_a_second_ctrl_c_during_a_multinode_fallback_leaves_it_half_done_for_the
     [told] = fell_back(finished.stdout)
     assert (told["next_run"], told["nodes"]) == ("mn.2-ps2ok-2", ["mn.2-ps2ok-2.node0", "mn.2-ps2ok-2.node1"])
     assert open_intents(hosts) == []
+
+
+@pytest.mark.slow
+def test_a_multinode_fallback_its_watch_left_half_done_is_finished_once_by_the_watch_that_takes_the_group_over(
+        played_hosts):
+    """Two `dfo watch mn`: the first holds the group and dies inside its fallback (its intent recorded, node 0 still
+    running); the second, which only watched, takes the group over mid-watch and finishes that fallback itself as the
+    watch's lifecycle (it was finished only by a `dfo watch` started after the first had died, before it watched),
+    says it once, and follows the successor to its end: one successor run, the nodes' stops recorded once."""
+    hosts = played_hosts
+    launched = hosts.launch("--host", "n0", "--host", "n1", "--variant", "ps2fail")
+    assert launched.returncode == 0, launched.stderr
+    first = popen_dfo(hosts, "watch", "mn", "--json", env={"DFO_TEST_FALLBACK_EXIT_AT": "recorded"})
+    out, err = hosts.tmp / "second.out", hosts.tmp / "second.err"
+    env = {**os.environ, "DFO_HOME": str(hosts.state)}
+    env.pop("DFO_INVENTORY", None)
+    try:
+        from orchestrator.store import Store
+        with Store(hosts.state / "dfo.db") as store:
+            wait_for(lambda: len(store.claims()) == 2, 60, "the first watch's claims on both nodes' chains")
+        with out.open("w") as stdout, err.open("w") as stderr:
+            second = subprocess.Popen([DFO, "watch", "mn", "--json", "-i", str(hosts.inventory)],  # to every run's end
+                                      stdout=stdout, stderr=stderr, env=env)
+        first_out, first_err = first.communicate(timeout=180)
+        assert first.returncode == 137, first_out[-3000:] + first_err  # died inside the fallback
+        try:
+            assert second.wait(timeout=240) == 0
+        except (AssertionError, subprocess.TimeoutExpired):
+            raise AssertionError(f"exit status {second.poll()}\n--- stderr:\n{err.read_text()[-3000:]}\n--- stdout, "
+                                 f"no steps:\n{events_but_steps(out.read_text())[-5000:]}") from None
+    finally:
+        first.kill()
+        if "second" in locals():
+            second.kill()
+    lines = json_lines(out)
+    said = events_but_steps(out.read_text())[-5000:]
+    successor = "mn.2-ps2ok"
+    assert any(line["kind"] == "took_over" for line in lines), said  # it only watched until the first died
+    [told] = [line for line in lines if line["kind"] == "multinode_fell_back"]
+    assert (told["run"], told["next_run"], told["nodes"]) == ("mn", successor, [f"{successor}.node0", f"{successor}.node1"]), said
+    finals = {line["chain"]: line["run"] for line in lines if line["kind"] == "final"}
+    assert finals == {"mn.node0": f"{successor}.node0", "mn.node1": f"{successor}.node1"}, said
+    assert open_intents(hosts) == []
+    runs = {r["name"]: r for r in hosts.runs()}
+    assert sorted(runs) == ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1", "mn.node0", "mn.node1"], runs  # one successor
+    for node in (0, 1):
+        log = hosts.tmp / f"ws{node}" / "logs" / f"{successor}.node{node}.log"
+        assert log.read_text().count("event=start") == 1 and Path(f"{log}.exit").read_text().strip() == "0"
+    with Store(hosts.state / "dfo.db") as store:  # the first watch's stop of the crashed node is not recorded again
+        assert len(store.events("mn.node1", kind="acting")) == 1, store.events("mn.node1")
 
 
 def json_lines(path: Path) -> list[dict]:
