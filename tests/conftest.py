@@ -92,6 +92,17 @@ def pytest_xdist_make_scheduler(config, log):
     return TrainerTestsOnOneWorker(config, log)
 
 
+@pytest.fixture(scope="session")
+def procsplit_two_drafter_run(tmp_path_factory):
+    """One finished `python -m trainer` run of tiny-cpu over procsplit with two drafter ranks (80 steps, a step
+    line every 20), shared by the tests that read it (test_procsplit.py, test_trainer_replicas.py): each such run
+    costs four processes that import torch, ~8 s of the trainer group's path (issue 30)."""
+    from trainer_helpers import run_trainer
+
+    return run_trainer(tmp_path_factory.mktemp("procsplit-two-drafters"), "split", "--topology", "procsplit",
+                       "--set", "run.drafters=cpu,cpu", "--steps", "80", "--log-every", "20", timeout=280)
+
+
 def _require_root(what: str) -> None:
     if os.geteuid() != 0:
         pytest.skip(f"{what} needs root")

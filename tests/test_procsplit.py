@@ -50,8 +50,8 @@ def read_until_step(proc: subprocess.Popen, step: int, timeout: float = 90) -> l
 
 
 @pytest.mark.slow
-def test_procsplit_trains_with_identical_replicas(tmp_path):
-    result = run_trainer(tmp_path, "split", *TWO_DRAFTERS, "--steps", "80", "--log-every", "20", timeout=280)
+def test_procsplit_trains_with_identical_replicas(procsplit_two_drafter_run):
+    result = procsplit_two_drafter_run  # *TWO_DRAFTERS, 80 steps, a step line every 20 (tests/conftest.py)
     assert result.code == 0, result.stderr[-3000:]
     assert result.events("start")[0].fields["topology"] == "procsplit"
     assert len({e.fields["pid"] for e in result.events("compile")}) == 2  # two drafter processes

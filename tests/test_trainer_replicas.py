@@ -30,9 +30,8 @@ def test_threaded_done_line_reports_equal_hashes_per_replica(tmp_path):
 
 
 @pytest.mark.slow
-def test_procsplit_done_line_reports_one_hash_per_rank(tmp_path):
-    result = run_trainer(tmp_path, "split", "--topology", "procsplit", *TWO_CPU_DRAFTERS, "--steps", "6",
-                         "--log-every", "3", timeout=240)
+def test_procsplit_done_line_reports_one_hash_per_rank(procsplit_two_drafter_run):
+    result = procsplit_two_drafter_run  # procsplit, *TWO_CPU_DRAFTERS (tests/conftest.py; test_procsplit.py's run)
     assert result.code == 0, result.stderr[-3000:]
     done = result.events("done")[0].fields
     assert len(hashes(done)) == 2 and len(set(hashes(done))) == 1 and done["replicas"] == "identical"
