@@ -38,9 +38,9 @@ TRAINER_FILES = frozenset({"test_trainer_learning.py", "test_trainer_cli.py", "t
                            "test_compile_scope.py", "test_procsplit.py", "test_multinode_trainer.py",
                            "test_multinode_ssh.py", "test_trainer.py"})
 
-# Tests of TRAINER_FILES whose trainer is a played script (no torch): they only wait, so they leave the group
-# and run on either worker beside it. As "FILE::TEST" (a parametrized test's every case); tests/test_suite_layout.py
-# checks that each still exists.
+# Tests of TRAINER_FILES whose trainer is a played script (no torch), or whose real trainer takes no step or a
+# few before it only waits: they leave the group and run on either worker beside it. As "FILE::TEST" (a
+# parametrized test's every case); tests/test_suite_layout.py checks that each still exists.
 NOT_TRAINING = frozenset({
     # 12 s of a played checkpoint, 18 s in all: off the critical path
     "test_multinode_ssh.py::test_the_nodes_a_multinode_fallback_stops_get_their_variants_stop_grace_to_write_their_checkpoint",
@@ -64,6 +64,13 @@ NOT_TRAINING = frozenset({
     "test_multinode_ssh.py::test_a_multinode_successor_starts_once_the_gpus_its_predecessor_used_are_released",
     # refused (no checkpoint) before any step: one torch import, 2.8 s of the group's path at f501374
     "test_trainer_cli.py::test_resume_without_checkpoint_is_a_usage_error",
+    # nodes whose rendezvous fails (3 s): they import torch and wait, no step: 23 s of the group's path, CPU 18 s
+    "test_multinode_trainer.py::test_a_node_that_never_comes_ends_the_run_with_a_rendezvous_error",
+    "test_multinode_trainer.py::test_a_taken_rendezvous_port_is_named_and_no_node_hangs",
+    # two steps, then the drafters wait on a SIGSTOPped target and the stop on STOP_WAIT_S and REAP_GRACE_S: ~33 s
+    # of the group's path, CPU ~20 s; beside the learning test both pass with room (took ~13 s against 45)
+    "test_procsplit.py::test_sigterm_with_a_stopped_target_stops_one_rank_with_a_checkpoint_at_once",
+    "test_procsplit.py::test_sigterm_with_a_stopped_target_ends_several_ranks_with_an_error_naming_it",
 })
 
 
