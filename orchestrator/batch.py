@@ -5,16 +5,19 @@
       pending --launch--> running --stop_when holds, or the chain ends--> done | failed   (not started: error)
 
 A cell is one (target, variant, settings, GPU count, repeat). Its first run is named `BATCH.CELL`. The
-Watcher (built with fallback=False and policy BATCH_POLICY) judges runs; its Lifecycle is the batch's one (its
-claims, and the executor of every fallback and stop of a cell, which one Ctrl-C finishes). On a verdict
-chains.BATCH_POLICY falls back on (crash, stall) the scheduler hands the fallback to chains.Supervisor.fall_back, `dfo watch`'s
-own, on that Lifecycle's executor (a bounded worker thread, finished on Ctrl-C within its bound: Lifecycle.carry_out): the
-intent recorded once (subject the cell's first run), then the run stopped and the next variant of the chain
-(chains.next_variant_after) launched once under chains' one naming rule (`BATCH.CELL.<n>-<variant>`) with
-`parent` set, on the same GPUs with the same settings (chains.next_spec: those of the cell's first launch)
-once those GPUs are released, so a fallback never lands on another cell's GPUs. A batch that dies inside a
-fallback leaves its intent open: the next `dfo batch` of the file finishes it first (`dfo watch` leaves a batch
-cell's fallback to it: carried out there it would be outside the GPU ledger). A too-slow verdict (against a configured baseline only) ends the cell as
+Watcher (open_watcher: policy BATCH_POLICY) judges runs and its Lifecycle, the batch's one (act_for_batch), acts on
+them as `dfo watch`'s does: on a verdict BATCH_POLICY falls back on (crash, stall) it stops the run and launches
+the next variant the verdict names (chains.Supervisor.fall_back, on a bounded worker of its executor, at most
+MAX_PARALLEL_LAUNCHES at once, finished on Ctrl-C within its bound): the intent recorded once (subject the cell's
+first run), the successor named by chains' one rule (`BATCH.CELL.<n>-<variant>`) with `parent` set, on the same GPUs
+with the same settings (chains.next_spec: those of the cell's first launch) once those GPUs are released, so a
+fallback never lands on another cell's GPUs, and followed (ActionDone); with nothing left to fall back to it stops the
+run. The scheduler keeps the cell table, the GPU ledger and stop_when (a stop it asks of the Lifecycle: stop_run),
+and reads what the Lifecycle left in the cell's chain (its newest run, its verdict, an open intent) to close the
+cell. A fallback whose stop fails stays open: the scheduler asks the Lifecycle to carry it out again
+(finish_fallbacks) for stop_wait_s, then closes the cell `error`; a batch that dies inside a fallback leaves its
+intent open too, and the next `dfo batch` of the file has it finished first (`dfo watch` leaves a batch cell's
+fallback to it: carried out there it would be outside the GPU ledger). A too-slow verdict (against a configured baseline only) ends the cell as
 `done`: its steady figure is the result, and a sweep is there to measure the slow configurations too. Two cells never hold one GPU at once: a cell without `gpus:` takes the whole
 target; one with `gpus: N` takes N of the target's listed GPUs and runs with CUDA_VISIBLE_DEVICES set to
 them; GPUs are released only once the cell's last run has ended. Everything the scheduler learns goes to
@@ -37,18 +40,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Optional, Protocol
 
 from . import runs
-from .chains import (BATCH_POLICY, FALLBACK, FallbacksLeft, Outcome, catalogue_for, fallback_text,
-                     next_variant_after, rest_of_chain)
-from .decide import Catalogue, Decision, read_stored
-from .events import DecisionMade, Event, lease_held_text
+from .chains import BATCH_POLICY, FALLBACK, FallbacksLeft, rest_of_chain
+from .decide import read_stored
+from .events import Acting, ActionError, DecisionMade, Event, lease_held_text
 from .errors import DfoError, RefusedError
 from .experiments import Cell, Plan
 from .inventory import Inventory
 from .launchplan import Gate
-from .lifecycle import Lifecycle, UnderWay
+from .lifecycle import Lifecycle
 from .logfmt import format_ts, parse_ts
 from .preflight import TOLERABLE_WHEN_BUSY, PreflightFailed
-from .states import CellState, Verdict
+from .states import Action, CellState, Verdict
 from .store import Intent, Run, Store
 
 EXIT_GRACE_S = 15.0  # time the Watcher gets to judge a run that ended before its cell is closed without a verdict
@@ -153,8 +155,8 @@ def _record(row: Any) -> CellRecord:
 # ---------------------------------------------------------------------------------------------- scheduler
 
 class WatcherLike(Protocol):
-    """What the scheduler needs of orchestrator.watch.Watcher (built with fallback=False: the batch falls back):
-    its `lifecycle` is the batch's one (its executor, claims and policy), its stop_run a stop on that executor."""
+    """What the scheduler needs of orchestrator.watch.Watcher: its `lifecycle` is the batch's one (its policy, claims
+    and executor: it acts on the cells' verdicts), its stop_run a stop on that executor."""
 
     lifecycle: Lifecycle
 
@@ -184,7 +186,7 @@ class Progress:
 
 @dataclass
 class _Stopping:
-    """A stop that closes the cell (stop_when, too slow, nothing left to fall back to), and the cell's state once
+    """A stop of the scheduler's that closes the cell (stop_when, too slow), and the cell's state once
     the run has ended. Kept in the cell's outcome until then, so a resumed batch still knows that a run it finds
     ended (exit 143) was stopped on purpose. (A fallback's stop is the fallback intent's: chains.)"""
 
@@ -204,17 +206,16 @@ class _Active:
     started: float  # epoch seconds
     waiting_since: Optional[float] = None  # when the chain's last run was first seen ended without a verdict
     stopping: Optional[_Stopping] = None
-    falling_back: Optional[UnderWay] = None  # the fallback being carried out (its Outcomes), on the Lifecycle's executor
-    fell_from: Optional[dict] = None  # the verdict it follows (a later `stopped` about that run is not the result)
-    falling_since: Optional[float] = None  # when this scheduler began carrying it out
+    current: Optional[str] = None  # the newest run of its chain when last looked at
+    open_since: Optional[float] = None  # when this scheduler first found its fallback left open (Lifecycle.finish_fallbacks)
 
 
 class Scheduler:
     """Runs a plan's unfinished cells to an outcome; see the module docstring for the state machine.
 
-    A crash or stall verdict stops the run and starts the next variant of the plan's chain on
-    the same GPUs with the same settings (decide.next_variant, as `dfo watch` does); a stop_when condition
-    stops it and closes the cell. The cell's GPUs are freed only once its last run has ended.
+    A crash or stall verdict is the batch's Lifecycle's to act on (the next variant of the chain on the same GPUs with
+    the same settings, as `dfo watch` falls back); a stop_when condition stops the run and closes the cell. The cell's
+    GPUs are freed only once its last run has ended.
     """
 
     def __init__(
@@ -228,30 +229,30 @@ class Scheduler:
         poll_s: float = 1.0,
         on_progress: Optional[Callable[[Progress], None]] = None,
         ready: Optional[Callable[[str], Optional[str]]] = None,
-        catalogue: Optional[Catalogue] = None,
         stop_wait_s: float = STOP_WAIT_S,
         on_interrupt: Optional[Callable[[list[str]], None]] = None,
     ) -> None:
         self.plan, self.store, self.watcher, self.start = plan, store, watcher, start
         self.on_interrupt = on_interrupt or (lambda fallbacks: None)  # Ctrl-C with fallbacks under way: which
-        self.turns = threading.BoundedSemaphore(MAX_PARALLEL_LAUNCHES)  # the cell fallbacks carried out at once
         self.table = CellTable(store)
         self.clock, self.poll_s, self.stop_wait_s = clock, poll_s, stop_wait_s
         self.on_progress = on_progress or (lambda progress: None)
         self.ready = ready or (lambda target: None)  # target -> None, or why it cannot take runs now
-        self.catalogue = catalogue or Catalogue()
         concurrency = plan.experiments.concurrency
         self.ledger = GpuLedger(plan.target_gpus, per_target=concurrency.per_target, total=concurrency.total)
         self.records: dict[str, CellRecord] = {}
         self.decisions: dict[str, dict] = {}  # run name -> its latest decision (its JSON) from the watcher
+        self.errors: dict[str, str] = {}  # run name -> what the Lifecycle last said went wrong acting on it
         self.active: dict[str, _Active] = {}
         self.news: deque[str] = deque(maxlen=6)
         self.durations: list[float] = []
         # the batch's one Lifecycle, its Watcher's (open_watcher: policy BATCH_POLICY): the policy (the verdicts a cell
-        # falls back on), the claims, and the one executor of the cells' fallbacks and stops (stop_when, too slow,
-        # nothing left to fall back to): bounded worker threads, finished on Ctrl-C within their bounds
-        # (Lifecycle.carry_out, Lifecycle.stop, finish_actions)
+        # falls back on) and their fallbacks, the claims, and the one executor of the cells' fallbacks and stops
+        # (its own, and stop_when's, too slow's: Lifecycle.stop): bounded worker threads, finished on Ctrl-C within
+        # their bounds (finish_actions)
         self.lifecycle = watcher.lifecycle
+        cells = {cell.run_name(plan.batch): cell.id for cell in plan.cells}
+        self.lifecycle.act_for_batch(plan.batch, at_once=MAX_PARALLEL_LAUNCHES, cell_of=cells.get)
         self.supervisor, self.claims = self.lifecycle.supervisor, self.lifecycle.claims
         self.elsewhere: set[str] = set()  # unfinished cells another live `dfo batch` holds: watched, not touched
 
@@ -338,7 +339,8 @@ class Scheduler:
         self.active[record.cell.id] = active
         if self._open_fallback(record):  # an earlier invocation died inside a fallback: finished first
             self.news.append(f"{record.cell.id}: finishing the fallback a dfo that went away left half done")
-            self._finish_open(active)
+            active.open_since, active.current = self.clock(), self._open_fallback(record).data["run"]
+            self.lifecycle.finish_fallbacks(record.root_run)
             return
         last = self.table.chain(record.root_run)[-1]
         self._attach(active, last)
@@ -407,6 +409,12 @@ class Scheduler:
 
     def _take_news(self, events: Iterable[Event]) -> None:
         for event in events:
+            if isinstance(event, ActionError):  # a fallback that did not start: the cell's `why` says it
+                self.errors[event.run] = event.error
+            elif isinstance(event, Acting) and event.action == Action.FALLBACK and self._cell_of(event.chain):
+                typed, _ = read_stored(self.decisions.get(event.run) or self.store.get_run(event.run).decision)
+                why = f"{typed.decision}: {typed.reason or ''}".strip(": ") if typed is not None else "?"
+                self.news.append(f"{self._cell_of(event.chain)}: {event.run} {why[:60]}; falling back to {event.next_variant}")
             raw = decision_of(event)
             decision, _ = read_stored(raw)
             if decision is None or not decision.run:
@@ -422,10 +430,6 @@ class Scheduler:
             self.ledger.release(active.record.cell.id)
             self.active.pop(active.record.cell.id, None)
             return
-        if active.falling_back is not None:
-            if active.falling_back.ended.is_set():
-                self._after_fallback(active)
-            return
         chain = self.table.chain(active.record.root_run)
         run = self.store.get_run(chain[-1])
         decision = self.decisions.get(run.name) or run.decision or {}  # the JSON a cell's outcome keeps
@@ -433,20 +437,17 @@ class Scheduler:
             if not run.active or self.clock() - active.stopping.since >= self.stop_wait_s:
                 self._after_stop(active, chain)
             return
+        if self._left_open(active) or self.lifecycle.busy(run.name):  # the Lifecycle's fallback (or stop) under way
+            return
+        if active.current != run.name:  # the Lifecycle's fallback launched it (or this scheduler attached it)
+            if active.current is not None and run.parent is not None:
+                self.news.append(f"{active.record.cell.id}: fell back to {run.name}")
+            active.current, active.waiting_since = run.name, None
         typed, _ = read_stored(decision)  # None: none yet, or one it cannot read (no verdict: waited out as none)
         verdict = typed.decision if typed is not None else None
-        if self.lifecycle.acts_on(verdict):
-            following = self._next_variant(run, typed)
-            why = f"{verdict}: {typed.reason or ''}".strip(": ")
-            if following is None:
-                self._stop(active, run, decision, why, "failed")
-            else:
-                self.news.append(f"{active.record.cell.id}: {run.name} {why[:60]}; falling back to {following}")
-                active.fell_from = decision
-                self._carry_out(active, [{"run": run.name, "variant": following}],
-                                self.supervisor.bound_s(run, launches=True),
-                                lambda: [self.supervisor.fall_back(run, following, list(self.plan.chain),
-                                                                   f"batch {self.plan.batch}: {why}")])
+        if self.lifecycle.acts_on(verdict) and self.lifecycle.handled(run.name) is not None:
+            if self.lifecycle.handled(run.name):  # acted on, and no successor came: nothing left, or it did not start
+                self._fell_short(active, chain, run, decision, typed)
             return
         if verdict == Verdict.TOO_SLOW:
             self._stop(active, run, decision, f"too_slow: {typed.reason or ''}".rstrip(": "), "done")
@@ -460,9 +461,19 @@ class Scheduler:
         elif run.active:
             active.waiting_since = None
 
-    def _next_variant(self, run: Run, decision: Decision) -> Optional[str]:
-        return next_variant_after(self.plan.chain, run, decision.next_variant, decision.signature, self.catalogue,
-                                  self.plan.topologies)
+    def _fell_short(self, active: _Active, chain: list[str], run: Run, decision: dict, typed) -> None:
+        """The Lifecycle is done with the newest run's verdict and launched nothing after it: the cell `failed`, with
+        the verdict and why (the fallback's launch failed: the intent's error; nothing left to fall back to: the
+        Lifecycle stopped the run, waited for its end up to stop_wait_s)."""
+        if typed.action is Action.FALLBACK:
+            intents = self.store.intents_about(active.record.root_run, run.name)
+            error = (intents[-1].data.get("error") if intents else None) or self.errors.get(run.name) or "no successor launched"
+            why = f"{typed.decision}; fallback did not start: {error}"
+        elif run.active and not self._waited(active, self.stop_wait_s):
+            return
+        else:
+            why = f"{typed.decision}: {typed.reason or ''}".strip(": ")
+        self._finish(active, chain, decision, CellState.FAILED, why)
 
     def _stop_reason(self, active: _Active, run: str, verdict: Optional[Verdict]) -> Optional[str]:
         stop_when = self.plan.experiments.stop_when
@@ -506,67 +517,41 @@ class Scheduler:
         return next((intent for intent in self.store.open_intents(record.root_run) if intent.kind == FALLBACK), None)
 
     def _finish_fallbacks(self) -> Optional[FallbacksLeft]:
-        """Ctrl-C: the cells' fallbacks under way are carried to their end first, each within its bound
+        """Ctrl-C: the cells' fallbacks and stops under way are carried to their end first, each within its bound
         (Lifecycle.finish_actions: on_interrupt says which; a second Ctrl-C, or one still under way past its bound,
         leaves them half done, their intents open for the next `dfo batch`)."""
         return self.lifecycle.finish_actions(self.on_interrupt)
 
-    def _carry_out(self, active: _Active, fallbacks: list[dict[str, Any]], bound_s: float,
-                   fallback: Callable[[], list[Outcome]]) -> None:
-        """Carry out a cell's fallback (`fallbacks`: each `run` and `variant`) on the Lifecycle's executor (its stop
-        waits for the run to end, its launch for the GPUs) while the other cells are watched; at most
-        MAX_PARALLEL_LAUNCHES at once, the rest wait their turn (inside their bound); _check goes on once it is done."""
-        def in_turn() -> list[Outcome]:
-            with self.turns:
-                return fallback()
+    def _left_open(self, active: _Active) -> bool:
+        """Whether the cell's fallback is open (recorded, not carried out to its end): under way on the Lifecycle's
+        executor, or left open (its stop failed, the target out of reach; a dfo that died): carried out again by
+        the Lifecycle (finish_fallbacks) until stop_wait_s have passed, then the cell is closed as `error` (its GPUs
+        released here) with the intent left open: the next `dfo batch` of the file takes the cell up again on its
+        GPUs and finishes it first."""
+        record = active.record
+        intents = [intent for intent in self.store.open_intents(record.root_run) if intent.kind == FALLBACK]
+        if not intents:
+            active.open_since = None
+            return False
+        if any(self.lifecycle.busy(intent.data["run"]) for intent in intents):
+            return True
+        run = intents[-1].data["run"]
+        error = self.errors.get(run) or "not carried out"
+        active.open_since = active.open_since or self.clock()
+        if self.clock() - active.open_since < self.stop_wait_s:
+            self.news.append(f"{record.cell.id}: fallback not carried out yet ({error})")
+            self.lifecycle.finish_fallbacks(record.root_run)
+            return True
+        decision = self.decisions.get(run) or self.store.get_run(run).decision or {}
+        typed, _ = read_stored(decision)
+        self._finish(active, self.store.lineage(run), decision, CellState.ERROR,
+                     f"{typed.decision if typed is not None else 'failed'}; fallback did not start: {error} (the "
+                     f"fallback stays open: the next `dfo batch` of this file finishes it)")
+        return True
 
-        active.falling_since = active.falling_since or self.clock()
-        what = "; ".join(fallback_text(data) for data in fallbacks) or "a fallback"
-        active.falling_back = self.lifecycle.carry_out(f"{what} (cell {active.record.cell.id})", bound_s, in_turn)
-
-    def _finish_open(self, active: _Active) -> None:
-        """Carry out again the cell's fallback intents left open (a dfo that died, a stop that failed)."""
-        root = active.record.root_run
-        intents = [intent for intent in self.store.open_intents(root) if intent.kind == FALLBACK]
-        bound_s = sum(self.supervisor.bound_s(self.store.find_run(intent.data["run"]) or self.store.get_run(root),
-                                              launches=True) for intent in intents)
-        self._carry_out(active, [intent.data for intent in intents], bound_s, lambda: self.supervisor.finish_open(root))
-
-    def _after_fallback(self, active: _Active) -> None:
-        """Attach the successor the fallback launched (or adopted), or close the cell when none started. A
-        fallback whose stop failed is still open: carried out again (chains.carry_out_fallback, once) until
-        stop_wait_s have passed, then the cell is closed as `error` (its GPUs released here) with the intent left
-        open: the next `dfo batch` of the file takes the cell up again on its GPUs and finishes it first."""
-        record, done = active.record, active.falling_back
-        active.falling_back = None
-        if isinstance(done.raised, DfoError):  # another dfo is still carrying it out past INTENT_WAIT_S: tried again
-            outcomes = [Outcome(record.root_run, error=str(done.raised))]
-        elif done.raised is not None:  # a Ctrl-C inside it, or a bug: raised on the loop
-            raise done.raised
-        else:
-            outcomes = done.result
-        if self._open_fallback(record):  # its stop failed (the target out of reach): again, for stop_wait_s
-            error = "; ".join(outcome.error for outcome in outcomes if outcome.error) or "not carried out"
-            if self.clock() - active.falling_since < self.stop_wait_s:
-                self.news.append(f"{record.cell.id}: fallback not carried out yet ({error})")
-                self._finish_open(active)
-                return
-            outcomes = [Outcome(outcomes[-1].run if outcomes else record.root_run,
-                                error=f"{error} (the fallback stays open: the next `dfo batch` of this file "
-                                      f"finishes it)")]
-        launched = next((outcome.launched for outcome in outcomes if outcome.launched is not None), None)
-        if launched is not None:
-            self.news.append(f"{record.cell.id}: fell back to {launched.name}")
-            active.waiting_since = active.falling_since = active.fell_from = None
-            self._attach(active, launched.name)
-            return
-        errors = "; ".join(outcome.error for outcome in outcomes if outcome.error) or "no successor launched"
-        last = outcomes[-1].run if outcomes else self.table.chain(record.root_run)[-1]
-        verdict = active.fell_from or self.store.get_run(last).decision or {}
-        typed, _ = read_stored(verdict)
-        left_open = self._open_fallback(record) is not None  # taken up again by the next invocation
-        self._finish(active, self.store.lineage(last), verdict, CellState.ERROR if left_open else CellState.FAILED,
-                     f"{typed.decision if typed is not None else 'failed'}; fallback did not start: {errors}")
+    def _cell_of(self, root: Optional[str]) -> Optional[str]:
+        """The id of the running cell whose chain `root` is (None: none of this scheduler's)."""
+        return next((cell_id for cell_id, active in self.active.items() if active.record.root_run == root), None)
 
     def _finish(self, active: _Active, chain: list[str], decision: dict, state: str, why: str) -> None:
         """Close the cell: it ended when its final run did (the run's ended_at: its exit file's time), else (a run
@@ -632,7 +617,7 @@ def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *
 
     A target's first launch carries its preflight (one remote call for both: runs.launch with a Gate); its
     other cells wait for that verdict and share it. Busy GPUs pass on targets in `ours` (running cells of
-    this batch). A cell's fallback does not come here: chains.Supervisor.fall_back launches it."""
+    this batch). A cell's fallback does not come here: the batch's Lifecycle launches it (chains.Supervisor.fall_back)."""
     verdicts: dict[str, Optional[str]] = {}  # target -> None (passed) or why its preflight refused
     locks: dict[str, threading.Lock] = {target: threading.Lock() for target in plan.target_gpus}
 
@@ -661,12 +646,12 @@ def launcher(plan: Plan, inventory: Inventory, connections: Any, store: Store, *
 
 
 def open_watcher(inventory: Inventory, connections: Any, store: Store, **options: Any) -> Any:
-    """The Watcher of `dfo watch`, judging only: the scheduler stops runs and falls back itself, so a fallback
-    keeps its cell's settings and GPUs; too slow only against a configured baseline, never against the best
-    peer of the batch (a sweep measures the slow configurations too)."""
+    """The Watcher of `dfo watch` under BATCH_POLICY: its Lifecycle falls back on crash and stall (once the scheduler
+    makes it the batch's, act_for_batch: a fallback keeps its cell's settings and GPUs); too slow only against a
+    configured baseline, never against the best peer of the batch (a sweep measures the slow configurations too)."""
     from .watch import Watcher  # the watch loop and its agent channels load only when a batch runs
 
-    return Watcher(inventory, connections, store, fallback=False, peer_baseline=False, policy=BATCH_POLICY, **options)
+    return Watcher(inventory, connections, store, peer_baseline=False, policy=BATCH_POLICY, **options)
 
 
 def run_batch(
@@ -693,9 +678,8 @@ def run_batch(
     last = [run for r in records if r.state == "running" and r.root_run and store.find_run(r.root_run) is not None
             if (run := store.find_run(table.chain(r.root_run)[-1])) is not None]
     problems = sync_before_attach(store, last, lambda run: connections) if last else {}
-    catalogue = catalogue_for(inventory)
     scheduler = Scheduler(plan, store, watcher, launcher(plan, inventory, connections, store, wandb=wandb, ours=ours),
-                          poll_s=poll_s, on_progress=on_progress, catalogue=catalogue, on_interrupt=on_interrupt)
+                          poll_s=poll_s, on_progress=on_progress, on_interrupt=on_interrupt)
     scheduler.news.extend(f"could not read the logs on {target} before resuming ({why})" for target, why in problems.items())
     return scheduler.run()
 

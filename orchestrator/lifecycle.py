@@ -27,6 +27,12 @@ outcome (IntentDone) is taken as the action's it finishes (ActionDone, GroupDone
 holds its runs meanwhile and, once the holder has closed the intent, says and follows what it launched
 (await_open_intents, look_at_awaited). A batch cell's is left to `dfo batch` (left_to_batch).
 
+A batch's own Lifecycle (its Watcher's, act_for_batch) acts the same way on its cells' runs, under BATCH_POLICY: the
+verdict's fallback carried out on the cell's GPUs with its first launch's settings (chains.next_spec), at most
+`at_once` at a time, its successor followed (ActionDone); the scheduler keeps only its GPU ledger and stop_when, and
+reads what the fallback left from the cell's chain (handled, busy; finish_fallbacks carries out again a cell's
+fallback left open). A plain watch leaves a batch cell's verdict to `dfo batch` (LeftToBatch).
+
 Here, not in chains.py: chains.py is the library of chain steps (naming, specs, intents carried out once, the
 Supervisor) that a multi-node fallback and `dfo batch` call too; this is the one object that decides to call them for a
 followed run and runs them off the loop's thread.
@@ -102,6 +108,17 @@ class OpenIntent:
         return self.intent.data["run"] if self.intent.kind == MULTINODE_FALLBACK else None
 
 
+@dataclass(frozen=True)
+class BatchActing:
+    """What a batch's own lifecycle acts with (Lifecycle.act_for_batch): the batch whose cells' verdicts it acts on, how
+    many cell fallbacks run at once (the rest wait their turn, inside their bound) and a chain's cell, in Ctrl-C's
+    words (` (cell CELL)`)."""
+
+    batch: str
+    turns: threading.BoundedSemaphore
+    cell_of: Callable[[str], str | None]
+
+
 @dataclass
 class UnderWay:
     """A fallback or a stop carried out on a worker thread: what it does, in words, and how long it takes at the
@@ -111,8 +128,7 @@ class UnderWay:
     bound_s: float
     started: float = field(default_factory=time.monotonic)
     ended: threading.Event = field(default_factory=threading.Event)  # set by its thread, whatever it did
-    result: Any = None  # a caller's own action (carry_out): what its work returned, once ended
-    raised: BaseException | None = None  # ... or what it raised
+    about: str | None = None  # the run (or group) it acts on
 
     @property
     def deadline(self) -> float:
@@ -121,8 +137,7 @@ class UnderWay:
 
 class Lifecycle:
     """The policy, the claims and the one executor of actions of one follower (a Watcher): see the module
-    docstring. `fallback` False: verdicts are reported, never acted on (--no-fallback, and `dfo batch`, whose
-    scheduler acts on its cells' verdicts itself)."""
+    docstring. `fallback` False: verdicts are reported, never acted on (--no-fallback)."""
 
     def __init__(self, follower: "Watcher", store: Store, supervisor: Supervisor, *, fallback: bool = True,
                  policy: Policy = WATCH_POLICY, claims: Claims | None = None) -> None:
@@ -140,6 +155,7 @@ class Lifecycle:
         self._open: dict[int, OpenIntent] = {}  # open intents a dead dfo left, finished here or awaited (by id)
         self._tried: set[int] = set()  # those this lifecycle finished (or tried: one left open is the next watch's)
         self._looked_at = 0.0  # when the awaited intents were last looked at (look_at_awaited)
+        self.batch: BatchActing | None = None  # a batch's own lifecycle: its cells' verdicts are acted on here
 
     @classmethod
     def for_watch(cls, follower: "Watcher", inventory, connections, store: Store, *, stop_grace_s: float | None,
@@ -173,6 +189,41 @@ class Lifecycle:
     def acts_on(self, verdict: str | None) -> bool:
         """Whether `verdict` is one this lifecycle answers with the chain's next variant (a final one to act on)."""
         return self.policy.falls_back(verdict)
+
+    def act_for_batch(self, batch: str, *, at_once: int, cell_of: Callable[[str], str | None]) -> None:
+        """Make this the lifecycle of `dfo batch` `batch` (its scheduler's): the verdicts of its cells' runs are acted
+        on here (a plain watch leaves them to `dfo batch`), at most `at_once` fallbacks at a time; `cell_of(root)`
+        names a chain's cell for Ctrl-C's words."""
+        self.batch = BatchActing(batch, threading.BoundedSemaphore(at_once), cell_of)
+
+    def acts_for(self, batch: str | None) -> bool:
+        """Whether a run of `batch` (None: of none) is acted on here: any plain run; a batch cell's only by its batch's
+        own lifecycle (its GPU ledger is the batch's)."""
+        return not batch or (self.batch is not None and self.batch.batch == batch)
+
+    def acted_before(self, run: Run, root: str) -> bool:
+        """Whether an earlier dfo acted on the final verdict it recorded for `run` (one this lifecycle acts on, of
+        chain `root`), which is then restored, not acted on again: its successor exists, or it has ended; a run of this
+        batch's own cells only once its fallback (an intent about it) or a stop of it (stop_requested_at, an `acting`
+        event) was recorded: a `dfo watch` leaves a cell's verdict to `dfo batch`, recorded and not acted on."""
+        if self.store.children(run.name):
+            return True
+        if not (run.batch and self.acts_for(run.batch)):
+            return not run.active
+        return (bool(self.store.intents_about(root, run.name)) or run.stop_requested_at is not None
+                or bool(self.store.events(run.name, kind=ev.Acting.kind)))
+
+    def handled(self, name: str) -> bool | None:
+        """Whether this lifecycle is done with followed run `name`'s final verdict (acted on, or reported) and has no
+        action of it under way: False while it is not, None when it does not follow `name`."""
+        watched = self.follower.watched.get(name)
+        return None if watched is None else watched.handled and not watched.acting
+
+    def busy(self, name: str) -> bool:
+        """Whether an action on run `name` (a fallback, a stop, an open fallback carried out again) is under way."""
+        watched = self.follower.watched.get(name)
+        return (watched is not None and watched.acting) or any(
+            action.about == name and not action.ended.is_set() for action in self.actions)
 
     def decided(self, watched: "WatchedRun") -> None:
         """The follower's decision about `watched` (watched.decision): acted on once, by the chain's owner, when the
@@ -210,21 +261,26 @@ class Lifecycle:
         decision = watched.decision
         if not self.fallback or not decision.action.acts():
             return  # --no-fallback only reports
-        if watched.run.batch:  # a batch cell's run: `dfo batch` acts, keeping the cell's GPUs in its bookkeeping
+        if not self.acts_for(watched.run.batch):  # another batch's cell: `dfo batch` acts (the cell's GPUs, its ledger)
             self.follower.emit(watched, ev.LeftToBatch, batch=watched.run.batch,
                                command=batch_command(self.store, watched.run.batch))
             return
         watched.stopping = watched.acting = True
         self.follower.emit(watched, ev.Acting, action=decision.action, next_variant=decision.next_variant)
+        if self.batch is not None:  # a cell's: said as the batch says it
+            reason = f"batch {self.batch.batch}: " + f"{decision.decision}: {decision.reason or ''}".strip(": ")
+        else:
+            reason = decision.decision + (f" [{decision.signature}]" if decision.signature else "")
         self._start_action(watched, launch_next=decision.next_variant if decision.action is Action.FALLBACK else None,
-                           reason=decision.decision + (f" [{decision.signature}]" if decision.signature else ""))
+                           reason=reason)
 
     def _start_action(self, watched: "WatchedRun", *, launch_next: str | None, reason: str) -> None:
         """Hand the run to the supervisor on a worker thread: a fallback (intent, stop, GPUs, launch), or a stop."""
         bound_s = self.supervisor.bound_s(watched.run, launches=bool(launch_next))
         if launch_next:
-            self._start_worker(watched.name, lambda: self.supervisor.fall_back(watched.run, launch_next, watched.chain, reason),
-                               UnderWay(fallback_text({"run": watched.name, "variant": launch_next}), bound_s))
+            what = fallback_text({"run": watched.name, "variant": launch_next}) + self._cell(watched.root)
+            fall_back = self._in_turn(lambda: self.supervisor.fall_back(watched.run, launch_next, watched.chain, reason))
+            self._start_worker(watched.name, fall_back, UnderWay(what, bound_s))
         elif watched.alive is not False and watched.run.active:
             self._start_worker(watched.name, lambda: self.supervisor.stop(watched.name, reason),
                                UnderWay(f"{watched.name} (a stop only: {reason})", bound_s))
@@ -238,6 +294,7 @@ class Lifecycle:
         ActionDone of `name` with that error by default): a bug in an action is said as its error, and the run is
         not left `acting`, with the watch waiting on it for ever."""
         failed = failed or (lambda why: ActionDone(name, error=why))
+        action.about = name
 
         def body() -> None:
             try:
@@ -254,6 +311,36 @@ class Lifecycle:
 
         self.actions.append(action)
         threading.Thread(target=body, name=f"act-{name}", daemon=True).start()
+
+    def finish_fallbacks(self, root: str) -> None:
+        """Carry out again, on a worker, the fallbacks of chain `root` recorded and left open (their stop failed, or a
+        dfo that died left them half done), for a caller that keeps what they run on (`dfo batch`: the cell's GPUs,
+        whose scheduler asks once nothing is under way about them): bounded, in turn, finished on Ctrl-C as any
+        action; their outcomes are taken as a fallback's (done: the successor followed)."""
+        intents = [intent for intent in self.store.open_intents(root) if intent.kind == FALLBACK]
+        if not intents:
+            return
+        runs = [self.store.find_run(intent.data["run"]) or self.store.get_run(root) for intent in intents]
+        bound_s = sum(self.supervisor.bound_s(run, launches=True) for run in runs)
+        what = "; ".join(fallback_text(intent.data) for intent in intents) + self._cell(root)
+        self._start_worker(intents[0].data["run"], self._in_turn(lambda: self.supervisor.finish_open(root)),
+                           UnderWay(what, bound_s))
+
+    def _in_turn(self, work: Callable[[], Any]) -> Callable[[], Any]:
+        """`work` (a fallback) waiting its turn first when a batch's lifecycle has `at_once` of them under way."""
+        if self.batch is None:
+            return work
+
+        def in_turn() -> Any:
+            with self.batch.turns:
+                return work()
+
+        return in_turn
+
+    def _cell(self, root: str) -> str:
+        """` (cell CELL)` for a chain of the batch's own cells (Ctrl-C's words for its actions), else nothing."""
+        cell = self.batch.cell_of(root) if self.batch is not None else None
+        return f" (cell {cell})" if cell else ""
 
     def done(self, done: ActionDone | GroupDone | IntentDone) -> None:
         """What an action did, on the follower's loop: the stopped run read to its end and no longer followed, the
@@ -541,7 +628,10 @@ class Lifecycle:
 
     def _leave_to_batch(self, root: str, intent, batch: str) -> None:
         """Say once (however often the chain is attached or taken over) that the open fallback `intent` of batch
-        cell chain `root` is left to `dfo batch`, which this watch names; its run is acted on already."""
+        cell chain `root` is left to `dfo batch`, which this watch names; its run is acted on already. (The batch's
+        own lifecycle says nothing: its scheduler has it carried out, finish_fallbacks.)"""
+        if self.acts_for(batch):
+            return
         watched = self.follower.watched.get(intent.data["run"])
         if watched is not None:
             watched.handled = True
@@ -551,27 +641,6 @@ class Lifecycle:
         event = ev.LeftToBatch(at=utc_now(), run=intent.data["run"], chain=root, batch=batch,
                                command=batch_command(self.store, batch))
         self.follower.publish(event, intent.data["run"], event.stored and self.stores_for(root))
-
-    # ------------------------------------------------------------------ a caller's own actions (dfo batch's cells)
-
-    def carry_out(self, what: str, bound_s: float, work: Callable[[], Any]) -> UnderWay:
-        """`work` (`what`, in Ctrl-C's words) on a worker thread of this executor, for a caller that takes what it
-        did itself (dfo batch: a cell's fallback, its GPU ledger follows the outcome): bounded by `bound_s` and
-        finished on Ctrl-C with this lifecycle's own actions (finish_actions); what it returned, or raised (a
-        Ctrl-C inside it too), is kept on the returned UnderWay once `ended` is set, never put on the follower's queue."""
-        action = UnderWay(what, bound_s)
-
-        def body() -> None:
-            try:
-                action.result = work()
-            except BaseException as exc:  # noqa: BLE001 - the caller's loop raises it again or takes it as an error
-                action.raised = exc
-            finally:
-                action.ended.set()
-
-        self.actions.append(action)
-        threading.Thread(target=body, name=f"act-{what[:40]}", daemon=True).start()
-        return action
 
     # ------------------------------------------------------------------ ending
 

@@ -432,7 +432,8 @@ class Watcher:
         """Where an earlier watch (or a look) left the run: its stored samples (returned; the view shows the last
         one, and a step up to it is not stored again), the level shifts it sent, and the decision it recorded,
         which is what a decision of this watch is news against; a final verdict it reached is restored (acted on
-        already when its successor exists or the run ended). The judge is fed once, by the caller: from the
+        already when its successor exists or the run ended; a cell of the batch's own once its fallback or stop was
+        recorded: Lifecycle.acted_before). The judge is fed once, by the caller: from the
         whole log (_replay), else from these samples (_judge_stored)."""
         samples = [sample for sample in self.store.samples(watched.name)  # a dfo that did not check ranges
                    if not step_problem(sample.get("step"), sample.get("ts"), sample.get("tok_s"))]  # stored ts=1e20
@@ -447,14 +448,15 @@ class Watcher:
         earlier, _ = read_stored(watched.run.decision)  # one it cannot read: no decision said yet
         watched.decision = earlier or watched.decision
         if earlier is not None and self.lifecycle.acts_on(earlier.decision):
-            watched.handled = bool(self.store.children(watched.name)) or not watched.run.active
+            watched.handled = self.lifecycle.acted_before(watched.run, watched.root)
         return samples
 
     def _acted_before(self, run: Run) -> bool:
         """Whether an earlier watch acted on the ended `run`'s verdict (its stored final verdict: _resume restores it
         and the run is not judged again)."""
         earlier, _ = read_stored(run.decision)
-        return earlier is not None and self.lifecycle.acts_on(earlier.decision)
+        return (earlier is not None and self.lifecycle.acts_on(earlier.decision)
+                and self.lifecycle.acted_before(run, self.store.lineage(run.name)[0]))
 
     def _read_rest(self, watched: WatchedRun, observer: ObserverBase) -> None:
         """An ended run not judged again: what its log holds past the stored offset is stored (history.catch_up, once,

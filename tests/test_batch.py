@@ -16,14 +16,18 @@ import pytest
 
 from harness.cli import dfo
 from orchestrator.batch import CellTable, GpuLedger, Scheduler, decision_of, plan_rows, run_spec
-from orchestrator.chains import BATCH_POLICY, Claims, Outcome, Supervisor, next_spec
+from orchestrator.chains import BATCH_POLICY, Claims, Outcome, Supervisor, catalogue_for, chain_variants, next_spec
+from orchestrator.decide import Decision, next_variant, read_stored, rest_of_chain
+from orchestrator.decide.policy import action_for
 from orchestrator.experiments import load_experiments, parse_experiments
 from orchestrator.errors import InventoryError
 from orchestrator.events import DecisionMade, Step
 from orchestrator.inventory import load_inventory, parse_inventory
-from orchestrator.lifecycle import Lifecycle
+from orchestrator.lifecycle import OUTCOMES, Lifecycle
 from orchestrator.logfmt import format_ts
+from orchestrator.states import Action, Verdict
 from orchestrator.store import Run, Store, utc_now
+from orchestrator.watch import WatchedRun
 
 INVENTORY = parse_inventory(textwrap.dedent("""
     hosts:
@@ -209,8 +213,11 @@ class Script:
 
 @dataclass
 class FakeWatcher:
-    """Plays the Watcher built with fallback=False: advances the fake clock and writes decisions and run
-    states to the store as the real one does; stop_run ends a run."""
+    """Plays the Watcher as open_watcher builds it (the follower of the batch's Lifecycle): advances the fake clock,
+    writes decisions and run states to the store as the real one does (a crash or stall names the chain's next
+    variant as its judge does, fallback on), hands each decision of a run it follows to its Lifecycle (which acts
+    on those BATCH_POLICY falls back on) and takes the outcomes of the Lifecycle's actions from its queue, following
+    a fallback's successor (lifecycle.done); stop_run ends a run."""
 
     store: Store
     clock: list
@@ -220,30 +227,69 @@ class FakeWatcher:
     stopped: list = field(default_factory=list)
     started_at: dict = field(default_factory=dict)
     max_live: int = 0
+    watched: dict = field(default_factory=dict)  # run -> its watch.WatchedRun, as the Lifecycle reads and marks it
+    queue: queue.Queue = field(default_factory=queue.Queue)  # the Lifecycle's outcomes (ActionDone)
+    chains: dict = field(default_factory=dict)  # chain root -> its runs this watch knows
+    events: list = field(default_factory=list)
 
     def attach(self, name):
         self.attached.append(name)
         self.started_at.setdefault(name, self.clock[0])
+        if name in self.watched:
+            return self.watched[name]
+        run = self.store.get_run(name)
+        lineage = self.store.lineage(name)
+        root = lineage[0]
+        runs = self.chains.setdefault(root, list(lineage))
+        if name not in runs:
+            runs.append(name)
+        self.lifecycle.claim(root)
+        earlier, _ = read_stored(run.decision)  # an earlier batch's verdict, restored as Watcher._resume does
+        watched = self.watched[name] = WatchedRun(
+            run, root, chain_variants(self.store, root, INVENTORY), judge=None, parse=None, source=run.target, gpus=(),
+            decision=earlier or Decision.from_json({"decision": "undecided", "run": name, "action": "none"}))
+        if earlier is not None and self.lifecycle.acts_on(earlier.decision):
+            watched.handled = self.lifecycle.acted_before(run, root)
+            watched.dirty = True
+        return watched
+
+    def chain_runs(self, root):
+        return self.chains[root]
+
+    def follows_chain(self, root):
+        return root in self.chains
 
     def step(self, timeout):
         self.clock[0] += timeout
-        events = []
+        outcomes = []
+        while not self.queue.empty():
+            outcomes.append(self.queue.get())
+        for outcome in outcomes:
+            if isinstance(outcome, OUTCOMES):
+                self.lifecycle.done(outcome)
+        for root in self.chains:
+            self.lifecycle.claim(root)  # renewed, as Watcher._renew_claims does
         for run in self.store.list_runs(active=True):
             if run.name in self.started_at:  # followed once attached (a fallback's successor starts on its own thread)
-                events += self._advance(run)
+                self.events += self._advance(run)
+        for watched in list(self.watched.values()):  # handed to the Lifecycle, as Watcher._judge does
+            if watched.dirty and not (watched.stopping or watched.handled):
+                watched.dirty = False
+                self.lifecycle.decided(watched)
         self.max_live = max(self.max_live, len(self.store.list_runs(active=True)))
+        events, self.events = self.events, []
         return events
 
     def _advance(self, run):
         script = self.scripts[run.variant]
         age = self.clock[0] - self.started_at[run.name]
         if script.crash_after is not None and age >= script.crash_after:
-            return self._decide(run, {"decision": "crash", "action": "stop", "signature": "exit_nonzero"}, state="crashed",
+            return self._decide(run, {"decision": "crash", "signature": "exit_nonzero"}, state="crashed",
                                 ended=self.started_at[run.name] + script.crash_after)
         if script.too_slow_after is not None and age >= script.too_slow_after and not run.decision:
             return self._decide(run, {"decision": "too_slow", "action": "stop", "steady_tok_s": 500.0, "reason": "below baseline"})
         if script.stall_after is not None and age >= script.stall_after and not run.decision:
-            return self._decide(run, {"decision": "stall", "action": "stop", "reason": "no new step"})
+            return self._decide(run, {"decision": "stall", "reason": "no new step"})
         if script.exit_after is not None and age >= script.exit_after:
             return self._decide(run, {"decision": "exited", "action": "none", "reason": "exited 0"}, state="exited",
                                 ended=self.started_at[run.name] + script.exit_after)
@@ -253,18 +299,54 @@ class FakeWatcher:
 
     def _decide(self, run, decision, state=None, ended=None):
         """`ended`: when the run's process ended (its exit file's time, which the real watcher records as ended_at),
-        before this step noticed it."""
+        before this step noticed it. A crash or stall names the next variant of the run's chain (or says stop) as
+        the judge of a Watcher with fallback on does (decide.next_variant, action_for)."""
         decision = {**decision, "run": run.name}
+        if Verdict(decision["decision"]).falls_back():
+            signature = CATALOGUE.by_id(decision["signature"]) if decision.get("signature") else None
+            following = next_variant(chain_variants(self.store, self.store.lineage(run.name)[0], INVENTORY), run.variant,
+                                     signature)
+            action = action_for(decision["decision"], following, fallback_enabled=True)
+            decision = {**decision, "action": str(action), "next_variant": following if action is Action.FALLBACK else None}
         ends = {"state": state, "ended_at": format_ts(ended), "ended_from": "exit_file"} if state else {}
         self.store.update_run(run.name, decision=decision, **ends)
+        watched = self.watched.get(run.name)
+        if watched is not None:
+            watched.run, watched.decision, watched.dirty = self.store.get_run(run.name), Decision.from_json(decision), True
+            watched.alive = False if state else watched.alive
         return [DecisionMade(at=utc_now(), run=run.name, chain=run.name, decision=decision)]
 
     def stop_run(self, name, reason):
         self.stopped.append((name, reason))
         self.store.update_run(name, state="stopped")
+        watched = self.watched.get(name)
+        if watched is not None:
+            watched.stopping = True
 
     def live_gpus(self, target):
         return [self.gpus_of[r.name] for r in self.store.list_runs(active=True, target=target)]
+
+    # what the Lifecycle tells its follower (watch.Watcher's methods of the same names)
+
+    def emit(self, watched, cls, **data):
+        event = cls(at=utc_now(), run=watched.name, chain=watched.root, **data)
+        self.events.append(event)
+        return event
+
+    def publish(self, event, run, store):
+        self.events.append(event)
+
+    def record_decision(self, watched, *, said=True):
+        self.store.update_run(watched.name, decision=watched.decision.to_json())
+
+    def read_to_end(self, watched):
+        watched.ended = True
+
+    def stop_waiting(self, wait):
+        pass
+
+
+CATALOGUE = catalogue_for(INVENTORY)
 
 
 def starter(store, watcher, plan, launched):
@@ -276,7 +358,8 @@ def starter(store, watcher, plan, launched):
             for other_ids, other_whole in watcher.live_gpus(cell.target):
                 assert not (whole or other_whole or set(other_ids) & set(gpu_ids)), f"{cell.id} overlaps a live run"
             watcher.gpus_of[name] = (gpu_ids, whole)
-            store.add_run(Run(name=name, target=cell.target, variant=variant, batch=plan.batch, parent=parent, state="running"))
+            store.add_run(Run(name=name, target=cell.target, variant=variant, batch=plan.batch, parent=parent, state="running",
+                              chain=rest_of_chain(plan.chain, variant)))  # as run_spec and chains.next_spec record it
             launched.append(name)
         return name
 
@@ -315,9 +398,9 @@ def scheduled(text, scripts, store, clock=None):
 
 
 def with_lifecycle(watcher, supervisor, clock):
-    """`watcher` given the batch's one Lifecycle, as open_watcher builds the Watcher's (policy BATCH_POLICY, acting
-    on nothing by itself), over `supervisor`, its claims on the fake clock."""
-    watcher.lifecycle = Lifecycle(watcher, watcher.store, supervisor, fallback=False, policy=BATCH_POLICY,
+    """`watcher` given the batch's one Lifecycle, as open_watcher builds the Watcher's (policy BATCH_POLICY; the
+    Scheduler makes it the batch's: act_for_batch), over `supervisor`, its claims on the fake clock."""
+    watcher.lifecycle = Lifecycle(watcher, watcher.store, supervisor, policy=BATCH_POLICY,
                                   claims=Claims(watcher.store, clock=lambda: clock[0]))
     return watcher
 
@@ -629,10 +712,17 @@ def test_a_cells_fallback_is_recorded_once_and_one_a_dead_batch_left_open_is_fin
     scripts = {"trees": Script(stall_after=10), "nographs": Script(steady_after=20)}
     with Store.in_memory() as store:
         _, watcher, launched, scheduler = scheduled(text, scripts, store)
-        def die(target, spec, name, *, after):
-            raise KeyboardInterrupt
+        died = threading.Event()
 
-        scheduler.supervisor.launch_when_released = die
+        def die(target, spec, name, *, after):  # the fallback's launch, on the Lifecycle's worker: it goes no further
+            died.set()
+            raise RuntimeError("the batch died here")
+
+        def dead(progress):  # ... nor does the batch's loop
+            if died.is_set():
+                raise KeyboardInterrupt
+
+        scheduler.supervisor.launch_when_released, scheduler.on_progress = die, dead
         with pytest.raises(KeyboardInterrupt):  # the batch dies inside the fallback's launch, after its stop
             scheduler.run()
         [intent] = store.open_intents("o.trees.ct200.r1")
@@ -805,17 +895,8 @@ class FollowingWatcher(FakeWatcher):
     """The fake watcher whose stop_run is the Watcher's: a stop on its Lifecycle's executor (Lifecycle.stop, a
     worker thread, its outcome put on the queue), not one carried out at once."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.queue = queue.Queue()
-
     def stop_run(self, name, reason):
-        run = self.store.get_run(name)
-        self.lifecycle.stop(SimpleNamespace(name=name, run=run, root=name, stopping=False, acting=False, alive=True,
-                                            stopped_reason=None), reason)
-
-    def emit(self, watched, cls, **data):
-        pass
+        self.lifecycle.stop(self.watched[name], reason)
 
 
 def test_one_ctrl_c_while_a_stop_when_stop_is_under_way_waits_for_it_within_its_bound_and_reports_it_half_done():
