@@ -403,6 +403,45 @@ def test_a_watch_leaves_a_batch_cells_open_fallback_to_its_batch_when_it_holds_t
         lab.close()
 
 
+def test_a_batch_cells_crash_is_acted_on_and_recorded_as_a_watch_acts_on_a_runs(tmp_path, monkeypatch, pct_env) -> None:
+    """A cell's crash (cudagraph_tls, its process alive) is decided and carried out by the batch's Lifecycle with the
+    code `dfo watch` falls back with, under BATCH_POLICY: the crashed run's decision (what `dfo runs NAME` shows and a
+    notification carries) says `fallback` to nographs and names the successor it launched, and its record has the
+    `acting`, `stopped` and `fell_back` events, as a watched run's crash has. Before, the batch's Watcher judged with
+    fallback off and its scheduler fell back itself: the decision said `stop` (no next variant, no next run) while the
+    cell fell back, and the run's record said nothing of the fallback."""
+    from orchestrator.batch import open_watcher, run_batch
+    from orchestrator.experiments import parse_experiments
+
+    inventory, _ = make_lab(tmp_path, monkeypatch)
+    lab = session(tmp_path, inventory)
+    try:
+        lab.launch("trees", "w1")  # the same crash under `dfo watch`: what a fallback leaves in the registry
+        watcher = lab.watcher()
+        watcher.attach("w1")
+        run_until(watcher, lambda w: len(w.chains()[0]["runs"]) == 2 and not w.runs()[0].acting, timeout=40)
+        plan = parse_experiments("batch: bf\ntargets: [here]\nmatrix: {variant: [trees]}\nfallback: [trees, nographs]\n"
+                                 "stop_when: {steps: 30}\n", inventory)
+        batch = open_watcher(inventory, lab.connections, lab.store)
+        try:
+            [cell] = run_batch(plan, inventory, lab.connections, lab.store, batch, poll_s=0.3)
+        finally:
+            batch.close()
+        root = "bf.trees.here.r1"
+        assert (cell.state, cell.outcome["runs"]) == ("done", [root, f"{root}.2-nographs"]), cell
+        for run, successor in (("w1", "w1.2-nographs"), (root, f"{root}.2-nographs")):
+            decision = lab.store.get_run(run).decision
+            assert (decision["decision"], decision["signature"], decision["action"], decision["next_variant"],
+                    decision["next_run"]) == ("crash", "cudagraph_tls", "fallback", "nographs", successor), (run, decision)
+            kinds = [event["kind"] for event in lab.store.events(run)]
+            assert kinds.count("acting") == kinds.count("stopped") == kinds.count("fell_back") == 1, (run, kinds)
+            [fell_back] = lab.store.events(run, kind="fell_back")
+            assert (fell_back["data"]["next_run"], fell_back["data"]["variant"]) == (successor, "nographs")
+        assert lab.store.get_run(f"{root}.2-nographs").parent == root
+    finally:
+        lab.close()
+
+
 # cudagraph_tls while the process lives (test_watch's trainer), then, on SIGTERM, 6 s to write a checkpoint and exit 75
 CHECKPOINTING_CRASH = ("import signal\nasked = []\nsignal.signal(signal.SIGTERM, lambda *_: asked.append(1))\n"
                        + CUDAGRAPH_TLS_CRASH.replace("time.sleep(600)", "while not asked:\n    time.sleep(0.05)\n"
