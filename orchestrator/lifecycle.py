@@ -155,6 +155,8 @@ class Lifecycle:
         self._open: dict[int, OpenIntent] = {}  # open intents a dead dfo left, finished here or awaited (by id)
         self._tried: set[int] = set()  # those this lifecycle finished (or tried: one left open is the next watch's)
         self._looked_at = 0.0  # when the awaited intents were last looked at (look_at_awaited)
+        self._began = utc_now()  # a group fallback another dfo closed since then is said here too (_open_intents)
+        self._said_groups: set[str] = set()  # groups whose fallback this lifecycle said (multinode_fell_back)
         self.batch: BatchActing | None = None  # a batch's own lifecycle: its cells' verdicts are acted on here
 
     @classmethod
@@ -501,6 +503,7 @@ class Lifecycle:
             self._say(ev.ActionError(at=utc_now(), run=done.group, chain=chain, error=f"falling back failed: {error}"),
                       roots[0])
             return
+        self._said_groups.add(done.group)
         self.follower.publish(ev.MultinodeFellBack(at=utc_now(), run=done.group, chain=chain, next_run=data["next_run"],
                                                    nodes=data["nodes"]), done.group, False)
         for name, root, successor in zip(names, roots, data["nodes"]):  # node K's successor is node K of the successor
@@ -541,6 +544,22 @@ class Lifecycle:
             known.awaited = awaited
             if not awaited:
                 self._finish(known)
+        self._closed_since_began(root)
+
+    def _closed_since_began(self, root: str) -> None:
+        """A group fallback in chain `root` that another dfo finished after this watch began, but before this watch
+        found it open (two watches started at once: the other one's finish came between this one's listing of the
+        runs and its attaching them): awaited as if found open, so that it is said here too and its successor
+        followed (look_at_awaited takes it at once, it being closed), as a watch that found it open says it."""
+        group = self.store.node_group(root)
+        if not (group and group[1] == 0) or group[0] in self._said_groups:
+            return
+        for intent in self.store.intents_about(group[0], group[0]):
+            if (intent.kind == MULTINODE_FALLBACK and intent.done_at is not None and intent.done_at >= self._began
+                    and intent.id not in self._open and intent.id not in self._tried):
+                self._tried.add(intent.id)  # looked at once
+                self._open[intent.id] = OpenIntent(intent, *self._runs_of(intent), awaited=True)
+                self._hold()
 
     def _intents_in(self, root: str) -> list[Intent]:
         """The open fallback intents of chain `root`: a single run's (subject: the chain's root), or a multi-node run's

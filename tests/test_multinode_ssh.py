@@ -357,7 +357,9 @@ def test_a_multinode_fallback_left_half_done_by_a_killed_dfo_is_finished_once_by
                      f"{events_but_steps(out)[-3000:]}" for n, (racer, (out, err)) in enumerate(zip(racers, outs)))
     for racer, (out, err) in zip(racers, outs):
         assert racer.returncode == 0, said
-        [told] = fell_back(out)
+        told = fell_back(out)
+        assert len(told) == 1, said
+        [told] = told
         assert (told["next_run"], told["nodes"]) == ("mn.2-ps2ok", ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1"]), said
     runs = {r["name"]: r for r in hosts.runs()}
     assert sorted(runs) == ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1", "mn.node0", "mn.node1"]  # each node once
@@ -386,7 +388,8 @@ def test_a_multinode_fallback_killed_between_starting_its_nodes_is_relaunched_wh
     [told] = fell_back(finished.stdout)
     assert (told["next_run"], told["nodes"]) == ("mn.2-ps2ok-2", ["mn.2-ps2ok-2.node0", "mn.2-ps2ok-2.node1"])
     runs = {r["name"]: r for r in hosts.runs()}
-    assert runs["mn.2-ps2ok.node0"]["state"] in ("stopped", "crashed")  # the half-launched one: stopped or ended
+    # the half-launched one: stopped, or ended on its own first (its played 10 steps need no peer: exited, under load)
+    assert runs["mn.2-ps2ok.node0"]["state"] in ("stopped", "crashed", "exited")
     assert runs["mn.2-ps2ok.node1"]["state"] == "failed" and runs["mn.2-ps2ok.node1"]["pid"] is None  # never started
     for node in (0, 1):  # the whole successor trained to its end, each node started once
         log = hosts.tmp / f"ws{node}" / "logs" / f"mn.2-ps2ok-2.node{node}.log"
