@@ -140,7 +140,7 @@ class Lifecycle:
     docstring. `fallback` False: verdicts are reported, never acted on (--no-fallback)."""
 
     def __init__(self, follower: "Watcher", store: Store, supervisor: Supervisor, *, fallback: bool = True,
-                 policy: Policy = WATCH_POLICY, claims: Claims | None = None) -> None:
+                 policy: Policy = WATCH_POLICY, claims: Claims | None = None, began: str | None = None) -> None:
         self.follower, self.store, self.supervisor = follower, store, supervisor
         self.fallback = fallback
         self.policy = policy  # the verdicts answered with the chain's next variant
@@ -155,18 +155,19 @@ class Lifecycle:
         self._open: dict[int, OpenIntent] = {}  # open intents a dead dfo left, finished here or awaited (by id)
         self._tried: set[int] = set()  # those this lifecycle finished (or tried: one left open is the next watch's)
         self._looked_at = 0.0  # when the awaited intents were last looked at (look_at_awaited)
-        self._began = utc_now()  # a group fallback another dfo closed since then is said here too (_open_intents)
+        self._began = began or utc_now()  # a group fallback another dfo closed since then is said here too
         self._said_groups: set[str] = set()  # groups whose fallback this lifecycle said (multinode_fell_back)
         self.batch: BatchActing | None = None  # a batch's own lifecycle: its cells' verdicts are acted on here
 
     @classmethod
     def for_watch(cls, follower: "Watcher", inventory, connections, store: Store, *, stop_grace_s: float | None,
                   gpu_release_s: float = GPU_RELEASE_S, fallback: bool = True, policy: Policy = WATCH_POLICY,
-                  claims: Claims | None = None) -> "Lifecycle":
-        """The lifecycle of a watch: its Supervisor's stops tell the follower while they wait for a run to exit."""
+                  claims: Claims | None = None, began: str | None = None) -> "Lifecycle":
+        """The lifecycle of a watch: its Supervisor's stops tell the follower while they wait for a run to exit.
+        `began`: when the watch began (before it listed its runs; default now)."""
         supervisor = Supervisor(inventory, connections, store, stop_grace_s=stop_grace_s, gpu_release_s=gpu_release_s,
                                 on_wait=follower.stop_waiting)
-        return cls(follower, store, supervisor, fallback=fallback, policy=policy, claims=claims)
+        return cls(follower, store, supervisor, fallback=fallback, policy=policy, claims=claims, began=began)
 
     # ------------------------------------------------------------------ claims: who stores, who acts
 

@@ -214,6 +214,7 @@ class Watcher:
         claims: Claims | None = None,
         policy: Policy = WATCH_POLICY,
         on_wait: Callable[[StopWait], None] | None = None,
+        began: str | None = None,
     ) -> None:
         self.inventory = inventory
         self.connections = connections
@@ -236,7 +237,8 @@ class Watcher:
         self.queue: queue.Queue = queue.Queue()
         # what is done about the decisions (policy, claims, the executor of stops and fallbacks): never here
         self.lifecycle = Lifecycle.for_watch(self, inventory, connections, store, stop_grace_s=stop_grace_s,
-                                             gpu_release_s=gpu_release_s, fallback=fallback, policy=policy, claims=claims)
+                                             gpu_release_s=gpu_release_s, fallback=fallback, policy=policy, claims=claims,
+                                             began=began)
         self.observers: dict[str, ObserverBase] = {}
         self.links: dict[str, Link] = {}
         self.skew: dict[str, float] = {}  # container clock minus workstation clock, per observer

@@ -349,18 +349,27 @@ def test_a_multinode_fallback_left_half_done_by_a_killed_dfo_is_finished_once_by
     [intent] = open_intents(hosts)
     assert (intent.subject, intent.data["run"], intent.data["variant"]) == ("mn", "mn", "ps2ok")
 
-    # two dfo finish it at once (one names the run, one watches "every active run"): one fallback, both follow it
+    # two dfo finish it at once (one names the run, one watches "every active run"): one fallback, both follow it.
+    # The one that finishes it says it; the other says it too when it began before the finish closed the intent, and
+    # when it began after (under load a racer's start lags by a second or more), it finds the successor as any active
+    # run and follows it without saying a fallback it did not see: each says it at most once, one of them always
     racers = [popen_dfo(hosts, "watch", "mn", "--until-decided", "--json"),
               popen_dfo(hosts, "watch", "--until-decided", "--json")]
     outs = [racer.communicate(timeout=300) for racer in racers]
     said = "\n".join(f"--- racer {n}: exit {racer.returncode}, stderr:\n{err[-2000:]}\n--- stdout, no steps:\n"
                      f"{events_but_steps(out)[-3000:]}" for n, (racer, (out, err)) in enumerate(zip(racers, outs)))
+    tellers = 0
     for racer, (out, err) in zip(racers, outs):
         assert racer.returncode == 0, said
         told = fell_back(out)
-        assert len(told) == 1, said
-        [told] = told
-        assert (told["next_run"], told["nodes"]) == ("mn.2-ps2ok", ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1"]), said
+        assert len(told) <= 1, said
+        tellers += len(told)
+        for told in told:
+            assert (told["next_run"], told["nodes"]) == ("mn.2-ps2ok", ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1"]), said
+        finals = {event["run"]: event["decision"] for event in map(json.loads, out.splitlines())
+                  if event.get("kind") == "final"}
+        assert finals.get("mn.2-ps2ok.node0") == finals.get("mn.2-ps2ok.node1") == "exited", said  # followed to its end
+    assert tellers >= 1, said
     runs = {r["name"]: r for r in hosts.runs()}
     assert sorted(runs) == ["mn.2-ps2ok.node0", "mn.2-ps2ok.node1", "mn.node0", "mn.node1"]  # each node once
     assert runs["mn.2-ps2ok.node1"]["parent"] == "mn.node1"

@@ -64,6 +64,7 @@ def watch_command(
     inventory: Optional[Path] = InventoryOpt,
     as_json: bool = typer.Option(False, "--json", help="One JSON object per event, then each chain's final decision."),
 ) -> None:
+    began = utc_now()  # before the runs are listed: a group fallback finished from here on is said (Lifecycle)
     with Store() as store:
         runs = resolve_names(store, names or [])
         if not runs:
@@ -73,7 +74,7 @@ def watch_command(
     if note:
         err_console.print(note, highlight=False, markup=False)
     raise typer.Exit(watch_runs(inv, runs, interval=interval, poll=poll, until_decided=until_decided,
-                                fallback=not no_fallback, as_json=as_json, unreachable_s=unreachable_after))
+                                fallback=not no_fallback, as_json=as_json, unreachable_s=unreachable_after, began=began))
 
 
 def resolve_nodes(store: Store, names: Sequence[str]) -> list[str]:
@@ -124,6 +125,7 @@ def watch_runs(
     as_json: bool = False,
     chain: Sequence[str] | None = None,
     unreachable_s: float | None = None,
+    began: str | None = None,
 ) -> int:
     """Watch `names` until Ctrl-C, until every chain is decided (--until-decided), or until every run ended
     or was given up on (its container out of reach for `unreachable_s`).
@@ -137,7 +139,8 @@ def watch_runs(
         catch_up_first(store, names, connections)
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
                           on_event=(lambda event: print_json(event.to_json())) if as_json else None, unreachable_s=unreachable_s,
-                          on_wait=say_each_wait() if as_json else None)  # the live view shows them
+                          on_wait=say_each_wait() if as_json else None,  # the live view shows them
+                          began=began)
         try:
             for name in names:
                 watcher.attach(name)
