@@ -545,7 +545,7 @@ def until_released(attempt: Callable[[], Any], release_s: float, poll_s: float, 
 class FallbacksLeft(KeyboardInterrupt):
     """A second Ctrl-C while `dfo watch` or `dfo batch` was finishing the fallbacks under way (finish_under_way),
     or (`overdue_s`) after a Ctrl-C, fallbacks still under way that long after they started, longer than
-    every remote call of theirs can take (Watcher.finish_actions): they are left half done (their intents open,
+    every remote call of theirs can take (Lifecycle.finish_actions): they are left half done (their intents open,
     nothing remote signalled), for the next `dfo watch` or `dfo batch` to finish. `fallbacks`: which (`RUN to
     VARIANT`, a batch's with `(cell CELL)`). Their threads cannot be interrupted: the caller leaves the process
     at once."""

@@ -50,8 +50,9 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import events as ev
 from .chains import (FALLBACK, GPU_RELEASE_S, MULTINODE_FALLBACK, WATCH_POLICY, Claims, FallbacksLeft, Outcome, Policy,
                      Supervisor, batch_command, chain_key, fallback_text, finish_under_way, outcome_of, wait_until)
-from .decide import verdict_key
+from .decide import Decision, verdict_key
 from .errors import DfoError
+from .logfmt import format_ts
 from .states import Action
 from .store import Intent, Run, Store, utc_now
 
@@ -157,6 +158,8 @@ class Lifecycle:
         self._looked_at = 0.0  # when the awaited intents were last looked at (look_at_awaited)
         self._began = began or utc_now()  # a group fallback another dfo closed since then is said here too
         self._said_groups: set[str] = set()  # groups whose fallback this lifecycle said (multinode_fell_back)
+        self._newer_looked_at: dict[str, float] = {}  # chain root -> when its holder's new runs were looked up
+        self._said_held: dict[str, str] = {}  # chain root -> the owner of another workstation said to hold it
         self.batch: BatchActing | None = None  # a batch's own lifecycle: its cells' verdicts are acted on here
 
     @classmethod
@@ -187,6 +190,49 @@ class Lifecycle:
         """Whether this lifecycle holds any chain's claim (a target's own events are stored only then)."""
         return bool(self.owned)
 
+    def holder_of(self, root: str) -> str | None:
+        """Who holds chain `root`'s claim, as `host:pid` (None: nobody)."""
+        claim = self.claims.holder(chain_key(root))
+        return None if claim is None else f"{claim.host}:{claim.pid}"
+
+    def attached(self, root: str) -> None:
+        """The follower attached a run of chain `root`: the fallbacks a dead dfo left open in it finished here when this
+        dfo holds the chain (finish_open_intents), else awaited from its holder (await_open_intents), who is said."""
+        if self.stores_for(root):
+            self.finish_open_intents(root)
+            return
+        self.await_open_intents(root)
+        self._say_held_elsewhere(root)
+
+    def renew_claims(self) -> None:
+        """On the follower's loop: the claims held renewed; a chain whose holder's lease ran out taken over (the
+        follower stores what it kept, took_over; what its holder left half done finished here); while only observing
+        one, its holder said once per holder, and the runs it adds (its fallbacks) followed, looked up every second."""
+        now = time.monotonic()
+        for root in self.follower.chain_roots():
+            had = self.stores_for(root)
+            held = self.claim(root)
+            if held and not had:
+                self.follower.took_over(root)
+                self.finish_open_intents(root)
+            elif not held:
+                self._say_held_elsewhere(root)
+                if now - self._newer_looked_at.get(root, 0.0) >= 1.0:
+                    self._newer_looked_at[root] = now
+                    self.follower.follow_newer(root)
+
+    def _say_held_elsewhere(self, root: str) -> None:
+        """Say once per holder (not at each renewal) that `root`'s chain is held by a dfo of another workstation,
+        whose lease this watch waits on: who (host, pid, since when, as the registry records it), and how to take
+        it over."""
+        claim = self.claims.held_elsewhere(chain_key(root))
+        watched = self.follower.watched.get(self.follower.chain_runs(root)[-1])
+        if claim is None or watched is None or self._said_held.get(root) == claim.owner:
+            return
+        self._said_held[root] = claim.owner
+        self.follower.emit(watched, ev.LeaseHeld, host=claim.host, pid=claim.pid, since=format_ts(claim.since),
+                           lease_s=round(claim.expires_at - claim.renewed_at, 3))
+
     # ------------------------------------------------------------------ policy
 
     def acts_on(self, verdict: str | None) -> bool:
@@ -204,17 +250,29 @@ class Lifecycle:
         own lifecycle (its GPU ledger is the batch's)."""
         return not batch or (self.batch is not None and self.batch.batch == batch)
 
-    def acted_before(self, run: Run, root: str) -> bool:
-        """Whether an earlier dfo acted on the final verdict it recorded for `run` (one this lifecycle acts on, of
-        chain `root`), which is then restored, not acted on again: its successor exists, or it has ended; a run of this
-        batch's own cells only once its fallback (an intent about it) or a stop of it (stop_requested_at, an `acting`
-        event) was recorded: a `dfo watch` leaves a cell's verdict to `dfo batch`, recorded and not acted on."""
+    def acted_before(self, run: Run, root: str, earlier: Decision | None) -> bool:
+        """Whether an earlier dfo acted on the final verdict `earlier` it recorded for `run` (of chain `root`), which is
+        then restored, not acted on again: a verdict this lifecycle acts on, and its successor exists, or the run has
+        ended; a run of this batch's own cells only once its fallback (an intent about it) or a stop of it
+        (stop_requested_at, an `acting` event) was recorded: a `dfo watch` leaves a cell's verdict to `dfo batch`,
+        recorded and not acted on."""
+        if earlier is None or not self.acts_on(earlier.decision):
+            return False
         if self.store.children(run.name):
             return True
         if not (run.batch and self.acts_for(run.batch)):
             return not run.active
         return (bool(self.store.intents_about(root, run.name)) or run.stop_requested_at is not None
                 or bool(self.store.events(run.name, kind=ev.Acting.kind)))
+
+    def settled(self, watched: "WatchedRun") -> bool:
+        """Whether nothing is left to do about followed run `watched`: no action of it under way, and it was stopped
+        for a reason of its own, given up on, or holds a final verdict acted on or not one this lifecycle acts on."""
+        if watched.acting:
+            return False
+        if watched.stopped_reason is not None or watched.lost:
+            return True
+        return watched.decision.final and (watched.handled or not self.acts_on(watched.decision.decision))
 
     def handled(self, name: str) -> bool | None:
         """Whether this lifecycle is done with followed run `name`'s final verdict (acted on, or reported) and has no

@@ -10,9 +10,9 @@ multi-node run's nodes are followed as runs of their own; the lifecycle decides 
 after each judgement) and the Watcher follows the successor's nodes the same way.
 
 Claims: a watcher stores for a chain (and its lifecycle acts) only while its lifecycle holds the chain's lease in
-the registry (chains.Claims). A
-second watcher of the same chain observes and shows, but stores nothing and acts on nothing; when the
-lease runs out (the first one was killed) it takes over, storing the steps the first one had not stored.
+the registry (chains.Claims, renewed on each step by Lifecycle.renew_claims). A second watcher of the same chain
+observes and shows, but stores nothing and acts on nothing; when the lease runs out (the first one was killed) its
+lifecycle takes the chain over and the Watcher stores the steps the first one had not stored (took_over).
 
 The clock lives here, never in decide/: ticks are the workstation's time moved onto the container's clock
 (the agent's hello carries its time), so a skewed host clock cannot fake a stall.
@@ -40,11 +40,11 @@ from typing import Any, Callable, Sequence
 
 from . import events as ev
 from .agent.protocol import ProtocolError
-from .chains import GPU_RELEASE_S, WATCH_POLICY, Claims, FallbacksLeft, Policy, catalogue_for, chain_key, chain_variants
+from .chains import GPU_RELEASE_S, WATCH_POLICY, Claims, Policy, catalogue_for, chain_variants
 from .connections import Connections
 from .decide import (
-    DecideConfig, Decision, ExitObs, GpuObs, Observation as JudgeObs, RunJudge, StepObs, TickObs, held_state,
-    observation_from_record, read_stored, verdict_key,
+    DecideConfig, Decision, ExitObs, GpuObs, Observation as JudgeObs, RunJudge, StepObs, TickObs, decision_key,
+    held_state, observation_from_record, read_stored, verdict_key,
 )
 from .errors import DfoError, UnknownRun
 from .gpu import failure_kind
@@ -246,8 +246,6 @@ class Watcher:
         self._chains: dict[str, ChainState] = {}
         self._package: Package | None = None
         self._events: list[ev.Event] = []
-        self._looked_at: dict[str, float] = {}  # chain root -> when its runs were last looked up (observing)
-        self._said_held: dict[str, str] = {}  # chain root -> the owner of another workstation said to hold it
         self._lock = threading.RLock()
 
     @property
@@ -282,7 +280,8 @@ class Watcher:
             self.watched[name] = watched
             finished = not run.active and run.pid is not None  # it ran, and ended before this watch (its row
             # brought up to date: sync_before_attach)
-            if finished and self.lifecycle.stores_for(root) and self._acted_before(run):  # not judged again:
+            if finished and self.lifecycle.stores_for(root) and self.lifecycle.acted_before(
+                    run, root, read_stored(run.decision)[0]):  # its verdict acted on by an earlier dfo: not judged again,
                 self._read_rest(watched, observer)  # its log's rest stored as a look stores it (history_complete)
             samples = self._resume(watched)
             stored = len(samples)
@@ -296,14 +295,10 @@ class Watcher:
                 observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=offset,
                                 ident=ident)
             self.emit(watched, ev.Attached, target=run.target, variant=run.variant, offset=offset,
-                       steps_stored=stored, owner=self.lifecycle.stores_for(root), claimed_by=self._holder_of(root))
+                       steps_stored=stored, owner=self.lifecycle.stores_for(root), claimed_by=self.lifecycle.holder_of(root))
             if ended:
                 self._ended_before(watched)
-            if self.lifecycle.stores_for(root):
-                self.lifecycle.finish_open_intents(root)
-            else:  # its holder finishes them; this watch says what it did and follows what it launched
-                self.lifecycle.await_open_intents(root)
-                self._say_held_elsewhere(root)
+            self.lifecycle.attached(root)  # open intents: finished here, or awaited from the holder (said to hold it)
             return watched
 
     def owns(self, name: str) -> bool:
@@ -316,7 +311,7 @@ class Watcher:
         """Handle what arrived within `timeout` seconds: parse, persist, judge, act. Returns the new events."""
         items = self._drain(timeout)
         with self._lock:
-            self._renew_claims()
+            self.lifecycle.renew_claims()  # a chain whose holder's lease ran out taken over (took_over)
             self.lifecycle.look_at_awaited()
             writes = Writes()
             for item in items:
@@ -374,13 +369,13 @@ class Watcher:
             observer.close()
         self.lifecycle.close()
 
-    def finish_actions(self, on_interrupt: Callable[[list[str]], None]) -> FallbacksLeft | None:
-        """Ctrl-C: the actions under way are finished first, or left half done on a second Ctrl-C (Lifecycle.finish_actions)."""
-        return self.lifecycle.finish_actions(on_interrupt)
-
     def chain_runs(self, root: str) -> list[str]:
         """The runs of chain `root` this watch knows, oldest first (the last one is the chain's current run)."""
         return self._chains[root].runs
+
+    def chain_roots(self) -> list[str]:
+        """The chains this watch follows (their roots), in the order they were attached."""
+        return list(self._chains)
 
     def follows_chain(self, root: str) -> bool:
         """Whether this watch follows a run of chain `root`."""
@@ -449,16 +444,8 @@ class Watcher:
         watched.shifts_reported = self._stored_shifts(watched.name)
         earlier, _ = read_stored(watched.run.decision)  # one it cannot read: no decision said yet
         watched.decision = earlier or watched.decision
-        if earlier is not None and self.lifecycle.acts_on(earlier.decision):
-            watched.handled = self.lifecycle.acted_before(watched.run, watched.root)
+        watched.handled = self.lifecycle.acted_before(watched.run, watched.root, earlier)
         return samples
-
-    def _acted_before(self, run: Run) -> bool:
-        """Whether an earlier watch acted on the ended `run`'s verdict (its stored final verdict: _resume restores it
-        and the run is not judged again)."""
-        earlier, _ = read_stored(run.decision)
-        return (earlier is not None and self.lifecycle.acts_on(earlier.decision)
-                and self.lifecycle.acted_before(run, self.store.lineage(run.name)[0]))
 
     def _read_rest(self, watched: WatchedRun, observer: ObserverBase) -> None:
         """An ended run not judged again: what its log holds past the stored offset is stored (history.catch_up, once,
@@ -535,38 +522,7 @@ class Watcher:
         at = parse_ts(run.ended_at or "") or (watched.latest.ts if watched.latest is not None else time.time())
         self._ended(watched, code, at, why=None if run.exit_code is not None else f"{run.state}, no exit status")
 
-    def _holder_of(self, root: str) -> str | None:
-        claim = self.claims.holder(chain_key(root))
-        return None if claim is None else f"{claim.host}:{claim.pid}"
-
-    def _renew_claims(self) -> None:
-        """Renew the claims held; take over a chain whose owner's lease ran out; while only observing, follow
-        the runs its owner launched."""
-        now = time.monotonic()
-        for root in list(self._chains):
-            had = self.lifecycle.stores_for(root)
-            held = self.lifecycle.claim(root)
-            if held and not had:
-                self._take_over(root)
-            elif not held:
-                self._say_held_elsewhere(root)
-                if now - self._looked_at.get(root, 0.0) >= 1.0:
-                    self._looked_at[root] = now
-                    self._follow_newer(root)
-
-    def _say_held_elsewhere(self, root: str) -> None:
-        """Say once per holder (not at each renewal) that `root`'s chain is held by a dfo of another workstation,
-        whose lease this watch waits on: who (host, pid, since when, as the registry records it), and how to take
-        it over."""
-        claim = self.claims.held_elsewhere(chain_key(root))
-        watched = self.watched.get(self._chains[root].runs[-1])
-        if claim is None or watched is None or self._said_held.get(root) == claim.owner:
-            return
-        self._said_held[root] = claim.owner
-        self.emit(watched, ev.LeaseHeld, host=claim.host, pid=claim.pid, since=format_ts(claim.since),
-                   lease_s=round(claim.expires_at - claim.renewed_at, 3))
-
-    def _follow_newer(self, root: str) -> None:
+    def follow_newer(self, root: str) -> None:
         """Attach the runs another watcher added to the chain (its fallbacks), so this one shows them too."""
         runs, last = self.store.chain_runs(root), self._chains[root].runs[-1]
         for name in runs[runs.index(last) + 1:] if last in runs else ():
@@ -575,9 +531,9 @@ class Watcher:
             except DfoError as exc:  # its target is out of reach now: tried again on the next look
                 self.emit(self.watched[last], ev.ActionError, error=f"cannot follow {name}: {exc}")
 
-    def _take_over(self, root: str) -> None:
-        """This watcher now owns `root`'s chain: store the steps its former owner had not, finish what it left
-        half done, and judge (and act) from here on."""
+    def took_over(self, root: str) -> None:
+        """This dfo now holds `root`'s chain (Lifecycle.renew_claims): the steps its former owner had not stored are
+        stored, and it is judged (and acted on) from here on."""
         for watched in [w for w in self.watched.values() if w.root == root]:
             stored = self.store.last_step(watched.name)
             rows = [s for s in watched.unsaved if stored is None or s["step"] > stored]
@@ -588,7 +544,6 @@ class Watcher:
             watched.handled = watched.handled or self.lifecycle.acted_on(watched)
             watched.dirty = True
             self.emit(watched, ev.TookOver, steps_stored=len(rows))
-        self.lifecycle.finish_open_intents(root)
 
     def _stored_shifts(self, name: str) -> set[tuple[int, bool]]:
         """(at_step, declared) of the level_shift events the registry holds for run `name`."""
@@ -936,13 +891,8 @@ class Watcher:
                                                            "reason": "no decision: not followed by this watch"}
             return {"root": state.root, "runs": list(state.runs), "current": current, "decision": decision,
                     "settled": False}
-        if watched.stopped_reason is not None or watched.lost:
-            settled = not watched.acting
-        else:
-            settled = watched.decision.final and not watched.acting and (
-                watched.handled or not self.lifecycle.acts_on(watched.decision.decision))
         return {"root": state.root, "runs": list(state.runs), "current": current,
-                "decision": watched.decision.to_json(), "settled": settled}
+                "decision": watched.decision.to_json(), "settled": self.lifecycle.settled(watched)}
 
     def emit(self, watched: WatchedRun, cls: type[ev.RunEvent], **data: Any) -> ev.RunEvent:
         event = cls(at=utc_now(), run=watched.name, chain=watched.root, **data)
@@ -976,13 +926,3 @@ class Writes:
 def config_from_inventory(inventory: Inventory) -> DecideConfig:
     """The decision thresholds of the inventory's `watch:` section."""
     return DecideConfig.from_mapping(inventory.watch.decide_mapping())
-
-
-def decision_key(decision: Decision) -> tuple:
-    """What makes a decision news: the verdict, the action, the next run, a level shift suspected (where it
-    began) or no longer suspected, and memory climbing since steady (`degrading`: which memory) or no longer, or
-    still climbing when the run ended (`degrading_at_end`: the run may end in the step() where the climb is seen)."""
-    suspected = (decision.shift_suspected or {}).get("since_step")
-    climbs = [(d or {}).get(key) for d in (decision.degrading, decision.degrading_at_end) for key in ("what", "gpu")]
-    return decision.decision, decision.action, decision.next_run, decision.signature, suspected, *climbs
-

@@ -248,9 +248,8 @@ class FakeWatcher:
         watched = self.watched[name] = WatchedRun(
             run, root, chain_variants(self.store, root, INVENTORY), judge=None, parse=None, source=run.target, gpus=(),
             decision=earlier or Decision.from_json({"decision": "undecided", "run": name, "action": "none"}))
-        if earlier is not None and self.lifecycle.acts_on(earlier.decision):
-            watched.handled = self.lifecycle.acted_before(run, root)
-            watched.dirty = True
+        watched.handled = self.lifecycle.acted_before(run, root, earlier)
+        watched.dirty = earlier is not None and self.lifecycle.acts_on(earlier.decision)
         return watched
 
     def chain_runs(self, root):
@@ -268,7 +267,7 @@ class FakeWatcher:
             if isinstance(outcome, OUTCOMES):
                 self.lifecycle.done(outcome)
         for root in self.chains:
-            self.lifecycle.claim(root)  # renewed, as Watcher._renew_claims does
+            self.lifecycle.claim(root)  # renewed, as Lifecycle.renew_claims does
         for run in self.store.list_runs(active=True):
             if run.name in self.started_at:  # followed once attached (a fallback's successor starts on its own thread)
                 self.events += self._advance(run)

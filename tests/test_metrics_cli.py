@@ -135,11 +135,12 @@ REAL_LOG = Path(__file__).resolve().parent / "data" / "real" / "e2p-ps2-trees.lo
 
 def add_real_run(store: Store, name: str, log: Path) -> None:
     """A run whose log is `log`, stored as the watcher stores it: its step lines as samples, a `decision` event
-    at each decision that is news (watch.decision_key) on the log's own clock, the last decision on the row."""
+    at each decision that is news (decide.decision_key) on the log's own clock, the last decision on the row."""
     from orchestrator.decide import RunJudge
     from orchestrator.decide.replay import judged_lines
     from orchestrator.logfmt import StepRecord, parse_logfmt
-    from orchestrator.watch import decision_key, sample_of
+    from orchestrator.decide import decision_key
+    from orchestrator.watch import sample_of
 
     lines = log.read_text().splitlines()
     records = [r for r in map(parse_logfmt, lines) if isinstance(r, StepRecord)]

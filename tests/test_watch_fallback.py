@@ -573,7 +573,7 @@ def test_a_second_ctrl_c_leaves_a_stuck_stop_at_once_whichever_thread_the_os_giv
         threading.Timer(0.3, signal.pthread_kill, [stuck.threads[0].ident, signal.SIGINT]).start()  # Ctrl-C again
         started = time.monotonic()
         try:
-            left = watcher.finish_actions(said.append)  # what the first Ctrl-C does
+            left = watcher.lifecycle.finish_actions(said.append)  # what the first Ctrl-C does
         except KeyboardInterrupt:
             pytest.fail("the second Ctrl-C came through only once the stuck stop had ended")
         assert time.monotonic() - started < 10, "the second Ctrl-C was taken only once the stuck stop had ended"
@@ -599,7 +599,7 @@ def test_after_ctrl_c_a_stop_still_under_way_past_its_bound_is_left_half_done(
     let_go.start()
     try:
         started = time.monotonic()
-        left = watcher.finish_actions(lambda fallbacks: None)
+        left = watcher.lifecycle.finish_actions(lambda fallbacks: None)
         assert time.monotonic() - started < 10  # the bound is 1.5 s; the stop is let go at 20 s
         assert isinstance(left, FallbacksLeft) and left.fallbacks == ["k2 (a stop only: test)"] and left.overdue_s == 1.5
         monkeypatch.setattr(common.os, "_exit", lambda code: sys.exit(code))  # dfo leaves at once: os._exit

@@ -152,7 +152,7 @@ def watch_runs(
                 if not console.is_terminal:
                     console.print()  # Live leaves its last frame without a newline when not on a terminal
         except KeyboardInterrupt:  # a fallback under way is finished first (a second Ctrl-C leaves it half done)
-            return stopped_watching(watcher.finish_actions(lambda fallbacks: say_finishing(fallbacks, AGAIN)))
+            return stopped_watching(watcher.lifecycle.finish_actions(lambda fallbacks: say_finishing(fallbacks, AGAIN)))
         finally:
             watcher.close()
         decisions = finals(watcher, store)

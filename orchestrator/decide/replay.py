@@ -113,6 +113,15 @@ def verdict_key(decision: Decision) -> tuple:
     return decision.decision, decision.signature, decision.action, decision.ended, declared
 
 
+def decision_key(decision: Decision) -> tuple:
+    """What makes a decision news: the verdict, the action, the next run, a level shift suspected (where it
+    began) or no longer suspected, and memory climbing since steady (`degrading`: which memory) or no longer, or
+    still climbing when the run ended (`degrading_at_end`: the run may end in the step() where the climb is seen)."""
+    suspected = (decision.shift_suspected or {}).get("since_step")
+    climbs = [(d or {}).get(key) for d in (decision.degrading, decision.degrading_at_end) for key in ("what", "gpu")]
+    return decision.decision, decision.action, decision.next_run, decision.signature, suspected, *climbs
+
+
 def judged_lines(
     judge: RunJudge, lines: Iterable[str], *, regex: str | None = None, line_interval_s: float | None = None,
     tick_s: float = 1.0,

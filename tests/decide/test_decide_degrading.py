@@ -198,10 +198,10 @@ def test_the_trainers_own_memory_figure_climbing_is_said_by_dfo_replay_too():
 
 
 def test_memory_starting_to_climb_is_news_to_the_watch():
-    """`dfo watch` records and sends a decision only when its key changes (watch.decision_key); the verdict
+    """`dfo watch` records and sends a decision only when its key changes (decide.decision_key); the verdict
     and figure stay when memory climbs, so `degrading` is part of the key: else the watch's view, its --json
     decisions and the registry kept the decision from before the climb."""
-    from orchestrator.watch import decision_key
+    from orchestrator.decide import decision_key
 
     _, shown = fed(with_gpu_samples(LOGS["qwen-ps-eager"].lines(), staircase(60.0, 40.0)))
     before = next(d for _, d in shown if d.decision == "steady")
