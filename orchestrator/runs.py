@@ -203,6 +203,12 @@ def launcher_alive(run: Run) -> bool:
     return pid.isdigit() and process_alive(host, int(pid))
 
 
+def launch_under_way(run: Run) -> bool:
+    """Whether a dfo that lives is launching `run` now (its row `launching`, no PID recorded yet: its package may be
+    going up, its start not answered yet): what follows the run waits for that dfo to record the start."""
+    return run.state == RunState.LAUNCHING and run.pid is None and launcher_alive(run)
+
+
 def process_alive(host: str | None, pid: int | None) -> bool:
     """Whether process `pid` of workstation `host` (a dfo: a launch's, a claim's holder) still lives. One on
     another workstation, or of no known PID, cannot be looked at from here: assumed alive. A zombie (it ended,

@@ -55,12 +55,13 @@ from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_pars
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
-from .runs import StopWait, resolve_launch, worth_a_look
+from .runs import StopWait, launch_under_way, resolve_launch, worth_a_look
 from .states import RunState, Verdict
 from .store import Run, Store, utc_now
 from .words import counted
 
 DRAIN_MAX = 5000  # observations handled per step(); the rest wait for the next one
+LAUNCHING_POLL_S = 0.5  # how often the runs another dfo is launching are looked up in the registry
 VANISHED_GRACE_S = 3.0  # a dead PID with no exit file yet: wait this long for the wrapper to write it
 CATCH_UP_S = 3.0  # after a (re)connect, ticks wait this long for the log written meanwhile to arrive
 SPARK_POINTS = 60
@@ -114,6 +115,8 @@ class WatchedRun:
     # or it had ended before the watch (Watcher._ended_before)
     replaying: bool = False  # its log read again from the start to judge it (Watcher._replay): an event kind stored
     replay_floor: int | None = None  # before is not stored again, nor a step event sent for a step up to this one
+    launching: bool = False  # another dfo that lives is launching it (no PID yet): followed once it records one
+    # (Watcher._follow_launched); followed without one, "no process, no exit file" would read as a crash
     malformed: int = 0  # metric lines with a field out of range (ts=1e20 ...): shown, never stored or judged
     last_malformed: str | None = None  # why the last one was refused
 
@@ -246,6 +249,7 @@ class Watcher:
         self._chains: dict[str, ChainState] = {}
         self._package: Package | None = None
         self._events: list[ev.Event] = []
+        self._launching_looked_at = 0.0  # when the runs another dfo is launching were last looked up
         self._lock = threading.RLock()
 
     @property
@@ -291,7 +295,8 @@ class Watcher:
             else:
                 self._judge_stored(watched, samples)
             ended = not run.active and self.store.get_run(name).history_complete  # its end and every step stored
-            if not ended:
+            watched.launching = launch_under_way(run)
+            if not ended and not watched.launching:
                 observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=offset,
                                 ident=ident)
             self.emit(watched, ev.Attached, target=run.target, variant=run.variant, offset=offset,
@@ -313,6 +318,7 @@ class Watcher:
         with self._lock:
             self.lifecycle.renew_claims()  # a chain whose holder's lease ran out taken over (took_over)
             self.lifecycle.look_at_awaited()
+            self._follow_launched()
             writes = Writes()
             for item in items:
                 if isinstance(item, StopWait):
@@ -521,6 +527,33 @@ class Watcher:
         code = run.exit_code if run.exit_code is not None else -1
         at = parse_ts(run.ended_at or "") or (watched.latest.ts if watched.latest is not None else time.time())
         self._ended(watched, code, at, why=None if run.exit_code is not None else f"{run.state}, no exit status")
+
+    def _follow_launched(self) -> None:
+        """The runs another dfo was launching when they were attached, followed once it recorded their PID, or once
+        it is gone (resolve_launch settles what it left: adopted, or failed)."""
+        now = time.monotonic()
+        if now - self._launching_looked_at < LAUNCHING_POLL_S:
+            return
+        self._launching_looked_at = now
+        for watched in [w for w in self.watched.values() if w.launching]:
+            run = self.store.find_run(watched.name)
+            if run is None:  # its launch was refused or failed before any start: no run to follow
+                watched.launching, watched.lost = False, True
+                watched.decision = replace(watched.judge.decision(),
+                                           reason="its launch by another dfo ended before any start: nothing ran")
+                continue
+            if launch_under_way(run):
+                continue
+            if worth_a_look(run) and run.pid is None:  # its launcher died before recording it
+                try:
+                    run = resolve_launch(self.connections.container(run.target), self.store, run,
+                                         grace_s=self.inventory.watch.start_grace_s)
+                except DfoError as exc:  # its target is out of reach now: looked at again on the next poll
+                    self.emit(watched, ev.ActionError, error=f"cannot look at {run.name}: {exc}")
+                    continue
+            watched.run, watched.launching = run, False
+            self.observers[watched.source].follow(run.name, run.log_path, run.exit_path, run.pid,
+                                                  run.proc_starttime, offset=run.log_offset, ident=run.log_ident)
 
     def follow_newer(self, root: str) -> None:
         """Attach the runs another watcher added to the chain (its fallbacks), so this one shows them too."""
@@ -764,7 +797,7 @@ class Watcher:
         now = time.time()
         self._give_up_on_unreachable(now)
         for watched in self.watched.values():
-            if watched.stopping or watched.handled or not self.links[watched.source].ticking(now):
+            if watched.stopping or watched.handled or watched.launching or not self.links[watched.source].ticking(now):
                 continue  # while the channel is down, silence says nothing about the run
             if watched.gone_at is not None and now - watched.gone_at > VANISHED_GRACE_S:
                 watched.gone_at = None

@@ -23,7 +23,7 @@ from rich.console import Console
 from orchestrator.connections import Connections
 from orchestrator.decide import DecideConfig, StepObs
 from orchestrator.inventory import load_inventory
-from orchestrator.runs import launch, spec_for, stop
+from orchestrator.runs import launch, prepare, spec_for, stop
 from orchestrator.commands.watch import resolve_names
 from orchestrator.errors import UnknownRun
 from orchestrator.states import Action, Verdict
@@ -238,6 +238,40 @@ def test_the_watch_hands_each_decision_to_its_lifecycle_and_only_the_lifecycle_s
     emitted = [(e.run, e.decision["decision"]) for e in events if e.kind == "decision"]
     assert ("c1", "crash") in heard and set(emitted) <= set(heard)  # every decision said reached the lifecycle
     assert lab.store.get_run("c1").state == "stopped" and lab.store.get_run("c1.2-nographs").parent == "c1"
+
+
+def test_a_run_another_dfo_is_still_launching_is_followed_once_it_starts_never_judged_gone_before(lab) -> None:
+    # a watch that finds a run `launching` (its row made, its package pushed, its start not sent yet) by a dfo that
+    # lives waits for that dfo to record its PID: followed without one, "no process, no exit file" read as a crash
+    # 3 s later (exit -1), and the observer that later took the chain over stopped the healthy run
+    prepared = prepare(lab.connections.container("here"), spec_for(lab.inventory, "here", "nographs"), lab.store,
+                       name="pl")
+    assert lab.store.get_run("pl").state == "launching"
+    watcher = lab.watcher()
+    watcher.attach("pl")
+    events: list = []
+    deadline = time.monotonic() + 5  # longer than the 3 s a PID gone without an exit file is given
+    while time.monotonic() < deadline:
+        events += watcher.step(0.2)
+    assert [e.kind for e in events if e.kind in ("decision", "ended")] == []  # nothing judged while it launches
+    prepared.start()
+    events += run_until(watcher, Watcher.settled, timeout=40)
+    [decision] = watcher.final_decisions()
+    assert (decision.decision, decision.action, decision.run) == ("steady", "keep", "pl"), decision.reason
+    assert lab.store.get_run("pl").state == "running"
+
+
+def test_a_run_whose_launch_another_dfo_abandons_before_its_start_ends_the_watch_saying_nothing_ran(lab) -> None:
+    prepared = prepare(lab.connections.container("here"), spec_for(lab.inventory, "here", "nographs"), lab.store,
+                       name="pa")
+    watcher = lab.watcher()
+    watcher.attach("pa")
+    watcher.step(0.2)
+    prepared.cancel()  # a refused start forgets the row
+    events = run_until(watcher, Watcher.settled, timeout=10)
+    assert [e.kind for e in events if e.kind in ("decision", "ended", "acting")] == []  # no crash judged, nothing done
+    [chain] = watcher.chains()
+    assert chain["decision"]["decision"] == "undecided" and "nothing ran" in chain["decision"]["reason"]
 
 
 def test_no_fallback_reports_a_nonzero_exit_and_launches_nothing(lab) -> None:
