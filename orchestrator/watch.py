@@ -55,7 +55,7 @@ from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_pars
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
-from .runs import StopWait, launch_under_way, resolve_launch, worth_a_look
+from .runs import StopWait, launch_under_way, resolve_launch, start_grace_left, worth_a_look
 from .states import RunState, Verdict
 from .store import Run, Store, utc_now
 from .words import counted
@@ -542,14 +542,13 @@ class Watcher:
                 watched.decision = replace(watched.judge.decision(),
                                            reason="its launch by another dfo ended before any start: nothing ran")
                 continue
-            if launch_under_way(run):
-                continue
-            if worth_a_look(run) and run.pid is None:  # its launcher died before recording it
+            grace_s = self.inventory.watch.start_grace_s
+            if launch_under_way(run) or start_grace_left(run, grace_s) > 0:  # a start not answered yet may come up:
+                continue  # waited for here, poll by poll, not inside resolve_launch (the watch goes on meanwhile)
+            if worth_a_look(run) and run.pid is None:  # its launcher died before recording it: one look settles it
                 try:
-                    run = resolve_launch(self.connections.container(run.target), self.store, run,
-                                         grace_s=self.inventory.watch.start_grace_s)
-                except DfoError as exc:  # its target is out of reach now: looked at again on the next poll
-                    self.emit(watched, ev.ActionError, error=f"cannot look at {run.name}: {exc}")
+                    run = resolve_launch(self.connections.container(run.target), self.store, run, grace_s=grace_s)
+                except DfoError:  # its target is out of reach (the link's state says so): looked at on the next poll
                     continue
             watched.run, watched.launching = run, False
             self.observers[watched.source].follow(run.name, run.log_path, run.exit_path, run.pid,
