@@ -10,6 +10,7 @@
     .venv/bin/python bench/decide_traces.py --shifts        # level shifts per precision: the rule before/after
     .venv/bin/python bench/decide_traces.py --reach         # the out-of-reach answer off vs on (real, 0-29, 500-529)
     .venv/bin/python bench/decide_traces.py --ended [--seeds 0-29]   # runs ended early: the answer at the end off vs on
+    .venv/bin/python bench/decide_traces.py --real-leak 0,0.1,0.2  # leaks in time (%/s) on real noise, 0 the control
 
 Real logs: per log the labelled verdict and level against what decide/ says, the level error, and the
 seconds from the first step line to the first steady declaration (and to the declaration of the level held
@@ -52,6 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "decide"))  # tracegen, reallogs
 
+from realleak import held_steady_s, last_ts, leaking  # noqa: E402
 from reallogs import first_step_ts, labelled, judge  # noqa: E402
 from reallogs import timeline as timeline_real  # noqa: E402
 from reallogs import score as score_real  # noqa: E402
@@ -490,17 +492,6 @@ def ended_synthetic_table(seeds: range) -> None:
 LEAK_BANDS = ((0.0005, 0.001), (0.001, 0.0015), (0.0015, 0.002))  # fast_leak's rates, per second
 
 
-def steady_held_s(changes: list, end_s: float) -> float:
-    """Seconds a timeline held a steady verdict, summed over its declarations (each until the next change, the
-    last until `end_s`, the log's last step, on the same clock as parse_ts)."""
-    held = 0.0
-    for decision, after in zip(changes, [*changes[1:], None]):
-        if decision.decision == "steady" and decision.at_ts:
-            until = parse_ts(after.at_ts) if after is not None and after.at_ts else end_s
-            held += max(0.0, until - parse_ts(decision.at_ts))
-    return held
-
-
 def gap_table(seeds: range) -> None:
     """The kinds today's rule gets wrong (tracegen.GAP_KINDS, kept out of the suite): verdicts right (at the
     log's end), steady declared on a trace with no steady state (premature; R: of those, the ones whose verdict
@@ -523,7 +514,7 @@ def gap_table(seeds: range) -> None:
             row = score(trace, decision, changes)
             first = decision.evidence.get("first_steady_declared_step", row["steady_declared_step"])
             seconds = trace.step_ts[first] - min(trace.step_ts.values()) if row["premature"] else None
-            held = steady_held_s(changes, max(trace.step_ts.values()))
+            held = held_steady_s(changes, max(trace.step_ts.values()))
             rows.append((trace, row, seconds, decided_by(decision) == "precision_out_of_reach",
                          any(shift.get("shape") == "decline" for shift in decision.level_shifts), held))
         firsts[kind] = [r[1] for r in rows]
@@ -542,6 +533,43 @@ def gap_table(seeds: range) -> None:
     first_table(f"the first steady verdict on the known gaps (seeds {seeds.start}-{seeds.stop - 1})", firsts)
 
 
+def real_leak_table(rates: list[float]) -> None:
+    """Leaks in time on real noise (tests/decide/realleak.py): each steady-labelled real log after its warm-up,
+    played forward and backward to 300 s, leaking each rate from its warm-up end (0: the control, the real level
+    held for 300 s). Per log and rate: the first steady verdict (s after the first step line), the seconds
+    steady was held in all, and the verdict at the end. Issue 27's goal for a leak: held at most 60 s, not
+    steady at the end; for the control: steady from its declaration to the end."""
+    print("leaks in time on real noise (tests/decide/realleak.py): first steady s / steady held s / verdict at the end")
+    header = f"{'log':26} {'noisy':>5}  " + "  ".join(f"{f'{rate * 100:.2f}%/s':>22}" for rate in rates)
+    print_header(header)
+    held_by_rate: dict[float, list[float]] = defaultdict(list)
+    ends_by_rate: dict[float, list[str]] = defaultdict(list)
+    for log in labelled():
+        if log.verdict != "steady":
+            continue
+        cells = []
+        for rate in rates:
+            lines, _ = leaking(log, rate)
+            changes = replay_timeline(lines, run=log.name)
+            t0, end = first_step_ts(lines), last_ts(lines)
+            first = next((parse_ts(c.at_ts) - t0 for c in changes if c.decision == "steady"), None)
+            held = held_steady_s(changes, end)
+            held_by_rate[rate].append(held)
+            ends_by_rate[rate].append(changes[-1].decision)
+            cells.append(f"{'-' if first is None else f'{first:.0f}':>5} {held:>5.0f} {changes[-1].decision:>10}")
+        print(f"{log.name:26} {'yes' if log.noisy else 'no':>5}  " + "  ".join(f"{cell:>22}" for cell in cells))
+    print("-" * len(header))
+    for rate in rates:
+        held, ends = held_by_rate[rate], ends_by_rate[rate]
+        if rate == 0:
+            print(f"control (no leak): steady at the end {ends.count('steady')}/{len(ends)}, held a median "
+                  f"{statistics.median(held):.0f} s")
+        else:
+            print(f"{rate * 100:.2f}%/s: held <= 60 s {sum(h <= 60 for h in held)}/{len(held)} (median "
+                  f"{statistics.median(held):.0f} s, max {max(held):.0f}), steady at the end {ends.count('steady')}")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="500-529", help="seed range, e.g. 500-529 (report) or 0-29 (tuning)")
@@ -551,7 +579,11 @@ def main() -> None:
     parser.add_argument("--shifts", action="store_true", help="level shifts per precision, before/after the 15%% cap")
     parser.add_argument("--reach", action="store_true", help="the out-of-reach answer: the rule off vs on, real + both seed sets")
     parser.add_argument("--ended", action="store_true", help="runs ended early: the answer at the end off vs on")
+    parser.add_argument("--real-leak", metavar="RATES", help="leaks in time on real noise, e.g. 0,0.1,0.2 (%%/s)")
     args = parser.parse_args()
+    if args.real_leak:
+        real_leak_table([float(rate) / 100 for rate in args.real_leak.split(",")])
+        return
     if args.ended:
         ended_real_table()
         ended_synthetic_table(seed_range(args.seeds))

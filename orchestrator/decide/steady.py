@@ -67,8 +67,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from statistics import fmean, median, quantiles
 
-import numpy as np
-
 from ..words import counted
 from .config import DecideConfig
 from .observations import StepObs
@@ -487,10 +485,11 @@ class SteadyDetector:
 
         return min(range(lo + 2, hi - 1), key=lambda k: sse(lo, k) + sse(k, hi), default=lo)
 
-    def _blocks_spanning(self, seconds: float) -> int | None:
-        """The fewest newest blocks (at least shift_blocks) that span `seconds`; None when all of them do not."""
+    def _blocks_spanning(self, seconds: float, since: int) -> int | None:
+        """The fewest newest blocks (at least shift_blocks) from block `since` on that span `seconds`; None when
+        all of them do not."""
         n = len(self._medians)
-        for m in range(self.config.shift_blocks, n - self._truncation):
+        for m in range(self.config.shift_blocks, n - since):
             if self._block_ts[-1] - self._block_ts[n - m - 1] >= seconds:
                 return m
         return None
@@ -547,7 +546,9 @@ class SteadyDetector:
         precision = self.config.precision
         start_ts = self._block_ts[first - 1] if first > 0 else self.first_ts
         seconds = self._block_ts[end - 1] - start_ts
-        recent_blocks = self._blocks_spanning(self.config.min_steady_seconds)
+        # counted from the declaration's cut, not the re-run one: a leak moves that one later and later (its start
+        # looks like a warm-up's tail) until under 15 s are left after it, and the fall went unexamined
+        recent_blocks = self._blocks_spanning(self.config.min_steady_seconds, first)
         recent = (median(self._medians[end - recent_blocks : end])
                   if recent_blocks is not None and end - recent_blocks > first else None)
         # the cheap test first: on a level run the newest blocks are where the figure is, and no slope is taken

@@ -1,0 +1,77 @@
+"""Leaks in time on real noise: a labelled real log of tests/data/real/ after its warm-up, played forward, then
+backward, then forward again (no jump where one pass meets the next) to `duration_s` seconds after its first step
+line, its throughput times exp(-rate x seconds since its warm-up ended). Each line keeps its tokens and takes
+longer by the same factor, as a throttled or leaking run's would.
+
+tracegen's `fast_leak` and tests/data/probe's leaks put AR(1) noise on a smooth curve. A real launch-bound run
+swings +/-10-20% over 10-30 s, and those swings are what a leak must be seen through: on real noise the decline
+rule (docs/decisions.md, point 6b) behaves differently from the generated traces. With `rate` 0 the same
+construction is the control: a real level held for the whole duration, which must stay steady.
+Tests and bench/decide_traces.py import this file."""
+
+from __future__ import annotations
+
+import math
+
+from reallogs import RealLog
+
+from orchestrator.logfmt import StepRecord, format_ts, parse_logfmt, parse_ts
+
+
+def _rewrite(line: str, ts: float, step: int, tok_s: float) -> str:
+    """`line` with its ts, step and tok_s replaced (every other field kept)."""
+    fields = []
+    for field in line.split(" "):
+        key = field.split("=", 1)[0]
+        if key == "ts":
+            field = f"ts={format_ts(ts)}"
+        elif key == "step":
+            field = f"step={step}"
+        elif key == "tok_s":
+            field = f"tok_s={tok_s:.1f}"
+        fields.append(field)
+    return " ".join(fields)
+
+
+def leaking(log: RealLog, rate_per_s: float, duration_s: float = 300.0) -> tuple[list[str], float]:
+    """The log's lines up to its warm-up end (`holds_from_step`), then its later step lines replayed as the
+    module says, leaking `rate_per_s` (0.001: 0.1% a second) from there; with the seconds after the first step
+    line at which the leak starts. An `event=exit` line is left out: the run goes on."""
+    lines = log.lines()
+    steps = [(i, record) for i, line in enumerate(lines)
+             if isinstance(record := parse_logfmt(line), StepRecord) and record.ts is not None]
+    head = next(i for i, record in steps if record.step >= log.holds_from_step)
+    head_steps = [record for i, record in steps if i < head]
+    if not head_steps:
+        raise ValueError(f"{log.name}: no step line before its warm-up end (step {log.holds_from_step})")
+    body = [(record.ts - before.ts, record.step - before.step, lines[i])
+            for (_, before), (i, record) in zip(steps, steps[1:]) if i >= head]
+    out = [line for line in lines[:head] if "event=exit" not in line]
+    first_ts, ts, step = head_steps[0].ts, head_steps[-1].ts, head_steps[-1].step
+    start = ts
+    k = 0
+    while ts - first_ts < duration_s:
+        lap, at = divmod(k, len(body))
+        seconds, steps_in_line, line = body[at if lap % 2 == 0 else len(body) - 1 - at]
+        factor = math.exp(-rate_per_s * (ts - start))
+        ts += seconds / factor
+        step += steps_in_line
+        out.append(_rewrite(line, ts, step, parse_logfmt(line).tok_s * factor))
+        k += 1
+    return out, start - first_ts
+
+
+def held_steady_s(changes: list, end_ts: float) -> float:
+    """Seconds a timeline (replay_timeline's) held a steady verdict, summed over its declarations (each until the
+    next change, the last until `end_ts`, the log's last step, on parse_ts's clock)."""
+    held = 0.0
+    for decision, after in zip(changes, [*changes[1:], None]):
+        if decision.decision == "steady" and decision.at_ts:
+            until = parse_ts(after.at_ts) if after is not None and after.at_ts else end_ts
+            held += max(0.0, until - parse_ts(decision.at_ts))
+    return held
+
+
+def last_ts(lines: list[str]) -> float:
+    """The newest timestamp of a log's lines."""
+    return max(record.ts for line in lines if (record := parse_logfmt(line)).ts is not None)
