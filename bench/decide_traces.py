@@ -11,6 +11,7 @@
     .venv/bin/python bench/decide_traces.py --reach         # the out-of-reach answer off vs on (real, 0-29, 500-529)
     .venv/bin/python bench/decide_traces.py --ended [--seeds 0-29]   # runs ended early: the answer at the end off vs on
     .venv/bin/python bench/decide_traces.py --real-leak 0,0.1,0.2  # leaks in time (%/s) on real noise, 0 the control
+    .venv/bin/python bench/decide_traces.py --real-drop 12@150     # a 12% drop at 150 s on real noise, then 180 s
 
 Real logs: per log the labelled verdict and level against what decide/ says, the level error, and the
 seconds from the first step line to the first steady declaration (and to the declaration of the level held
@@ -570,6 +571,53 @@ def real_leak_table(rates: list[float]) -> None:
     print()
 
 
+def real_drop_table(rel: float, at_s: float) -> None:
+    """A level shift on real noise (tests/decide/realleak.py): each steady-labelled real log after its warm-up,
+    played forward and backward to at_s + 180 s, its throughput `rel` lower from `at_s` on. Per log: the first
+    steady verdict (s after the first step line), the verdict just before the drop, the seconds after the drop to
+    the first change of verdict (re-opened, or a steady figure within 5% of the new level), to a steady figure
+    within 5% of the new level, and the verdict and the figure's error against the new level at the end. Issue
+    27's goal: a 10-15% drop after a declaration re-opened within ~60 s, the final level within 5% of the new one."""
+    print(f"a drop of {rel:.0%} at {at_s:.0f} s on real noise (tests/decide/realleak.py), then 180 s at the new level")
+    header = (f"{'log':26} {'noisy':>5} {'1st s':>6} {'at the drop':>12} {'re-open +s':>10} {'new level +s':>12} "
+              f"{'end':>10} {'err':>6}")
+    print_header(header)
+    reopened, declared, right = [], [], 0
+    rows = 0
+    for log in labelled():
+        if log.verdict != "steady":
+            continue
+        rows += 1
+        lines, _ = leaking(log, 0.0, duration_s=at_s + 180, drop=(at_s, rel))
+        changes = replay_timeline(lines, run=log.name)
+        t0, new_level = first_step_ts(lines), log.level * (1 - rel)
+        timed = [(parse_ts(c.at_ts) - t0, c) for c in changes]
+        first = next((t for t, c in timed if c.decision == "steady"), None)
+        before = [c for t, c in timed if t < at_s]
+        at_drop = before[-1].decision if before else "-"
+        held = at_drop == "steady" and abs(before[-1].steady_tok_s / log.level - 1) <= 0.05
+        near = lambda c: c.decision == "steady" and abs(c.steady_tok_s / new_level - 1) <= 0.05  # noqa: E731
+        after = [(t - at_s, c) for t, c in timed[:-1] if t >= at_s]  # the last entry restates the verdict
+        reopen = next((t for t, c in after if c.decision != "steady" or near(c)), None) if held else None
+        new = next((t for t, c in after if near(c)), None)
+        end = changes[-1]
+        err = end.steady_tok_s / new_level - 1 if end.steady_tok_s else None
+        if held:
+            reopened.append(reopen)
+        declared.append(new)
+        right += err is not None and abs(err) <= 0.05 and end.decision == "steady"
+        cell = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
+        print(f"{log.name:26} {'yes' if log.noisy else 'no':>5} {cell(first):>6} "
+              f"{at_drop + ('' if held or at_drop != 'steady' else ' (off)'):>12} "
+              f"{(cell(reopen) if held else 'n/a'):>10} {cell(new):>12} {end.decision:>10} "
+              f"{('-' if err is None else f'{err:+.1%}'):>6}")
+    print("-" * len(header))
+    soon = sum(r is not None and r <= 60 for r in reopened)
+    print(f"steady at the old level at the drop: {len(reopened)}/{rows}; of those re-opened <= 60 s after it {soon}; "
+          f"a figure within 5% of the new level <= 60 s after the drop {sum(d is not None and d <= 60 for d in declared)}"
+          f"/{rows}; steady within 5% of it at the end {right}/{rows}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="500-529", help="seed range, e.g. 500-529 (report) or 0-29 (tuning)")
@@ -580,7 +628,12 @@ def main() -> None:
     parser.add_argument("--reach", action="store_true", help="the out-of-reach answer: the rule off vs on, real + both seed sets")
     parser.add_argument("--ended", action="store_true", help="runs ended early: the answer at the end off vs on")
     parser.add_argument("--real-leak", metavar="RATES", help="leaks in time on real noise, e.g. 0,0.1,0.2 (%%/s)")
+    parser.add_argument("--real-drop", metavar="PCT@S", help="a level shift on real noise, e.g. 12@150 (%% at s)")
     args = parser.parse_args()
+    if args.real_drop:
+        pct, at = args.real_drop.split("@")
+        real_drop_table(float(pct) / 100, float(at))
+        return
     if args.real_leak:
         real_leak_table([float(rate) / 100 for rate in args.real_leak.split(",")])
         return

@@ -6,7 +6,8 @@ longer by the same factor, as a throttled or leaking run's would.
 tracegen's `fast_leak` and tests/data/probe's leaks put AR(1) noise on a smooth curve. A real launch-bound run
 swings +/-10-20% over 10-30 s, and those swings are what a leak must be seen through: on real noise the decline
 rule (docs/decisions.md, point 6b) behaves differently from the generated traces. With `rate` 0 the same
-construction is the control: a real level held for the whole duration, which must stay steady.
+construction is the control: a real level held for the whole duration, which must stay steady. With `drop`, a
+level shift on real noise: the level falls by a fraction at a given second and holds there.
 Tests and bench/decide_traces.py import this file."""
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ def _rewrite(line: str, ts: float, step: int, tok_s: float) -> str:
     return " ".join(fields)
 
 
-def leaking(log: RealLog, rate_per_s: float, duration_s: float = 300.0) -> tuple[list[str], float]:
+def leaking(log: RealLog, rate_per_s: float, duration_s: float = 300.0,
+            drop: tuple[float, float] | None = None) -> tuple[list[str], float]:
     """The log's lines up to its warm-up end (`holds_from_step`), then its later step lines replayed as the
     module says, leaking `rate_per_s` (0.001: 0.1% a second) from there; with the seconds after the first step
-    line at which the leak starts. An `event=exit` line is left out: the run goes on."""
+    line at which the leak starts. `drop` (seconds after the first step line, fraction): from then on the
+    throughput is that much lower, a level shift that holds. An `event=exit` line is left out: the run goes on."""
     lines = log.lines()
     steps = [(i, record) for i, line in enumerate(lines)
              if isinstance(record := parse_logfmt(line), StepRecord) and record.ts is not None]
@@ -54,6 +57,8 @@ def leaking(log: RealLog, rate_per_s: float, duration_s: float = 300.0) -> tuple
         lap, at = divmod(k, len(body))
         seconds, steps_in_line, line = body[at if lap % 2 == 0 else len(body) - 1 - at]
         factor = math.exp(-rate_per_s * (ts - start))
+        if drop is not None and ts - first_ts >= drop[0]:
+            factor *= 1 - drop[1]
         ts += seconds / factor
         step += steps_in_line
         out.append(_rewrite(line, ts, step, parse_logfmt(line).tok_s * factor))

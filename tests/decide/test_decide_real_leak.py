@@ -1,12 +1,14 @@
-"""A leak in time on real noise (tests/decide/realleak.py): a real log's level, played for five minutes and
+"""Leaks and drops on real noise (tests/decide/realleak.py): a real log's level, played for five minutes and
 leaking 0.1% a second, must not stay steady more than a minute after its declaration (issue 27's goal for a fast
-leak); the same level without the leak must stay steady."""
+leak); the same level without the leak must stay steady; a 12% drop that holds must be re-opened and the new
+level declared within a minute (issue 27's goal for a drop after the declaration)."""
 
 import pytest
 from realleak import held_steady_s, last_ts, leaking
-from reallogs import labelled
+from reallogs import first_step_ts, labelled
 
 from orchestrator.decide import replay_timeline
+from orchestrator.logfmt import parse_ts
 
 LOGS = {log.name: log for log in labelled()}
 # compute-bound qwen3-8b-shape runs, under 1% noise: the level is pinned in a few lines, so is a fall
@@ -43,3 +45,32 @@ def test_the_same_real_level_without_a_leak_stays_steady_for_five_minutes(name):
 def test_a_noisy_real_run_leaking_a_tenth_of_a_percent_a_second_is_reopened_within_a_minute():
     changes, end_ts = replayed("e2p-ps2-trees", 0.001)
     assert held_steady_s(changes, end_ts) <= 60
+
+
+def after_a_drop(name: str, rel: float = 0.12, at_s: float = 150.0) -> tuple[list, float, float]:
+    """The timeline of `name`'s level dropping by `rel` at `at_s` s and holding 180 s; the drop's moment on the
+    timeline's clock, and the new level."""
+    lines, _ = leaking(LOGS[name], 0.0, duration_s=at_s + 180, drop=(at_s, rel))
+    return replay_timeline(lines, run=name), first_step_ts(lines) + at_s, LOGS[name].level * (1 - rel)
+
+
+@pytest.mark.parametrize("name", QUIET)
+def test_a_quiet_real_run_whose_level_drops_12_percent_is_reopened_and_the_new_level_declared_within_a_minute(name):
+    """Issue 27's goal for a drop after the declaration, on real noise: 17-19 s on these runs."""
+    changes, drop_ts, new_level = after_a_drop(name)
+    before = [c for c in changes if parse_ts(c.at_ts) < drop_ts]
+    assert before[-1].decision == "steady" and abs(before[-1].steady_tok_s / LOGS[name].level - 1) <= 0.05
+    declared = next(parse_ts(c.at_ts) - drop_ts for c in changes[:-1] if parse_ts(c.at_ts) >= drop_ts
+                    and c.decision == "steady" and abs(c.steady_tok_s / new_level - 1) <= 0.05)
+    assert declared <= 60, declared
+    end = changes[-1]
+    assert end.decision == "steady" and abs(end.steady_tok_s / new_level - 1) <= 0.05, end.reason
+    assert [shift["shape"] for shift in end.level_shifts] == ["step"]
+
+
+@pytest.mark.xfail(strict=True, reason="known limit: on a run whose noise is above the quiet bound a 12% drop is "
+                   "under the 15% shift threshold, and the decline rule does not take it for a fall either: the "
+                   "figure slides to a blend of both levels (+3.9% of the new one after 180 s), never re-opened")
+def test_a_noisier_real_run_whose_level_drops_12_percent_is_reopened():
+    changes, drop_ts, _ = after_a_drop("e2p-ps2-trees")
+    assert any(c.decision != "steady" for c in changes[1:] if parse_ts(c.at_ts) >= drop_ts)
