@@ -12,6 +12,7 @@
     .venv/bin/python bench/decide_traces.py --ended [--seeds 0-29]   # runs ended early: the answer at the end off vs on
     .venv/bin/python bench/decide_traces.py --real-leak 0,0.1,0.2  # leaks in time (%/s) on real noise, 0 the control
     .venv/bin/python bench/decide_traces.py --real-drop 12@150     # a 12% drop at 150 s on real noise, then 180 s
+    .venv/bin/python bench/decide_traces.py --real-pauses 40@10    # an unmarked 10-s pause every 40 s on real noise
 
 Real logs: per log the labelled verdict and level against what decide/ says, the level error, and the
 seconds from the first step line to the first steady declaration (and to the declaration of the level held
@@ -54,7 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "decide"))  # tracegen, reallogs
 
-from realleak import held_steady_s, last_ts, leaking  # noqa: E402
+from realleak import held_steady_s, last_ts, played  # noqa: E402
 from reallogs import first_step_ts, labelled, judge  # noqa: E402
 from reallogs import timeline as timeline_real  # noqa: E402
 from reallogs import score as score_real  # noqa: E402
@@ -550,7 +551,7 @@ def real_leak_table(rates: list[float]) -> None:
             continue
         cells = []
         for rate in rates:
-            lines, _ = leaking(log, rate)
+            lines = played(log, rate).lines
             changes = replay_timeline(lines, run=log.name)
             t0, end = first_step_ts(lines), last_ts(lines)
             first = next((parse_ts(c.at_ts) - t0 for c in changes if c.decision == "steady"), None)
@@ -588,7 +589,7 @@ def real_drop_table(rel: float, at_s: float) -> None:
         if log.verdict != "steady":
             continue
         rows += 1
-        lines, _ = leaking(log, 0.0, duration_s=at_s + 180, drop=(at_s, rel))
+        lines = played(log, duration_s=at_s + 180, drop=(at_s, rel)).lines
         changes = replay_timeline(lines, run=log.name)
         t0, new_level = first_step_ts(lines), log.level * (1 - rel)
         timed = [(parse_ts(c.at_ts) - t0, c) for c in changes]
@@ -618,6 +619,46 @@ def real_drop_table(rel: float, at_s: float) -> None:
           f"/{rows}; steady within 5% of it at the end {right}/{rows}\n")
 
 
+def real_pauses_table(every_s: float, pause_s: float) -> None:
+    """Unmarked eval pauses on real noise (tests/decide/realleak.py): each steady-labelled real log after its
+    warm-up, played to 300 s, with a `pause_s` pause every `every_s` seconds that the trainer does not mark (the
+    line after it carries it in its tok_s). Per log, the same log played without pauses, then with them: the
+    verdict and the figure against the same figure without pauses (a blend of training and pauses reads below
+    it), the pause lines and seconds dfo counted against the ones put in, and its wall-clock rate against the
+    one put in (the figure without pauses x trained / elapsed seconds). Issue 27's goal: the training rate or the
+    wall-clock rate, named as which."""
+    print(f"an unmarked {pause_s:.0f}-s pause every {every_s:.0f} s on real noise (tests/decide/realleak.py), 300 s")
+    header = (f"{'log':26} {'noisy':>5} {'plain':>10} {'paused':>10} {'vs plain':>8} {'rate':>5} "
+              f"{'pauses got/put':>14} {'s got/put':>11} {'wall err':>8}")
+    print_header(header)
+    errors, walls = [], []
+    for log in labelled():
+        if log.verdict != "steady":
+            continue
+        plain = replay_timeline(played(log).lines, run=log.name)[-1]
+        run = played(log, pauses=(every_s, pause_s))
+        paused = replay_timeline(run.lines, run=log.name)[-1]
+        pauses = (paused.evidence.get("steady") or {}).get("pauses") or {}
+        put = round(run.paused_s / pause_s)
+        err = wall_err = None
+        if plain.steady_tok_s and paused.steady_tok_s:
+            err = paused.steady_tok_s / plain.steady_tok_s - 1
+            errors.append(abs(err))
+            if pauses:
+                elapsed = last_ts(run.lines) - first_step_ts(run.lines)
+                wall_err = pauses["wall_tok_s"] / (plain.steady_tok_s * (1 - run.paused_s / elapsed)) - 1
+                walls.append(abs(wall_err))
+        pct = lambda v: "-" if v is None else f"{v:+.1%}"  # noqa: E731
+        counted = f"{pauses.get('lines', 0)}/{put}"
+        seconds = f"{pauses.get('seconds', 0):.0f}/{run.paused_s:.0f}"
+        print(f"{log.name:26} {'yes' if log.noisy else 'no':>5} {plain.decision:>10} {paused.decision:>10} "
+              f"{pct(err):>8} {paused.rate or '-':>5} {counted:>14} {seconds:>11} {pct(wall_err):>8}")
+    print("-" * len(header))
+    print(f"steady with and without pauses: {len(errors)}; the figure within 1% of the plain one on "
+          f"{sum(e <= 0.01 for e in errors)}, within 2% on {sum(e <= 0.02 for e in errors)}, at most "
+          f"{max(errors, default=0):.1%} off; the wall-clock rate within 5% on {sum(w <= 0.05 for w in walls)}/{len(walls)}\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="500-529", help="seed range, e.g. 500-529 (report) or 0-29 (tuning)")
@@ -629,7 +670,12 @@ def main() -> None:
     parser.add_argument("--ended", action="store_true", help="runs ended early: the answer at the end off vs on")
     parser.add_argument("--real-leak", metavar="RATES", help="leaks in time on real noise, e.g. 0,0.1,0.2 (%%/s)")
     parser.add_argument("--real-drop", metavar="PCT@S", help="a level shift on real noise, e.g. 12@150 (%% at s)")
+    parser.add_argument("--real-pauses", metavar="EVERY@S", help="unmarked pauses on real noise, e.g. 40@10")
     args = parser.parse_args()
+    if args.real_pauses:
+        every, pause = args.real_pauses.split("@")
+        real_pauses_table(float(every), float(pause))
+        return
     if args.real_drop:
         pct, at = args.real_drop.split("@")
         real_drop_table(float(pct) / 100, float(at))

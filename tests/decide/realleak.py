@@ -13,6 +13,7 @@ Tests and bench/decide_traces.py import this file."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from reallogs import RealLog
 
@@ -34,12 +35,21 @@ def _rewrite(line: str, ts: float, step: int, tok_s: float) -> str:
     return " ".join(fields)
 
 
-def leaking(log: RealLog, rate_per_s: float, duration_s: float = 300.0,
-            drop: tuple[float, float] | None = None) -> tuple[list[str], float]:
+class Played(NamedTuple):
+    lines: list[str]
+    leak_from_s: float  # seconds after the first step line: the warm-up end, where the replayed lines begin
+    paused_s: float  # the unmarked pauses' seconds in all (`pauses`)
+
+
+def played(log: RealLog, rate_per_s: float = 0.0, duration_s: float = 300.0, drop: tuple[float, float] | None = None,
+           pauses: tuple[float, float] | None = None) -> Played:
     """The log's lines up to its warm-up end (`holds_from_step`), then its later step lines replayed as the
-    module says, leaking `rate_per_s` (0.001: 0.1% a second) from there; with the seconds after the first step
-    line at which the leak starts. `drop` (seconds after the first step line, fraction): from then on the
-    throughput is that much lower, a level shift that holds. An `event=exit` line is left out: the run goes on."""
+    module says, to `duration_s` seconds after the first step line, leaking `rate_per_s` (0.001: 0.1% a second)
+    from the warm-up end. `drop` (seconds after the first step line, fraction): from then on the throughput is
+    that much lower, a level shift that holds. `pauses` (every s, pause s): from the warm-up end, an unmarked
+    pause (an eval the trainer does not mark) every so many seconds: no line during it, and the line after it
+    carries it, its tokens over its wall time, as trainer/replica.py computes tok_s. An `event=exit` line is left
+    out: the run goes on."""
     lines = log.lines()
     steps = [(i, record) for i, line in enumerate(lines)
              if isinstance(record := parse_logfmt(line), StepRecord) and record.ts is not None]
@@ -52,6 +62,8 @@ def leaking(log: RealLog, rate_per_s: float, duration_s: float = 300.0,
     out = [line for line in lines[:head] if "event=exit" not in line]
     first_ts, ts, step = head_steps[0].ts, head_steps[-1].ts, head_steps[-1].step
     start = ts
+    next_pause = start + pauses[0] if pauses else math.inf
+    paused = 0.0
     k = 0
     while ts - first_ts < duration_s:
         lap, at = divmod(k, len(body))
@@ -59,11 +71,16 @@ def leaking(log: RealLog, rate_per_s: float, duration_s: float = 300.0,
         factor = math.exp(-rate_per_s * (ts - start))
         if drop is not None and ts - first_ts >= drop[0]:
             factor *= 1 - drop[1]
-        ts += seconds / factor
+        seconds /= factor
+        pause = 0.0
+        if pauses and ts >= next_pause:
+            pause, next_pause = pauses[1], next_pause + pauses[0]
+        ts += seconds + pause
         step += steps_in_line
-        out.append(_rewrite(line, ts, step, parse_logfmt(line).tok_s * factor))
+        paused += pause
+        out.append(_rewrite(line, ts, step, parse_logfmt(line).tok_s * factor * seconds / (seconds + pause)))
         k += 1
-    return out, start - first_ts
+    return Played(out, start - first_ts, paused)
 
 
 def held_steady_s(changes: list, end_ts: float) -> float:

@@ -4,7 +4,7 @@ leak); the same level without the leak must stay steady; a 12% drop that holds m
 level declared within a minute (issue 27's goal for a drop after the declaration)."""
 
 import pytest
-from realleak import held_steady_s, last_ts, leaking
+from realleak import held_steady_s, last_ts, played
 from reallogs import first_step_ts, labelled
 
 from orchestrator.decide import replay_timeline
@@ -17,7 +17,7 @@ QUIET = ["qwen-thr-nographs-cold", "qwen-thr-notrees-cold", "qwen-thr-eager-cold
 
 
 def replayed(name: str, rate_per_s: float) -> tuple[list, float]:
-    lines, _ = leaking(LOGS[name], rate_per_s)
+    lines = played(LOGS[name], rate_per_s).lines
     return replay_timeline(lines, run=name), last_ts(lines)
 
 
@@ -50,7 +50,7 @@ def test_a_noisy_real_run_leaking_a_tenth_of_a_percent_a_second_is_reopened_with
 def after_a_drop(name: str, rel: float = 0.12, at_s: float = 150.0) -> tuple[list, float, float]:
     """The timeline of `name`'s level dropping by `rel` at `at_s` s and holding 180 s; the drop's moment on the
     timeline's clock, and the new level."""
-    lines, _ = leaking(LOGS[name], 0.0, duration_s=at_s + 180, drop=(at_s, rel))
+    lines = played(LOGS[name], duration_s=at_s + 180, drop=(at_s, rel)).lines
     return replay_timeline(lines, run=name), first_step_ts(lines) + at_s, LOGS[name].level * (1 - rel)
 
 
@@ -74,3 +74,19 @@ def test_a_quiet_real_run_whose_level_drops_12_percent_is_reopened_and_the_new_l
 def test_a_noisier_real_run_whose_level_drops_12_percent_is_reopened():
     changes, drop_ts, _ = after_a_drop("e2p-ps2-trees")
     assert any(c.decision != "steady" for c in changes[1:] if parse_ts(c.at_ts) >= drop_ts)
+
+
+@pytest.mark.parametrize("name", [*QUIET, "small-ps-trees", "small-thr-nographs-g1"])
+def test_unmarked_eval_pauses_on_real_noise_give_the_training_rate_and_the_wall_clock_rate_beside_it(name):
+    """A 10-s pause every 40 s that the trainer does not mark, the line after it carrying it in its tok_s: the
+    figure is the one the same run gives without pauses (the quiet runs within 0.1%, the two noisy ones 0.7% and
+    1.1%), every pause is counted, and the wall-clock rate is the figure x trained / elapsed seconds."""
+    plain = replay_timeline(played(LOGS[name]).lines, run=name)[-1]
+    run = played(LOGS[name], pauses=(40.0, 10.0))
+    paused = replay_timeline(run.lines, run=name)[-1]
+    assert paused.decision == "steady" and paused.rate == "train", paused.reason
+    assert abs(paused.steady_tok_s / plain.steady_tok_s - 1) <= 0.02, (paused.steady_tok_s, plain.steady_tok_s)
+    pauses = paused.evidence["steady"]["pauses"]
+    assert pauses["lines"] == round(run.paused_s / 10.0), pauses
+    elapsed = last_ts(run.lines) - first_step_ts(run.lines)
+    assert abs(pauses["wall_tok_s"] / (plain.steady_tok_s * (1 - run.paused_s / elapsed)) - 1) <= 0.02, pauses
