@@ -738,16 +738,18 @@ def start_grace_left(run: Run, grace_s: float = START_GRACE_S) -> float:
     return max(0.0, datetime.fromisoformat(run.ended_at).timestamp() + grace_s - time.time())
 
 
-def resolve_launch(target: Target, store: Store, run: Run, *, grace_s: float = START_GRACE_S) -> Run:
+def resolve_launch(target: Target, store: Store, run: Run, *, grace_s: float = START_GRACE_S, wait: bool = True) -> Run:
     """`run` as `target` shows it now (look; ended rows as they are). A launch a dfo that died left `launching`,
     or a start it never saw answered (start_unseen), is settled: its process, found by its exit file path,
     adopted (`running`, with its PID; or its end, read from its exit file), or with none found the run marked
     `failed` and the secrets file and empty log its start may have made removed. A start never seen answered
-    is looked for every LOOK_POLL_S until its grace (start_grace_left) is over before it is marked failed."""
+    is looked for every LOOK_POLL_S until its grace (start_grace_left) is over before it is marked failed; with
+    `wait` False it is looked for once, and left `unconfirmed` while its grace lasts (a watch looks again on its
+    own polls, not asleep here)."""
     if not worth_a_look(run):
         return run
     [settled] = look(target, store, [run], grace_s=grace_s) or [run]
-    while (left := start_grace_left(settled, grace_s)) > 0:
+    while wait and (left := start_grace_left(settled, grace_s)) > 0:
         time.sleep(min(LOOK_POLL_S, left))
         [settled] = look(target, store, [settled], grace_s=grace_s) or [settled]
     if run.pid is None and settled.state == RunState.FAILED:

@@ -55,7 +55,7 @@ from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_pars
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
-from .runs import StopWait, launch_under_way, resolve_launch, start_grace_left, worth_a_look
+from .runs import LOOK_POLL_S, StopWait, launch_under_way, resolve_launch, start_grace_left, worth_a_look
 from .states import RunState, Verdict
 from .store import Run, Store, utc_now
 from .words import counted
@@ -115,7 +115,9 @@ class WatchedRun:
     # or it had ended before the watch (Watcher._ended_before)
     replaying: bool = False  # its log read again from the start to judge it (Watcher._replay): an event kind stored
     replay_floor: int | None = None  # before is not stored again, nor a step event sent for a step up to this one
-    launching: bool = False  # another dfo that lives is launching it (no PID yet): followed once it records one
+    launching: bool = False  # another dfo that lives is launching it (no PID yet): followed once it records one;
+    # or its start was never seen answered and its process is not there yet: looked for until its grace is over
+    looked_for_at: float = 0.0  # when that process was last looked for (time.monotonic)
     # (Watcher._follow_launched); followed without one, "no process, no exit file" would read as a crash
     malformed: int = 0  # metric lines with a field out of range (ts=1e20 ...): shown, never stored or judged
     last_malformed: str | None = None  # why the last one was refused
@@ -266,11 +268,13 @@ class Watcher:
                 return self.watched[name]
             run = self.store.get_run(name)
             observer = self._observer_for(run.target)  # first: a target out of reach registers nothing
+            grace_s = self.inventory.watch.start_grace_s
             if worth_a_look(run) and run.pid is None:  # a launch a dfo did not finish recording, or a start it
-                # never saw answered: found first (within its grace a slow start is waited for; followed
-                # without a PID, "no process, no exit file" would read as a crash)
-                run = resolve_launch(self.connections.container(run.target), self.store, run,
-                                     grace_s=self.inventory.watch.start_grace_s)
+                # never saw answered: looked for first (followed without a PID, "no process, no exit file" would
+                # read as a crash); a slow start not there yet is waited for by _follow_launched, look by look,
+                # not here asleep with the watch's lock held (the live view froze for up to start_grace_s)
+                run = resolve_launch(self.connections.container(run.target), self.store, run, grace_s=grace_s,
+                                     wait=False)
             chain_runs = self.store.lineage(run.name)
             root = chain_runs[0]
             state = self._chains.get(root)
@@ -295,7 +299,7 @@ class Watcher:
             else:
                 self._judge_stored(watched, samples)
             ended = not run.active and self.store.get_run(name).history_complete  # its end and every step stored
-            watched.launching = launch_under_way(run)
+            watched.launching = launch_under_way(run) or start_grace_left(run, grace_s) > 0
             if not ended and not watched.launching:
                 observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=offset,
                                 ident=ident)
@@ -530,7 +534,9 @@ class Watcher:
 
     def _follow_launched(self) -> None:
         """The runs another dfo was launching when they were attached, followed once it recorded their PID, or once
-        it is gone (resolve_launch settles what it left: adopted, or failed)."""
+        it is gone (resolve_launch settles what it left: adopted, or failed); and the starts never seen answered
+        that were not there yet, looked for every LOOK_POLL_S while their grace lasts (adopted once found, failed
+        after it)."""
         now = time.monotonic()
         if now - self._launching_looked_at < LAUNCHING_POLL_S:
             return
@@ -543,12 +549,19 @@ class Watcher:
                                            reason="its launch by another dfo ended before any start: nothing ran")
                 continue
             grace_s = self.inventory.watch.start_grace_s
-            if launch_under_way(run) or start_grace_left(run, grace_s) > 0:  # a start not answered yet may come up:
-                continue  # waited for here, poll by poll, not inside resolve_launch (the watch goes on meanwhile)
-            if worth_a_look(run) and run.pid is None:  # its launcher died before recording it: one look settles it
+            if launch_under_way(run):  # its launcher records the start (or gives it up): waited for here
+                continue
+            if worth_a_look(run) and run.pid is None:  # its launcher died before recording it, or a start not seen
+                # answered: one look (within its grace, every LOOK_POLL_S: the watch goes on meanwhile)
+                if start_grace_left(run, grace_s) > 0 and now - watched.looked_for_at < LOOK_POLL_S:
+                    continue
+                watched.looked_for_at = now
                 try:
-                    run = resolve_launch(self.connections.container(run.target), self.store, run, grace_s=grace_s)
+                    run = resolve_launch(self.connections.container(run.target), self.store, run, grace_s=grace_s,
+                                         wait=False)
                 except DfoError:  # its target is out of reach (the link's state says so): looked at on the next poll
+                    continue
+                if start_grace_left(run, grace_s) > 0:  # not there yet
                     continue
             watched.run, watched.launching = run, False
             self.observers[watched.source].follow(run.name, run.log_path, run.exit_path, run.pid,

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -272,6 +273,31 @@ def test_a_run_whose_launch_another_dfo_abandons_before_its_start_ends_the_watch
     assert [e.kind for e in events if e.kind in ("decision", "ended", "acting")] == []  # no crash judged, nothing done
     [chain] = watcher.chains()
     assert chain["decision"]["decision"] == "undecided" and "nothing ran" in chain["decision"]["reason"]
+
+
+def test_attaching_a_start_never_seen_answered_does_not_stop_the_watch_while_its_grace_lasts(lab) -> None:
+    # a start dfo sent but never saw answered (`unconfirmed`, no PID) whose process is not there yet is looked for
+    # until watch.start_grace_s is over; attach did that asleep, the watch's lock held, so the live view of every
+    # other run froze for up to start_grace_s (30 s by default). Now it is looked for on the watch's own polls.
+    inventory = lab.inventory.model_copy(update={"watch": lab.inventory.watch.model_copy(update={"start_grace_s": 4.0})})
+    lab.launch("nographs", "busy")
+    slow = prepare(lab.connections.container("here"), spec_for(inventory, "here", "nographs"), lab.store, name="slow")
+    try:
+        lab.store.update_run("slow", state="unconfirmed", ended_at=datetime.now(timezone.utc).isoformat())
+        watcher = Watcher(inventory, lab.connections, lab.store)
+        lab.watchers.append(watcher)
+        watcher.attach("busy")
+        began = time.monotonic()
+        watcher.attach("slow")
+        assert time.monotonic() - began < 1.5  # not the grace's 4 s
+        steps = []
+        while time.monotonic() - began < 3.5:  # within the grace: busy's steps go on being handled
+            steps += [e for e in watcher.step(0.2) if e.kind == "step" and e.run == "busy"]
+        assert steps and lab.store.get_run("slow").state == "unconfirmed"
+        run_until(watcher, lambda w: lab.store.get_run("slow").state == "failed", timeout=15)  # its grace over
+        assert lab.store.get_run("busy").state == "running"
+    finally:
+        slow.opened.call.cancel()
 
 
 def test_no_fallback_reports_a_nonzero_exit_and_launches_nothing(lab) -> None:
