@@ -117,8 +117,8 @@ class WatchedRun:
     replay_floor: int | None = None  # before is not stored again, nor a step event sent for a step up to this one
     launching: bool = False  # another dfo that lives is launching it (no PID yet): followed once it records one;
     # or its start was never seen answered and its process is not there yet: looked for until its grace is over
-    looked_for_at: float = 0.0  # when that process was last looked for (time.monotonic)
     # (Watcher._follow_launched); followed without one, "no process, no exit file" would read as a crash
+    looked_for_at: float = 0.0  # when that process was last looked for (time.monotonic)
     malformed: int = 0  # metric lines with a field out of range (ts=1e20 ...): shown, never stored or judged
     last_malformed: str | None = None  # why the last one was refused
 

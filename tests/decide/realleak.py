@@ -1,13 +1,14 @@
-"""Leaks in time on real noise: a labelled real log of tests/data/real/ after its warm-up, played forward, then
-backward, then forward again (no jump where one pass meets the next) to `duration_s` seconds after its first step
-line, its throughput times exp(-rate x seconds since its warm-up ended). Each line keeps its tokens and takes
-longer by the same factor, as a throttled or leaking run's would.
+"""Leaks in time, drops and unmarked pauses on real noise: a labelled real log of tests/data/real/ after its
+warm-up, played forward, then backward, then forward again (no jump where one pass meets the next) to
+`duration_s` seconds after its first step line, its throughput times exp(-rate x seconds since its warm-up
+ended). Each line keeps its tokens and takes longer by the same factor, as a throttled or leaking run's would.
 
 tracegen's `fast_leak` and tests/data/probe's leaks put AR(1) noise on a smooth curve. A real launch-bound run
 swings +/-10-20% over 10-30 s, and those swings are what a leak must be seen through: on real noise the decline
 rule (docs/decisions.md, point 6b) behaves differently from the generated traces. With `rate` 0 the same
 construction is the control: a real level held for the whole duration, which must stay steady. With `drop`, a
-level shift on real noise: the level falls by a fraction at a given second and holds there.
+level shift on real noise: the level falls by a fraction at a given second and holds there. With `pauses`,
+unmarked eval pauses on real noise.
 Tests and bench/decide_traces.py import this file."""
 
 from __future__ import annotations
