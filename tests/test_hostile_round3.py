@@ -25,7 +25,7 @@ from orchestrator.view import render
 
 from test_agent import NO_NVIDIA_PATH, of_type, start_agent  # noqa: F401  (the agent process fixture)
 from test_hostile import assert_no_raw_controls, local_inventory, watch_script
-from test_observe import Collected, observe  # noqa: F401  (the observer fixture)
+from test_observe import Collected, agent_gone, observe  # noqa: F401  (the observer fixture)
 from test_watch import lab, run_until  # noqa: F401  (the local lab fixture)
 
 T0 = "2026-11-29T11:40:00Z"
@@ -219,10 +219,7 @@ def test_dfo_sees_the_lines_around_a_hole_and_the_problem_of_a_fifo_and_leaves_n
     [connected] = seen.kinds("connected")
     agent_pid = connected.data["pid"]
     observer.close()
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{agent_pid}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not Path(f"/proc/{agent_pid}").exists() or "Z" in Path(f"/proc/{agent_pid}/stat").read_text().split(")")[1][:3]
+    assert agent_gone(agent_pid)
 
 
 # ------------------------------------------------------------------ registry rows

@@ -73,6 +73,26 @@ class LineWriter:
         return ["step %d" % i for i in range(self.n)]
 
 
+def agent_gone(pid: int, timeout: float = 10.0) -> bool:
+    """True once the agent `pid` has exited (gone, or a zombie awaiting its reaper) within `timeout`.
+
+    A dropped channel's agent sees its stdin close only when the sshd process holding the pipe's other end
+    goes; on a loaded machine that takes a moment, so the check waits rather than looking once. A pid
+    reused by another program counts as gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return True
+        if state == "Z" or agent_module.__file__.encode() not in cmdline:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def test_new_lines_reach_the_observer_within_a_second_and_partial_lines_wait(observe, tmp_path):
     log = tmp_path / "run.log"
     log.write_bytes(b"")

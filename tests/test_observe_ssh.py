@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 from orchestrator.observe import Observer
 from orchestrator.remote.ssh import SshTarget
-from test_observe import AGENT_CMD, LineWriter, observe  # noqa: F401  (observe is a fixture)
+from test_observe import AGENT_CMD, LineWriter, agent_gone, observe  # noqa: F401  (observe is a fixture)
 
 
 @pytest.mark.slow
@@ -31,7 +30,7 @@ def test_sshd_killed_and_restarted_mid_stream_loses_and_doubles_nothing(ssh_home
         assert seen.lines("r1") == writer.expected()
         assert len(seen.kinds("gap")) == 1 and seen.kinds("gap")[0].data["duration_s"] >= 1.0
         assert seen.kinds("disconnected")  # shown while it lasted
-        assert not Path(f"/proc/{first_agent}").exists()  # the dropped channel's agent left nothing behind
+        assert agent_gone(first_agent)  # the dropped channel's agent left nothing behind
     finally:
         seen.observer.close()
         target.close()
