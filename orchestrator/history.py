@@ -121,6 +121,7 @@ class WholeLog:
     offset: int | None = None
     ident: dict | None = None
     complete: bool = False  # read to the end it had then (the last snapshot read less than the agent's budget)
+    changed: str | None = None  # why the agent found the file not the one the stored identity describes
 
 
 def read_whole_log(target: Target, agent_cmd: Sequence[str], run: Run, *, snapshot_timeout: float = SNAPSHOT_TIMEOUT,
@@ -131,7 +132,9 @@ def read_whole_log(target: Target, agent_cmd: Sequence[str], run: Run, *, snapsh
     Raises DfoError (or agent ProtocolError) when the target does not answer or the log is not read within
     `timeout` seconds."""
     observer = PollObserver(target, list(agent_cmd), sink=queue.Queue(), round_trip_timeout=snapshot_timeout)
-    observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=0)
+    # from byte 0, with the stored identity: the agent hashes as many first bytes as the earlier reading did
+    # and says (a `truncated` record) when the file is another one now, however little of it that reading saw
+    observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=0, ident=run.log_ident)
     log = WholeLog()
     deadline = time.monotonic() + timeout
     for _ in range(MAX_SNAPSHOTS):
@@ -151,7 +154,7 @@ def read_whole_log(target: Target, agent_cmd: Sequence[str], run: Run, *, snapsh
                 log.lines.extend(obs.lines)
                 log.offset, log.ident = obs.offset, obs.data.get("ident")
             elif obs.kind == "truncated":  # another file now: read again from its start
-                log, again = WholeLog(), True
+                log, again = WholeLog(changed=log.changed or obs.data.get("why")), True
         if not again and (log.offset or 0) - start < ONCE_BUDGET // 2:
             log.complete = True
             break

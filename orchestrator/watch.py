@@ -173,17 +173,16 @@ class Link:
 
 
 def log_changed_since(ident: dict | None, offset: int | None, now: WholeLog) -> str | None:
-    """Why the log read now from its first byte is not the file an earlier reading stopped in at `offset` with
-    file identity `ident` (agent's Follow.changed: replaced, truncated, rewritten), or None."""
+    """Why the log read now from its first byte (with `ident` handed to the agent: read_whole_log) is not the file
+    an earlier reading stopped in at `offset` with file identity `ident` (agent's Follow.changed: replaced,
+    truncated, rewritten), or None."""
     if not ident or not offset or now.ident is None:
         return None
     if (ident.get("dev"), ident.get("ino")) != (now.ident.get("dev"), now.ident.get("ino")):
         return "replaced"
     if (now.offset or 0) < offset:
         return "truncated"
-    if ident.get("head") and ident.get("head") == now.ident.get("head") and ident.get("sha") != now.ident.get("sha"):
-        return "rewritten"
-    return None
+    return "rewritten" if now.changed else None  # the agent compared as many first bytes as `ident` hashed
 
 
 def current_decision(summary: dict[str, Any]) -> Decision:
