@@ -147,7 +147,7 @@ class Lifecycle:
         self.policy = policy  # the verdicts answered with the chain's next variant
         self.claims = claims or Claims(store)
         self.owned: set[str] = set()  # chain roots whose claim is held here (the follower stores, this acts for them)
-        self.actions: list[UnderWay] = []
+        self.actions: list[UnderWay] = []  # those under way (an ended one is dropped when the next starts)
         self._left_to_batch: set[int] = set()  # the open batch fallbacks (intent ids) said to be left to dfo batch
         self._groups: dict[str, str | None] = {}  # followed run -> its multi-node group (None: a single run)
         self._nodes: dict[str, list[str]] = {}  # group -> its node runs, node 0 first
@@ -370,7 +370,8 @@ class Lifecycle:
             finally:
                 action.ended.set()
 
-        self.actions.append(action)
+        # the ended ones go: only those under way are asked about, and a batch of many cells runs for days
+        self.actions = [under_way for under_way in self.actions if not under_way.ended.is_set()] + [action]
         threading.Thread(target=body, name=f"act-{name}", daemon=True).start()
 
     def finish_fallbacks(self, root: str) -> None:

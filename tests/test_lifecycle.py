@@ -7,16 +7,22 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from harness import cli as harness_cli
 from harness import write_inventory
+from orchestrator.chains import Claims
+from orchestrator.lifecycle import ActionDone, Lifecycle, UnderWay
 from orchestrator.runs import stop
+from orchestrator.store import Store
 from test_watch import FAST_WATCH, PY, lab, run_until  # noqa: F401  (lab: the fixture)
 
 # A trainer that checkpoints on SIGTERM: `event=done reason=sigterm`, then exit 75 (trainer/pipeline.py).
@@ -293,3 +299,18 @@ def test_the_final_line_of_a_chain_whose_successor_is_not_followed_says_so_not_a
     assert final_line(final) == ("nf1: nf1.2-fast undecided; still running "
                                  "(action none: no decision: not followed by this watch)")
     assert final.to_json()["kind"] == "final" and final.to_json()["chain"] == "nf1"
+
+
+def test_a_long_watch_keeps_only_the_actions_under_way(tmp_path) -> None:
+    # every ended action stayed in Lifecycle.actions: a batch acting on many cells for days grew without bound
+    follower = SimpleNamespace(queue=queue.Queue())
+    with Store(tmp_path / "dfo.db") as store:
+        lifecycle = Lifecycle(follower, store, supervisor=None, claims=Claims(store))
+        for i in range(200):
+            lifecycle._start_worker(f"r{i}", lambda i=i: ActionDone(f"r{i}"), UnderWay(f"stop r{i}", 5.0))
+            deadline = time.monotonic() + 5
+            while lifecycle.under_way():
+                assert time.monotonic() < deadline, "an action never ended"
+                time.sleep(0.001)
+        assert [follower.queue.get_nowait().run for _ in range(200)] == [f"r{i}" for i in range(200)]
+        assert len(lifecycle.actions) == 1  # the last one, ended; the 199 before it dropped
