@@ -270,7 +270,7 @@ class Lifecycle:
         for a reason of its own, given up on, or holds a final verdict acted on or not one this lifecycle acts on."""
         if watched.acting:
             return False
-        if watched.stopped_reason is not None or watched.lost:
+        if watched.stopped_reason is not None or watched.lost or watched.nothing_ran:
             return True
         return watched.decision.final and (watched.handled or not self.acts_on(watched.decision.decision))
 
@@ -486,8 +486,8 @@ class Lifecycle:
             nodes = self._followed_nodes(group)
             if group in self._groups_acted or nodes is None or not self.stores_for(nodes[0].root):
                 continue
-            verdicts = tuple((verdict_key(node.decision), node.lost) for node in nodes)
-            if (any(node.acting or not (node.lost or node.decision.final) for node in nodes)
+            verdicts = tuple((verdict_key(node.decision), node.lost or node.nothing_ran) for node in nodes)
+            if (any(node.acting or not (node.lost or node.nothing_ran or node.decision.final) for node in nodes)
                     or self._asked.get(group) == verdicts):
                 continue
             self._asked[group] = verdicts

@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -40,6 +41,7 @@ from .states import RunState
 from .store import Run, Store, utc_now
 
 START_TIMEOUT = 30.0
+LAUNCH_LEASE_S = 15.0  # a `launching` row of another workstation's dfo not renewed for this long: that dfo died
 LOG_TIMEOUT = 30.0
 MAX_LOG_LINES = 10_000_000  # `dfo logs -n` at most: a larger count reached tail, whose refusal read as a missing log
 SETTINGS_CHECK_S = 10.0  # after a launch with --set, how long the trainer gets to accept or refuse them
@@ -195,12 +197,35 @@ def launcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def launcher_alive(run: Run) -> bool:
-    """Whether the dfo that is launching `run` still lives (one on another workstation: assumed alive)."""
+def launcher_alive(run: Run, *, now: float | None = None) -> bool:
+    """Whether the dfo that is launching `run` still lives: one of this workstation by its PID; one of another
+    workstation (which cannot be looked at from here) while it renews the row (owner_seen_at within
+    LAUNCH_LEASE_S by the wall clock; a row of a dfo from before the renewals: taken to live)."""
     host, _, pid = (run.owner or "").rpartition(":")
     if host != socket.gethostname():
-        return bool(run.owner)
+        if not run.owner:
+            return False
+        return run.owner_seen_at is None or (time.time() if now is None else now) - run.owner_seen_at < LAUNCH_LEASE_S
     return pid.isdigit() and process_alive(host, int(pid))
+
+
+def keep_launch_alive(store: Store, name: str, owner: str) -> threading.Thread:
+    """Renew `name`'s `launching` row for its launcher `owner` every LAUNCH_LEASE_S / 4 on a thread of its own,
+    until the row is no longer that launcher's `launching` one (started, given up, forgotten) or the registry
+    can no longer be written (its dfo is ending): a dfo of another workstation tells a launch under way from one
+    whose dfo died by it (launcher_alive). The thread ends by itself; it is returned for the tests."""
+    def renew() -> None:
+        try:
+            while True:
+                time.sleep(LAUNCH_LEASE_S / 4)
+                if not store.renew_launch(name, owner, time.time()):
+                    return
+        except Exception:  # noqa: BLE001 - the registry closed under it (the dfo is ending): the lease lapses
+            return
+
+    thread = threading.Thread(target=renew, name=f"launch-lease-{name}", daemon=True)
+    thread.start()
+    return thread
 
 
 def launch_under_way(run: Run) -> bool:
@@ -540,11 +565,12 @@ def _reserve_name(target: Target, spec: RunSpec, store: Store, name: str | None,
     candidates = [check_name(name, "run name")] if explicit else default_names(spec.variant, now)
     for candidate in candidates:
         try:
-            store.add_run(_launching_run(spec, candidate, package))
+            row = store.add_run(_launching_run(spec, candidate, package))
         except RefusedError:
             if explicit:
                 raise
             continue
+        keep_launch_alive(store, candidate, row.owner)
         try:
             opened = _probe(target, spec, candidate, package, gate, with_secrets)
         except BaseException:
@@ -615,6 +641,7 @@ def _launching_run(spec: RunSpec, name: str, package: Package | None) -> Run:
         inventory_path=spec.inventory_path,
         inventory_hash=spec.inventory_hash,
         owner=launcher_id(),
+        owner_seen_at=time.time(),
     )
 
 
@@ -684,6 +711,12 @@ def needs_look(run: Run) -> bool:
     """Whether what the registry says of `run` may be out of date: it is active, or its start was never seen
     answered (start_unseen)."""
     return run.active or start_unseen(run)
+
+
+def never_started(run: Run) -> bool:
+    """A launch recorded `failed` without a PID: given up before its start, or a start nothing of which showed (it
+    may still come up late: may_start_late). Nothing of it runs to follow or judge."""
+    return run.state == RunState.FAILED and run.pid is None
 
 
 def start_unsettled(run: Run) -> bool:

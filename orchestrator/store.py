@@ -232,6 +232,13 @@ def _m012_resumed_from(db: sqlite3.Connection) -> None:
     db.execute("UPDATE events SET kind = 'resumed_from' WHERE kind = 'resumed'")
 
 
+def _m013_owner_seen_at(db: sqlite3.Connection) -> None:
+    """When the dfo launching a run last said it lives (`owner_seen_at`, Unix seconds, renewed while the row is
+    `launching`): a launcher of another workstation cannot be looked at, so its row is a lease that lapses when
+    that dfo dies (runs.launcher_alive). Rows from before it have none: their launcher is taken to live, as before."""
+    db.execute("ALTER TABLE runs ADD COLUMN owner_seen_at REAL")
+
+
 MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("initial: runs, pushes, events, samples, gpu_samples", _m001_initial),
     ("batches and their matrix cells", _m002_batches),
@@ -245,6 +252,7 @@ MIGRATIONS: list[tuple[str, Callable[[sqlite3.Connection], None]]] = [
     ("runs.state unconfirmed: a start that got no answer, once `lost` without a PID", _m010_unconfirmed),
     ("events: kind started (was launched), target_error (was error without a run)", _m011_event_kinds),
     ("events: kind resumed_from (was resumed)", _m012_resumed_from),
+    ("runs.owner_seen_at: when the launching dfo last said it lives", _m013_owner_seen_at),
 ]
 """Applied in order; version N is MIGRATIONS[N-1]. Append only."""
 
@@ -279,6 +287,7 @@ class Run:
     inventory_path: str | None = None  # the inventory file it was launched from (None: the built-in one)
     inventory_hash: str | None = None  # sha256 of that file's bytes then
     owner: str | None = None  # `host:pid` of the dfo that launches it, while state is launching
+    owner_seen_at: float | None = None  # when that dfo last said it lives (Unix seconds; runs.launcher_alive)
     stop_requested_at: str | None = None  # dfo was asked to stop it: its exit is no verdict of its own
     checked_at: str | None = None  # a start never seen answered: when dfo last tried to look for it (_m007)
     ended_from: str | None = None  # what ended_at is: exit_file (its mtime) | last_line (its ts) | noticed (_m009)
@@ -540,6 +549,14 @@ class Store:
             self.get_run(name)  # UnknownRun for a name the registry does not hold
             return None
         return self.get_run(name)
+
+    def renew_launch(self, name: str, owner: str, now: float) -> bool:
+        """The launching dfo `owner` says it lives (owner_seen_at = `now`); False once the row is no longer its
+        `launching` one (started, given up, forgotten): the renewals end there."""
+        with self._write() as db:
+            cursor = db.execute("UPDATE runs SET owner_seen_at = ? WHERE name = ? AND state = ? AND owner = ?",
+                                (now, name, str(RunState.LAUNCHING), owner))
+        return cursor.rowcount > 0
 
     def delete_run(self, name: str) -> None:
         """Forget a run that never started (a failed launch). Its events stay."""

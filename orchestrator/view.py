@@ -63,6 +63,8 @@ def state_text(watched: WatchedRun) -> Text:
         return text(f"stopped by dfo: {watched.stopped_reason}", style="cyan")
     if watched.lost:
         return Text("given up: its container is out of reach (undecided)", style="bold red")
+    if watched.nothing_ran:
+        return Text("nothing ran: its launch never started (undecided)", style="bold red")
     shift = decision.level_shifts[-1] if decision.level_shifts else None
     reopened = reopened_text(shift) if shift is not None and shift["declared_tok_s"] is None else None
     if decision.decision == "undecided":

@@ -55,7 +55,8 @@ from .logfmt import EventRecord, MalformedLine, StepRecord, format_ts, make_pars
 from .notify import Notifier
 from .observe import Observation, Observer, ObserverBase, PollObserver
 from .package import AGENT_NAME, Package, build_package, push
-from .runs import LOOK_POLL_S, StopWait, launch_under_way, resolve_launch, start_grace_left, worth_a_look
+from .runs import (LOOK_POLL_S, StopWait, launch_under_way, never_started, resolve_launch, start_grace_left,
+                   worth_a_look)
 from .states import RunState, Verdict
 from .store import Run, Store, utc_now
 from .words import counted
@@ -106,6 +107,7 @@ class WatchedRun:
     stopped_reason: str | None = None
     exit_wait: "ExitWait | None" = None  # dfo's stop of it sent SIGTERM and waits for it to checkpoint and exit
     lost: bool = False  # its container was unreachable for longer than unreachable_s: the watch gave up on it
+    nothing_ran: bool = False  # its launch started nothing (Watcher._nothing_ran): undecided, settled, not followed
     dirty: bool = False  # fed since the decision was last read
     held: tuple = ()  # the judge's decide.held_state when last fed (Watcher._feed)
     reached: Decision | None = None  # the decision as it stood when its verdict was reached, if that was in the
@@ -299,7 +301,9 @@ class Watcher:
                 self._judge_stored(watched, samples)
             ended = not run.active and self.store.get_run(name).history_complete  # its end and every step stored
             watched.launching = launch_under_way(run) or start_grace_left(run, grace_s) > 0
-            if not ended and not watched.launching:
+            if never_started(run):  # followed without a PID, "no process, no exit file" read as a crash (exit -1)
+                self._nothing_ran(watched, f"its launch never started on {run.target} (`failed`, no process found)")
+            elif not ended and not watched.launching:
                 observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=offset,
                                 ident=ident)
             self.emit(watched, ev.Attached, target=run.target, variant=run.variant, offset=offset,
@@ -543,9 +547,7 @@ class Watcher:
         for watched in [w for w in self.watched.values() if w.launching]:
             run = self.store.find_run(watched.name)
             if run is None:  # its launch was refused or failed before any start: no run to follow
-                watched.launching, watched.lost = False, True
-                watched.decision = replace(watched.judge.decision(),
-                                           reason="its launch by another dfo ended before any start: nothing ran")
+                self._nothing_ran(watched, "its launch by another dfo ended before any start")
                 continue
             grace_s = self.inventory.watch.start_grace_s
             if launch_under_way(run):  # its launcher records the start (or gives it up): waited for here
@@ -562,9 +564,18 @@ class Watcher:
                     continue
                 if start_grace_left(run, grace_s) > 0:  # not there yet
                     continue
+            if never_started(run):  # its launcher gave it up, or died before recording a start that shows nowhere
+                watched.run = run
+                self._nothing_ran(watched, f"its launch never started on {run.target} (`failed`, no process found)")
+                continue
             watched.run, watched.launching = run, False
             self.observers[watched.source].follow(run.name, run.log_path, run.exit_path, run.pid,
                                                   run.proc_starttime, offset=run.log_offset, ident=run.log_ident)
+
+    def _nothing_ran(self, watched: WatchedRun, why: str) -> None:
+        """A followed run whose launch started nothing: given up on (settled, no verdict acted on), undecided."""
+        watched.launching, watched.nothing_ran = False, True
+        watched.decision = replace(watched.judge.decision(), reason=f"{why}: nothing ran")
 
     def follow_newer(self, root: str) -> None:
         """Attach the runs another watcher added to the chain (its fallbacks), so this one shows them too."""
@@ -826,7 +837,8 @@ class Watcher:
             if link.connected or link.down_since is None or now - link.down_since < self.unreachable_s:
                 continue
             for watched in self.watched.values():
-                if watched.source != source or watched.lost or watched.acting or watched.stopped_reason is not None:
+                if (watched.source != source or watched.lost or watched.nothing_ran or watched.acting
+                        or watched.stopped_reason is not None):
                     continue
                 if watched.decision.final:
                     continue  # a verdict reached before the outage stands
@@ -852,7 +864,7 @@ class Watcher:
     def _judge(self) -> None:
         for watched in list(self.watched.values()):
             reached, watched.reached = watched.reached, None
-            if not watched.dirty or watched.stopping or watched.handled or watched.lost:
+            if not watched.dirty or watched.stopping or watched.handled or watched.lost or watched.nothing_ran:
                 continue
             watched.dirty = False
             if self.lifecycle.acts_on(watched.decision.decision):  # restored from an earlier watch: final

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from rich.console import Console
 from orchestrator.connections import Connections
 from orchestrator.decide import DecideConfig, StepObs
 from orchestrator.inventory import load_inventory
+from orchestrator import runs
 from orchestrator.runs import launch, prepare, spec_for, stop
 from orchestrator.commands.watch import resolve_names
 from orchestrator.errors import UnknownRun
@@ -273,6 +276,73 @@ def test_a_run_whose_launch_another_dfo_abandons_before_its_start_ends_the_watch
     assert [e.kind for e in events if e.kind in ("decision", "ended", "acting")] == []  # no crash judged, nothing done
     [chain] = watcher.chains()
     assert chain["decision"]["decision"] == "undecided" and "nothing ran" in chain["decision"]["reason"]
+
+
+def test_a_launch_renews_its_row_while_under_way_and_stops_once_started(lab, monkeypatch) -> None:
+    monkeypatch.setattr(runs, "LAUNCH_LEASE_S", 0.4)
+    prepared = prepare(lab.connections.container("here"), spec_for(lab.inventory, "here", "nographs"), lab.store,
+                       name="pr")
+    first = lab.store.get_run("pr").owner_seen_at
+    deadline = time.monotonic() + 5
+    while lab.store.get_run("pr").owner_seen_at == first:
+        assert time.monotonic() < deadline, "the launching row was never renewed"
+        time.sleep(0.05)
+    seen_from_ws2 = replace(lab.store.get_run("pr"), owner="ws2:4242")  # as a dfo of another workstation reads it
+    assert runs.launcher_alive(seen_from_ws2)
+    assert not runs.launcher_alive(seen_from_ws2, now=seen_from_ws2.owner_seen_at + 0.5)  # had it stopped renewing
+    prepared.start()
+    deadline = time.monotonic() + 5
+    while any(thread.name == "launch-lease-pr" for thread in threading.enumerate()):
+        assert time.monotonic() < deadline, "the renewals went on after the start"
+        time.sleep(0.05)
+    assert lab.store.get_run("pr").state == "running"
+
+
+def test_a_launch_a_dead_dfo_of_another_workstation_left_is_settled_once_its_row_is_not_renewed(lab, monkeypatch) -> None:
+    # a dfo of another workstation cannot be looked at from here: its `launching` row was taken to be under way
+    # for ever, and a watch of it waited for ever. Now the row is a lease that dfo renews while it launches.
+    monkeypatch.setattr(runs, "LAUNCH_LEASE_S", 2.0)
+    prepared = prepare(lab.connections.container("here"), spec_for(lab.inventory, "here", "nographs"), lab.store,
+                       name="px")
+    lab.store.update_run("px", owner="ws2:4242", owner_seen_at=time.time())  # ws2's dfo, renewing until now ...
+    prepared.opened.call.cancel()  # ... dies before the start: its call on the target goes with it
+    watcher = lab.watcher()
+    watcher.attach("px")
+    events: list = []
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        events += watcher.step(0.2)
+    assert lab.store.get_run("px").state == "launching"  # within its lease: waited for, nothing judged
+    assert [e.kind for e in events if e.kind in ("decision", "ended")] == []
+    events += run_until(watcher, Watcher.settled, timeout=30)
+    assert lab.store.get_run("px").state == "failed"
+    assert [e.kind for e in events if e.kind in ("decision", "ended", "acting")] == []  # no crash judged, nothing done
+    [chain] = watcher.chains()
+    assert chain["decision"]["decision"] == "undecided"
+    assert chain["decision"]["reason"] == "its launch never started on here (`failed`, no process found): nothing ran"
+
+
+def test_a_launch_its_dead_dfo_never_started_is_not_judged_a_crash_nor_fallen_back_from(lab) -> None:
+    # the row of a dfo of this workstation killed before the start, nothing of it on the target: marked `failed`,
+    # then followed without a PID: "no process, no exit file" was judged a crash (exit -1) and fallen back from
+    prepared = prepare(lab.connections.container("here"), spec_for(lab.inventory, "here", "trees"), lab.store,
+                       name="pd")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lab.store.update_run("pd", owner=f"{socket.gethostname()}:{dead.pid}")  # its launcher, gone
+    prepared.opened.call.cancel()
+    watcher = lab.watcher()
+    watcher.attach("pd")
+    events = run_until(watcher, Watcher.settled, timeout=20)
+    assert [e.kind for e in events if e.kind in ("decision", "ended", "acting")] == []
+    assert [run.name for run in lab.store.list_runs()] == ["pd"]  # no successor launched
+    assert lab.store.get_run("pd").state == "failed"
+    [chain] = watcher.chains()
+    assert (chain["decision"]["decision"], chain["decision"]["reason"]) == (
+        "undecided", "its launch never started on here (`failed`, no process found): nothing ran")
+    view = Console(record=True, width=160)
+    view.print(render(watcher))
+    assert "nothing ran: its launch never started" in view.export_text()  # not "its container is out of reach"
 
 
 def test_attaching_a_start_never_seen_answered_does_not_stop_the_watch_while_its_grace_lasts(lab) -> None:
