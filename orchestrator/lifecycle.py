@@ -270,7 +270,10 @@ class Lifecycle:
         for a reason of its own, given up on, or holds a final verdict acted on or not one this lifecycle acts on."""
         if watched.acting:
             return False
-        if watched.stopped_reason is not None or watched.lost or watched.nothing_ran:
+        if watched.nothing_ran:  # settled, unless a fallback of its chain is being finished: its successor comes
+            return not any(known.intent.subject == watched.root or watched.root in known.runs
+                           for known in self._open.values())
+        if watched.stopped_reason is not None or watched.lost:
             return True
         return watched.decision.final and (watched.handled or not self.acts_on(watched.decision.decision))
 

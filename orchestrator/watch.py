@@ -311,6 +311,9 @@ class Watcher:
             if ended:
                 self._ended_before(watched)
             self.lifecycle.attached(root)  # open intents: finished here, or awaited from the holder (said to hold it)
+            newest = self.store.chain_runs(root)[-1]
+            if watched.nothing_ran and newest not in state.runs:  # its chain went on past it (a fallback that another
+                self.attach(newest)  # dfo finished passed it by): followed there
             return watched
 
     def owns(self, name: str) -> bool:

@@ -345,6 +345,23 @@ def test_a_launch_its_dead_dfo_never_started_is_not_judged_a_crash_nor_fallen_ba
     assert "nothing ran: its launch never started" in view.export_text()  # not "its container is out of reach"
 
 
+def test_a_watch_that_attaches_a_successor_passed_by_follows_its_chain_to_the_one_launched_after_it(lab) -> None:
+    # another dfo finished a fallback a dead dfo left half done: its half-launched successor marked `failed` and
+    # passed by, the next name launched. A watch listing the failed one (it was `launching` when the watch listed
+    # the active runs) ended at once, "nothing ran", while the chain went on at the new run
+    lab.launch("short", "c")
+    container = lab.connections.container("here")
+    passed = prepare(container, spec_for(lab.inventory, "here", "nographs", parent="c"), lab.store, name="c.2-nographs")
+    passed.cancel("its dfo died inside the launch; passed by for c.2-nographs-2")
+    launch(container, spec_for(lab.inventory, "here", "nographs", parent="c"), lab.store, name="c.2-nographs-2")
+    watcher = lab.watcher()
+    watcher.attach("c.2-nographs")
+    run_until(watcher, Watcher.settled, timeout=30)
+    [chain] = watcher.chains()
+    assert chain["runs"] == ["c", "c.2-nographs", "c.2-nographs-2"]
+    assert (chain["current"], chain["decision"]["decision"]) == ("c.2-nographs-2", "steady"), chain["decision"]["reason"]
+
+
 def test_attaching_a_start_never_seen_answered_does_not_stop_the_watch_while_its_grace_lasts(lab) -> None:
     # a start dfo sent but never saw answered (`unconfirmed`, no PID) whose process is not there yet is looked for
     # until watch.start_grace_s is over; attach did that asleep, the watch's lock held, so the live view of every
