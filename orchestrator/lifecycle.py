@@ -489,8 +489,8 @@ class Lifecycle:
             nodes = self._followed_nodes(group)
             if group in self._groups_acted or nodes is None or not self.stores_for(nodes[0].root):
                 continue
-            verdicts = tuple((verdict_key(node.decision), node.lost or node.nothing_ran) for node in nodes)
-            if (any(node.acting or not (node.lost or node.nothing_ran or node.decision.final) for node in nodes)
+            verdicts = tuple((verdict_key(node.decision), node.given_up) for node in nodes)
+            if (any(node.acting or not (node.given_up or node.decision.final) for node in nodes)
                     or self._asked.get(group) == verdicts):
                 continue
             self._asked[group] = verdicts

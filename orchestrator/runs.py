@@ -209,11 +209,11 @@ def launcher_alive(run: Run, *, now: float | None = None) -> bool:
     return pid.isdigit() and process_alive(host, int(pid))
 
 
-def keep_launch_alive(store: Store, name: str, owner: str) -> threading.Thread:
-    """Renew `name`'s `launching` row for its launcher `owner` every LAUNCH_LEASE_S / 4 on a thread of its own,
-    until the row is no longer that launcher's `launching` one (started, given up, forgotten) or the registry
-    can no longer be written (its dfo is ending): a dfo of another workstation tells a launch under way from one
-    whose dfo died by it (launcher_alive). The thread ends by itself; it is returned for the tests."""
+def keep_launch_alive(store: Store, name: str, owner: str) -> None:
+    """Renew `name`'s `launching` row for its launcher `owner` every LAUNCH_LEASE_S / 4 on a thread of its own
+    (`launch-lease-NAME`), until the row is no longer that launcher's `launching` one (started, given up,
+    forgotten) or the registry can no longer be written (its dfo is ending): a dfo of another workstation tells a
+    launch under way from one whose dfo died by it (launcher_alive). The thread ends by itself."""
     def renew() -> None:
         try:
             while True:
@@ -223,9 +223,7 @@ def keep_launch_alive(store: Store, name: str, owner: str) -> threading.Thread:
         except Exception:  # noqa: BLE001 - the registry closed under it (the dfo is ending): the lease lapses
             return
 
-    thread = threading.Thread(target=renew, name=f"launch-lease-{name}", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=renew, name=f"launch-lease-{name}", daemon=True).start()
 
 
 def launch_under_way(run: Run) -> bool:

@@ -128,6 +128,11 @@ class WatchedRun:
     def name(self) -> str:
         return self.run.name
 
+    @property
+    def given_up(self) -> bool:
+        """No longer judged: its container out of reach too long (lost), or nothing of it ever ran (nothing_ran)."""
+        return self.lost or self.nothing_ran
+
 
 @dataclass
 class ChainState:
@@ -302,7 +307,7 @@ class Watcher:
             ended = not run.active and self.store.get_run(name).history_complete  # its end and every step stored
             watched.launching = launch_under_way(run) or start_grace_left(run, grace_s) > 0
             if never_started(run):  # followed without a PID, "no process, no exit file" read as a crash (exit -1)
-                self._nothing_ran(watched, f"its launch never started on {run.target} (`failed`, no process found)")
+                self._never_started(watched, run)
             elif not ended and not watched.launching:
                 observer.follow(run.name, run.log_path, run.exit_path, run.pid, run.proc_starttime, offset=offset,
                                 ident=ident)
@@ -311,9 +316,8 @@ class Watcher:
             if ended:
                 self._ended_before(watched)
             self.lifecycle.attached(root)  # open intents: finished here, or awaited from the holder (said to hold it)
-            newest = self.store.chain_runs(root)[-1]
-            if watched.nothing_ran and newest not in state.runs:  # its chain went on past it (a fallback that another
-                self.attach(newest)  # dfo finished passed it by): followed there
+            if watched.nothing_ran and (newest := self.store.chain_runs(root)[-1]) not in state.runs:
+                self.attach(newest)  # its chain went on past it (a fallback another dfo finished passed it by)
             return watched
 
     def owns(self, name: str) -> bool:
@@ -568,8 +572,7 @@ class Watcher:
                 if start_grace_left(run, grace_s) > 0:  # not there yet
                     continue
             if never_started(run):  # its launcher gave it up, or died before recording a start that shows nowhere
-                watched.run = run
-                self._nothing_ran(watched, f"its launch never started on {run.target} (`failed`, no process found)")
+                self._never_started(watched, run)
                 continue
             watched.run, watched.launching = run, False
             self.observers[watched.source].follow(run.name, run.log_path, run.exit_path, run.pid,
@@ -579,6 +582,11 @@ class Watcher:
         """A followed run whose launch started nothing: given up on (settled, no verdict acted on), undecided."""
         watched.launching, watched.nothing_ran = False, True
         watched.decision = replace(watched.judge.decision(), reason=f"{why}: nothing ran")
+
+    def _never_started(self, watched: WatchedRun, run: Run) -> None:
+        """`run` (watched's row as now recorded) is `failed` with no PID (runs.never_started): nothing ran."""
+        watched.run = run
+        self._nothing_ran(watched, f"its launch never started on {run.target} (`failed`, no process found)")
 
     def follow_newer(self, root: str) -> None:
         """Attach the runs another watcher added to the chain (its fallbacks), so this one shows them too."""
@@ -840,8 +848,7 @@ class Watcher:
             if link.connected or link.down_since is None or now - link.down_since < self.unreachable_s:
                 continue
             for watched in self.watched.values():
-                if (watched.source != source or watched.lost or watched.nothing_ran or watched.acting
-                        or watched.stopped_reason is not None):
+                if watched.source != source or watched.given_up or watched.acting or watched.stopped_reason is not None:
                     continue
                 if watched.decision.final:
                     continue  # a verdict reached before the outage stands
@@ -867,7 +874,7 @@ class Watcher:
     def _judge(self) -> None:
         for watched in list(self.watched.values()):
             reached, watched.reached = watched.reached, None
-            if not watched.dirty or watched.stopping or watched.handled or watched.lost or watched.nothing_ran:
+            if not watched.dirty or watched.stopping or watched.handled or watched.given_up:
                 continue
             watched.dirty = False
             if self.lifecycle.acts_on(watched.decision.decision):  # restored from an earlier watch: final

@@ -215,8 +215,7 @@ def done(watcher: Watcher, until_decided: bool) -> bool:
         return False
     if until_decided:
         return True
-    return all(w.alive is False or w.lost or w.nothing_ran
-               for w in watcher.runs() if w.name in {c["current"] for c in watcher.chains()})
+    return all(w.alive is False or w.given_up for w in watcher.runs() if w.name in {c["current"] for c in watcher.chains()})
 
 
 def show(live: Live, watcher: Watcher, events: list[Event]) -> None:
