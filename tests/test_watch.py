@@ -4,6 +4,7 @@ reports, and a re-attach continues from the stored offsets without counting a st
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -527,6 +528,47 @@ def test_ctrl_c_ends_the_watch_and_leaves_the_run_and_no_agent_running(lab, tmp_
         watching.kill()
     assert lab.store.get_run("k1").state == "running"
     assert all(not Path(f"/proc/{pid}").exists() for pid in agents)  # its channel's agent exited with it
+
+
+def test_a_ctrl_c_while_the_live_view_prints_a_batch_of_lines_still_shows_every_line_and_the_frame(lab) -> None:
+    """The Ctrl-C lands as the first scroll-back line of a batch is written (a run that crashed: its verdict, its
+    ending). Before, the rest of the batch and the frame were lost (a CI run's `dfo watch` showed a decline but
+    not the verdict it re-opened); now every line is printed, then the frame, then the watch ends (Ctrl-C)."""
+    from orchestrator.commands.watch import SHOWN_EVENTS, drive, event_line, show
+    from rich.live import Live
+
+    lab.launch("failing", "f1")  # 5 steps, exit 3
+    deadline = time.monotonic() + 30
+    while lab.store.get_run("f1").pid is None or Path(f"/proc/{lab.store.get_run('f1').pid}").exists():
+        assert time.monotonic() < deadline, "the run did not end"
+        time.sleep(0.05)
+    emitted: list = []
+    unshown: list = []
+    watcher = lab.watcher(fallback=False, on_event=lambda event: (emitted.append(event), unshown.append(event)))
+    watcher.attach("f1")
+
+    class PressesCtrlC(io.StringIO):
+        def write(self, text: str) -> int:
+            if " f1: " in text and not pressed:
+                pressed.append(text)
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().write(text)
+
+    pressed: list[str] = []
+    screen = PressesCtrlC()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with Live(render(watcher), console=Console(file=screen, width=200), auto_refresh=False) as live:
+                drive(watcher, False, 0.1, lambda: show(live, watcher, unshown))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert pressed, "no scroll-back line was written"
+    lines = [event_line(event) for event in emitted if event.kind in SHOWN_EVENTS]
+    shown = screen.getvalue()
+    assert len(lines) >= 2 and "crash" in shown and all(line in shown for line in lines), (lines, shown)
+    assert shown.rindex("f1") > shown.index(lines[-1])  # the frame, after the lines
+    assert unshown == []
 
 
 def test_watch_names_resolve_to_the_newest_run_of_their_chain_and_default_to_active_runs() -> None:

@@ -8,8 +8,11 @@ both consoles are SafeConsoles; --json output is strict JSON).
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from typing import Any, Callable, Iterable, NoReturn, Sequence
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence
 
 import typer
 from rich.console import Console
@@ -101,9 +104,30 @@ def print_error(err: DfoError) -> None:
 
 
 def print_json(obj: Any) -> None:
-    """One line of strict JSON on stdout (NaN/Infinity become null plus a `nonfinite` note)."""
-    sys.stdout.write(json_line(obj) + "\n")
-    sys.stdout.flush()
+    """One line of strict JSON on stdout (NaN/Infinity become null plus a `nonfinite` note), never cut short by
+    a Ctrl-C."""
+    with ctrl_c_held():
+        sys.stdout.write(json_line(obj) + "\n")
+        sys.stdout.flush()
+
+
+@contextmanager
+def ctrl_c_held() -> Iterator[None]:
+    """A Ctrl-C pressed inside the block takes effect when it ends: what the block prints is printed whole (a
+    live view's lines and frame, a JSON line). Off the main thread, where no signal handler runs, a plain block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed: list[tuple[int, Any]] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed and callable(previous):  # Python's own handler raises KeyboardInterrupt
+        previous(*pressed[0])
+    elif pressed and previous == signal.SIG_DFL:
+        raise KeyboardInterrupt
 
 
 

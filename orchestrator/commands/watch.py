@@ -28,8 +28,8 @@ from ..states import Verdict
 from ..store import Store, utc_now
 from ..view import render
 from ..watch import Watcher, current_decision
-from .common import (InventoryOpt, complete_runs, console, err_console, leave_half_done, print_json, say_finishing,
-                     say_waiting, verdicts_exit_status)
+from .common import (InventoryOpt, complete_runs, console, ctrl_c_held, err_console, leave_half_done, print_json,
+                     say_finishing, say_waiting, verdicts_exit_status)
 
 EXAMPLE = "Example: dfo watch train_trees_20261129-1140 --until-decided   |   dfo watch --json   (all active runs)"
 AGAIN = "`dfo watch`"  # what finishes a fallback that a second Ctrl-C leaves half done
@@ -137,18 +137,19 @@ def watch_runs(
     with Connections(inventory) as connections, Store() as store:
         names = resolve_nodes(store, names)
         catch_up_first(store, names, connections)
+        unshown: list[Event] = []  # the live view's: each event as it is emitted, until its line is printed
         watcher = Watcher(inventory, connections, store, fallback=fallback, poll=poll, chain_override=chain,
-                          on_event=(lambda event: print_json(event.to_json())) if as_json else None, unreachable_s=unreachable_s,
-                          on_wait=say_each_wait() if as_json else None,  # the live view shows them
+                          on_event=(lambda event: print_json(event.to_json())) if as_json else unshown.append,
+                          unreachable_s=unreachable_s, on_wait=say_each_wait() if as_json else None,  # the view shows them
                           began=began)
         try:
             for name in names:
                 watcher.attach(name)
             if as_json:
-                drive(watcher, until_decided, interval, lambda events: None)
+                drive(watcher, until_decided, interval, lambda: None)
             else:
                 with Live(render(watcher), console=console, auto_refresh=False, transient=False) as live:
-                    drive(watcher, until_decided, interval, lambda events: show(live, watcher, events))
+                    drive(watcher, until_decided, interval, lambda: show(live, watcher, unshown))
                 if not console.is_terminal:
                     console.print()  # Live leaves its last frame without a newline when not on a terminal
         except KeyboardInterrupt:  # a fallback under way is finished first (a second Ctrl-C leaves it half done)
@@ -199,15 +200,21 @@ def groups_of(store: Store, names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(group[0] for group in (store.node_group(run) for run in names) if group))
 
 
-def drive(watcher: Watcher, until_decided: bool, interval: float, refresh) -> None:
-    """Step the watcher until it is done, calling `refresh(events)` at most every `interval` seconds."""
-    shown_at, pending = 0.0, watcher.step(0)  # once at least: what attaching said is shown even when all is settled
-    while not done(watcher, until_decided):
-        pending += watcher.step(min(0.25, interval))
-        if time.monotonic() - shown_at >= interval:
-            refresh(pending)
-            shown_at, pending = time.monotonic(), []
-    refresh(pending)
+def drive(watcher: Watcher, until_decided: bool, interval: float, refresh: Callable[[], None]) -> None:
+    """Step the watcher until it is done, calling `refresh()` at most every `interval` seconds, and once more at
+    the end, Ctrl-C included: what was seen before a Ctrl-C is still shown."""
+    shown_at = 0.0
+    try:
+        watcher.step(0)  # once at least: what attaching said is shown even when all is settled
+        while not done(watcher, until_decided):
+            watcher.step(min(0.25, interval))
+            if time.monotonic() - shown_at >= interval:
+                refresh()
+                shown_at = time.monotonic()
+    except KeyboardInterrupt:
+        refresh()
+        raise
+    refresh()
 
 
 def done(watcher: Watcher, until_decided: bool) -> bool:
@@ -218,13 +225,16 @@ def done(watcher: Watcher, until_decided: bool) -> bool:
     return all(w.alive is False or w.given_up for w in watcher.runs() if w.name in {c["current"] for c in watcher.chains()})
 
 
-def show(live: Live, watcher: Watcher, events: list[Event]) -> None:
-    """The events worth a line above the view, then the view."""
-    for event in events:
-        if event.kind not in SHOWN_EVENTS:
-            continue
-        live.console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
-    live.update(render(watcher), refresh=True)
+def show(live: Live, watcher: Watcher, unshown: list[Event]) -> None:
+    """The lines of the events not shown yet above the view, then the view: all of it, a Ctrl-C pressed meanwhile
+    taking effect after it (a batch's level shift and the verdict it re-opened are never cut apart)."""
+    with ctrl_c_held():
+        events = unshown[:]
+        for event in events:
+            if event.kind in SHOWN_EVENTS:
+                live.console.print(event_line(event), highlight=False, markup=False, soft_wrap=True)
+        del unshown[:len(events)]
+        live.update(render(watcher), refresh=True)
 
 
 def event_line(event: Event) -> str:
