@@ -571,6 +571,32 @@ def test_a_ctrl_c_while_the_live_view_prints_a_batch_of_lines_still_shows_every_
     assert unshown == []
 
 
+def test_a_ctrl_c_held_while_lines_print_takes_effect_after_them_and_a_second_one_at_once() -> None:
+    """What the live view and --json print is printed whole (commands/common.py ctrl_c_held); a second Ctrl-C is
+    not held: a write to a pipe nobody reads must not keep dfo from leaving."""
+    from orchestrator.commands.common import ctrl_c_held
+
+    done: list[str] = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_held():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+                done.append("printed after the first")
+        with pytest.raises(KeyboardInterrupt):
+            with ctrl_c_held():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+                done.append("printed after the second")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is given back
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert done == ["printed after the first"]
+
+
 def test_watch_names_resolve_to_the_newest_run_of_their_chain_and_default_to_active_runs() -> None:
     with Store.in_memory() as store:
         store.add_run(Run("a", "here", variant="trees", state="stopped"))

@@ -114,12 +114,19 @@ def print_json(obj: Any) -> None:
 @contextmanager
 def ctrl_c_held() -> Iterator[None]:
     """A Ctrl-C pressed inside the block takes effect when it ends: what the block prints is printed whole (a
-    live view's lines and frame, a JSON line). Off the main thread, where no signal handler runs, a plain block."""
+    live view's lines and frame, a JSON line). A second one takes effect at once (a write to a pipe nobody reads
+    never holds dfo). Off the main thread, where no signal handler runs, a plain block."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pressed: list[tuple[int, Any]] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append((signum, frame)))
+
+    def held(signum: int, frame: Any) -> None:
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append((signum, frame))
+
+    previous = signal.signal(signal.SIGINT, held)
     try:
         yield
     finally:
