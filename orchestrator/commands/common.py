@@ -104,18 +104,18 @@ def print_error(err: DfoError) -> None:
 
 
 def print_json(obj: Any) -> None:
-    """One line of strict JSON on stdout (NaN/Infinity become null plus a `nonfinite` note), never cut short by
-    a Ctrl-C."""
-    with ctrl_c_held():
-        sys.stdout.write(json_line(obj) + "\n")
-        sys.stdout.flush()
+    """One line of strict JSON on stdout (NaN/Infinity become null plus a `nonfinite` note)."""
+    sys.stdout.write(json_line(obj) + "\n")
+    sys.stdout.flush()
 
 
 @contextmanager
 def ctrl_c_held() -> Iterator[None]:
-    """A Ctrl-C pressed inside the block takes effect when it ends: what the block prints is printed whole (a
-    live view's lines and frame, a JSON line). A second one takes effect at once (a write to a pipe nobody reads
-    never holds dfo). Off the main thread, where no signal handler runs, a plain block."""
+    """A Ctrl-C pressed inside the block takes effect when it ends: what the block prints is printed whole (the
+    live view's lines and frame). A second one takes effect at once (a write to a pipe nobody reads never holds
+    dfo). Off the main thread, where no signal handler runs, a plain block. Not used for each --json line: it
+    costs more than encoding the line, and a handler runs between Python's calls, not inside a write that does
+    not block, so only a write stuck on a full pipe is cut by it."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
