@@ -13,16 +13,7 @@ from harness import cli as harness_cli
 from harness.nvidia_smi import STATE_ENV, Gpu, NvidiaSmiState
 from orchestrator.history import sync_before_attach, sync_history
 from orchestrator.observe import PollObserver
-from test_watch import lab, run_until  # noqa: F401  (lab: the fixture)
-
-
-def wait_for_exit(lab, name: str, timeout: float = 60.0) -> str:
-    exit_file = lab.workspace / "logs" / f"{name}.log.exit"
-    deadline = time.monotonic() + timeout
-    while not (exit_file.exists() and exit_file.read_text().strip()):
-        assert time.monotonic() < deadline, f"{name} did not end within {timeout:g} s"
-        time.sleep(0.1)
-    return exit_file
+from test_watch import lab, run_until, wait_for_exit  # noqa: F401  (lab: the fixture)
 
 
 def dfo(lab, tmp_path, *args: str) -> harness_cli.Ran:

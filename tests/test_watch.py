@@ -164,6 +164,16 @@ def run_until(watcher: Watcher, done, timeout: float = 30.0) -> list[dict]:
     return events
 
 
+def wait_for_exit(lab, name: str, timeout: float = 60.0) -> Path:
+    """The exit file of lab run `name` once its run has ended (the status written in it)."""
+    exit_file = lab.workspace / "logs" / f"{name}.log.exit"
+    deadline = time.monotonic() + timeout
+    while not (exit_file.exists() and exit_file.read_text().strip()):
+        assert time.monotonic() < deadline, f"{name} did not end within {timeout:g} s"
+        time.sleep(0.1)
+    return exit_file
+
+
 def test_fallback_names_show_the_chain_and_skip_taken_names() -> None:
     with Store.in_memory() as store:
         store.add_run(Run(name="t1", target="here", variant="trees", state="crashed"))
@@ -538,10 +548,7 @@ def test_a_ctrl_c_while_the_live_view_prints_a_batch_of_lines_still_shows_every_
     from rich.live import Live
 
     lab.launch("failing", "f1")  # 5 steps, exit 3
-    deadline = time.monotonic() + 30
-    while lab.store.get_run("f1").pid is None or Path(f"/proc/{lab.store.get_run('f1').pid}").exists():
-        assert time.monotonic() < deadline, "the run did not end"
-        time.sleep(0.05)
+    wait_for_exit(lab, "f1")
     emitted: list = []
     unshown: list = []
     watcher = lab.watcher(fallback=False, on_event=lambda event: (emitted.append(event), unshown.append(event)))
